@@ -1,0 +1,1 @@
+"""Demo data: a small, deterministic corpus built from installed packages (no network)."""

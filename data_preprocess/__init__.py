@@ -1,0 +1,1 @@
+"""Offline preprocessing: raw text -> token files (.bin/.idx) and sample indices (.ibin)."""

@@ -1,0 +1,1 @@
+"""Memory-mapped datasets for pretraining, SFT and DPO, and a checkpointable sampler."""

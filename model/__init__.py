@@ -1,0 +1,1 @@
+"""The llama2-style model: config, modules, kernel dispatch, HF interop."""

@@ -1,0 +1,1 @@
+"""Optimizers: fp32 and mixed-precision (fp32 master weights, loss scaling)."""

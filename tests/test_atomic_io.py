@@ -1,0 +1,27 @@
+import json
+
+import pytest
+
+from utils.atomic_io import atomic_open, atomic_write_json
+
+
+def test_complete_write_appears_under_final_name(tmp_path):
+    target = tmp_path / "sub" / "out.json"
+    atomic_write_json(target, {"a": [1, 2, 3]})
+    assert json.loads(target.read_text()) == {"a": [1, 2, 3]}
+    assert [p.name for p in target.parent.iterdir()] == ["out.json"]
+
+
+def test_crash_mid_write_leaves_old_file_and_no_temp(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic_open(target, "wb") as handle:
+        handle.write(b"new but incomplete")
+        raise RuntimeError("simulated crash")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+
+
+def test_read_mode_is_refused(tmp_path):
+    with pytest.raises(ValueError), atomic_open(tmp_path / "x", "rb"):
+        pass

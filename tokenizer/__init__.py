@@ -1,0 +1,1 @@
+"""Our tokenizers: byte-level BPE (HF tokenizers) and sentencepiece BPE, AutoTokenizer-loadable."""

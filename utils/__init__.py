@@ -1,0 +1,1 @@
+"""Shared plumbing: readers, chat template, checkpoints, logging, plots."""

@@ -1,0 +1,63 @@
+"""Crash-safe file writing: a reader never sees a half-written file under its final name.
+
+The recipe (used for token files, tokenizers, checkpoints and reports alike):
+1. write to a temporary name in the *same directory* (so the rename stays on one filesystem);
+2. flush and `fsync` the file, so its bytes are on disk before it gets its name;
+3. `os.replace` it onto the final name (atomic on POSIX: readers see old or new, never half);
+4. `fsync` the directory, so the rename itself survives a power cut.
+If anything raises before step 3, the temporary file is removed and the final name untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename or file creation inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
+    """`with atomic_open(p, "w") as f: f.write(...)`: `p` appears only once `f` is complete."""
+    if "w" not in mode:
+        raise ValueError(f"atomic_open is for writing; got mode {mode!r}")
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    try:
+        with os.fdopen(fd, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    fsync_dir(final.parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_open(path, "wb") as handle:
+        handle.write(data)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path, "w") as handle:
+        handle.write(text)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
