@@ -1,0 +1,102 @@
+"""Who am I, where do I compute, and how the ranks agree: the trainer's process setup.
+
+`python train_my_ddp.py` is a world of one; `torchrun --nproc_per_node=N train_my_ddp.py` sets
+RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT for each rank.
+The backend follows the device: NCCL for CUDA tensors, gloo for CPU. A process group that
+already exists (our multi-process tests create one) is used as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistributedEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    owns_process_group: bool = False  # created here, so destroyed here at the end
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def cpu_threads_per_rank(local_world_size: int, requested: int | None) -> int:
+    """`requested`, else this machine's cores shared evenly by the ranks on it."""
+    if requested:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // local_world_size)
+
+
+def init_distributed(device: str = "auto", num_threads: int | None = None,
+                     timeout_s: float = 600.0) -> DistributedEnv:
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        torch_device = torch.device("cuda", local_rank)
+    else:
+        torch_device = torch.device(device)
+    threads = cpu_threads_per_rank(local_world_size, num_threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # for DataLoader workers started later
+    torch.set_num_threads(threads)
+    owns_process_group = world_size > 1 and not dist.is_initialized()
+    if owns_process_group:
+        backend = "nccl" if torch_device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    if dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return DistributedEnv(rank, world_size, local_rank, local_world_size, torch_device,
+                          owns_process_group)
+
+
+def barrier(env: DistributedEnv) -> None:
+    if env.is_distributed:
+        dist.barrier()
+
+
+def all_reduce_sum(values: list[float], env: DistributedEnv) -> list[float]:
+    """Sum a few floats over ranks (float64, on the compute device so NCCL accepts them)."""
+    if not env.is_distributed:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=env.device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def any_rank(flag: bool, env: DistributedEnv) -> bool:
+    """True on every rank if `flag` is true on at least one (e.g. "a stop signal arrived")."""
+    return all_reduce_sum([float(flag)], env)[0] > 0 if env.is_distributed else flag
+
+
+def broadcast_from_main(value: Any, env: DistributedEnv) -> Any:
+    """Rank 0's `value` on every rank (any picklable object)."""
+    if not env.is_distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def shutdown_distributed(env: DistributedEnv) -> None:
+    if env.owns_process_group and dist.is_initialized():
+        dist.destroy_process_group()
