@@ -1,0 +1,83 @@
+"""The inner AdamW that updates fp32 main params, and a uniform view of its per-param state.
+
+Which implementation (fastest available first, all compute the same AdamW update,
+Loshchilov & Hutter 2019):
+1. apex `FusedAdam(adam_w_mode=True)`: CUDA params and apex installed (optional, never required);
+2. torch `AdamW(fused=True)`: CUDA params (one multi-tensor kernel per step);
+3. torch `AdamW(foreach=True)`: CPU (also ZeRO-1's CPU-offloaded shard) — batched tensor ops.
+
+The ZeRO-1 checkpoint moves Adam's moments between differently sharded optimizers, so it needs
+the state of one tensor as plain values; `read_adam_state` / `write_adam_state` hide that torch
+keeps `step` per tensor while apex keeps it per param group.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from optimizer.optimizer_config import OptimizerConfig
+
+try:  # apex is optional: only its CUDA kernels make it worth having
+    from apex.optimizers import FusedAdam as ApexFusedAdam
+except ImportError:  # pragma: no cover - depends on the environment
+    ApexFusedAdam = None
+
+
+def build_adamw(param_groups: list[dict], config: OptimizerConfig) -> torch.optim.Optimizer:
+    """AdamW over `param_groups` (each with its own `weight_decay`), picking the implementation
+    by the params' device. Groups may be empty (a ZeRO-1 shard may hold no vector params)."""
+    lr, betas, eps = config.lr, (config.adam_beta1, config.adam_beta2), config.adam_eps
+    on_cuda = any(p.is_cuda for group in param_groups for p in group["params"])
+    if on_cuda and ApexFusedAdam is not None:
+        return ApexFusedAdam(param_groups, lr=lr, betas=betas, eps=eps, adam_w_mode=True)
+    if on_cuda:
+        return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, fused=True)
+    return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, foreach=True)
+
+
+def _group_of(optimizer: torch.optim.Optimizer, param: Tensor) -> dict:
+    for group in optimizer.param_groups:
+        if any(p is param for p in group["params"]):
+            return group
+    raise KeyError("tensor is not optimized by this optimizer")
+
+
+def read_adam_state(optimizer: torch.optim.Optimizer,
+                    param: Tensor) -> tuple[Tensor, Tensor, int]:
+    """(exp_avg, exp_avg_sq, step) of one tensor; zeros and step 0 before its first update."""
+    state = optimizer.state.get(param, {})
+    if "exp_avg" not in state:
+        return torch.zeros_like(param), torch.zeros_like(param), 0
+    step = state["step"] if "step" in state else _group_of(optimizer, param).get("step", 0)
+    return state["exp_avg"], state["exp_avg_sq"], int(step)
+
+
+def write_adam_state(optimizer: torch.optim.Optimizer, param: Tensor, exp_avg: Tensor,
+                     exp_avg_sq: Tensor, step: int) -> None:
+    """Install Adam state for one tensor, in the layout the optimizer's own step() expects."""
+    state = optimizer.state[param]
+    state["exp_avg"] = exp_avg.to(device=param.device, dtype=torch.float32).clone()
+    state["exp_avg_sq"] = exp_avg_sq.to(device=param.device, dtype=torch.float32).clone()
+    if ApexFusedAdam is not None and isinstance(optimizer, ApexFusedAdam):
+        _group_of(optimizer, param)["step"] = step
+        return
+    group = _group_of(optimizer, param)
+    # torch's AdamW keeps `step` as a float32 tensor: on the param's device for the fused and
+    # capturable kernels, on the CPU otherwise (torch/optim/adam.py, _init_group).
+    on_device = group.get("fused") or group.get("capturable")
+    state["step"] = torch.tensor(float(step), dtype=torch.float32,
+                                 device=param.device if on_device else "cpu")
+
+
+def weight_decay_groups(model_and_main: list[tuple[Tensor, Tensor]],
+                        weight_decay: float) -> list[dict]:
+    """Two AdamW param groups over the main tensors: those of matrices (ndim >= 2: linear and
+    embedding weights) decay, those of vectors (RMSNorm gains, biases) don't — decaying a norm's
+    gain towards 0 only fights the normalisation (as in GPT-2/nanoGPT, LLaMA training recipes).
+    A main tensor may be a flat slice of its model param (ZeRO-1), so the rule reads the model
+    param's shape."""
+    decay = [main for model, main in model_and_main if model.ndim >= 2]
+    no_decay = [main for model, main in model_and_main if model.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
