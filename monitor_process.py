@@ -1,0 +1,437 @@
+"""Supervise a training run: restart it from its newest checkpoint when it crashes or hangs.
+
+    python monitor_process.py --max_restarts 5 --out_dir out/run1 -- \\
+        torchrun --nproc_per_node 8 train_my_ddp.py --task_type=pretrain ...
+
+Long runs die for reasons unrelated to the code: a node reboots, a NCCL collective times out,
+one rank stops making progress while the others wait forever in an all-reduce. This
+supervisor turns those into a short pause:
+
+1. it starts the command in its own process group (torchrun and every rank it spawns), so one
+   signal reaches all of them and nothing is left behind;
+2. it watches the exit status and `<run>/heartbeat`, which the trainer rewrites every step. A
+   live process whose heartbeat has not changed for `--heartbeat_timeout` seconds is hung.
+   Until the first new heartbeat of an attempt, `--startup_timeout` applies instead (loading
+   data, building and compiling the model take longer than one step);
+3. on a crash or a hang it kills the whole group (SIGTERM and SIGCONT, so that stopped ranks
+   can act on it; SIGKILL to whatever is left after `--kill_grace` seconds), waits
+   `restart_delay * 2**k` seconds before the k-th relaunch (k = 0, 1, ...; capped by
+   `--max_restart_delay`) and relaunches the command with `--resume --out_dir=<run>`. The
+   trainer loads its newest valid checkpoint (data order and RNG included) and goes on as if
+   nothing had happened;
+4. it gives up after `--max_restarts` relaunches, or earlier when `--stuck_after` consecutive
+   failures ended at the same step: a crash that repeats deterministically is a bug to fix,
+   not bad luck to retry;
+5. SIGINT/SIGTERM sent to the supervisor are forwarded to the run's group (the trainer
+   checkpoints and exits); the supervisor then exits too, without restarting. A second
+   signal SIGKILLs the group.
+
+Every event goes to `<run>/monitor.log` (and stderr), one per line, timestamp first:
+
+    2026-11-22T01:02:03.456Z START attempt=1 pid=4242 command=torchrun ... --out_dir=out/run1
+    2026-11-22T01:09:11.002Z EXIT attempt=1 cause="signal SIGKILL" step=1234
+    2026-11-22T01:09:11.003Z RESTART attempt=2 restart=1/5 cause="signal SIGKILL" \
+                                     resume_step=1200 delay=10.0s  (one line in the file)
+    2026-11-22T01:09:21.010Z START attempt=2 pid=4377 command=torchrun ... --resume
+    2026-11-22T01:09:40.120Z RESUMED attempt=2 step=1200 checkpoint=out/run1/ckpt/step_001200
+    2026-11-22T03:15:00.000Z SUMMARY result=succeeded attempts=2 restarts=1 last_step=5000 ...
+
+The resume step in RESTART is read from files only (the newest `ckpt/step_*/manifest.json`);
+RESUMED is the trainer's own `{"kind": "resume"}` line in metrics.jsonl, confirming it.
+The supervisor imports nothing of the trainer: it runs a command and reads files.
+
+Exit status: 0 the run finished; 1 gave up after --max_restarts; 3 stuck (same step again and
+again); 128+N stopped by signal N (130 for Ctrl-C, 143 for SIGTERM); 2 bad usage.
+
+`--remote user@host` runs the command with `ssh -tt -o BatchMode=yes user@host 'cd DIR &&
+exec ...'`: `-tt` gives the remote side a terminal, so killing the local ssh hangs it up and
+the remote process group dies with it; BatchMode forbids password prompts (key-based auth
+only; no secrets are ever passed). The run dir must then be readable here at the same path
+(a shared filesystem) for hang detection, or pass `--heartbeat_timeout 0` to watch exit
+status only. If the supervisor itself is SIGKILLed, the run keeps going (its own session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+EXIT_GAVE_UP = 1
+EXIT_STUCK = 3
+
+
+@dataclass
+class MonitorConfig:
+    out_dir: str | None = field(default=None, metadata={
+        "help": "run dir; default: the command's own --out_dir (one of the two is needed)"})
+    max_restarts: int = field(default=10, metadata={"help": "relaunches before giving up"})
+    restart_delay: float = field(default=10.0, metadata={
+        "help": "seconds before the first relaunch; doubles with each further one"})
+    max_restart_delay: float = field(default=300.0, metadata={"help": "cap on that delay"})
+    heartbeat_timeout: float = field(default=900.0, metadata={
+        "help": "seconds without a new heartbeat that count as a hang (longer than the "
+                "slowest eval or checkpoint save); 0 disables hang detection"})
+    startup_timeout: float = field(default=1800.0, metadata={
+        "help": "grace before the first heartbeat of each attempt (start-up, compile)"})
+    kill_grace: float = field(default=30.0, metadata={
+        "help": "seconds between SIGTERM and SIGKILL when killing the run's process group"})
+    stuck_after: int = field(default=3, metadata={
+        "help": "give up after this many consecutive failures at the same step; 0 disables"})
+    remote: str | None = field(default=None, metadata={
+        "help": "user@host: run the command there over ssh (key-based auth only)"})
+    remote_dir: str | None = field(default=None, metadata={
+        "help": "directory to run in on the remote host (default: this one's path)"})
+
+
+# ---- the command line of the run ---------------------------------------------------------------
+
+def command_out_dir(command: list[str]) -> str | None:
+    """The value of `--out_dir` in a command (`--out_dir=X` or `--out_dir X`), if any."""
+    for index, arg in enumerate(command):
+        if arg.startswith("--out_dir="):
+            return arg.split("=", 1)[1]
+        if arg == "--out_dir" and index + 1 < len(command):
+            return command[index + 1]
+    return None
+
+
+def with_run_flags(command: list[str], run_dir: str, resume: bool) -> list[str]:
+    """`command` with `--out_dir=<run_dir>` (and `--resume`) present exactly once.
+
+    An existing `--out_dir` is kept (it names the same run dir); an existing `--resume` or
+    `--resume=false` becomes `--resume`, so relaunching never stacks duplicate flags.
+    """
+    result = list(command)
+    if command_out_dir(result) is None:
+        result.append(f"--out_dir={run_dir}")
+    if resume:
+        result = [arg for arg in result if arg != "--resume" and not arg.startswith("--resume=")]
+        result.append("--resume")
+    return result
+
+
+def over_ssh(command: list[str], remote: str, remote_dir: str) -> list[str]:
+    """Wrap `command` to run on `remote`; see the module docstring for why `-tt` and BatchMode."""
+    remote_line = f"cd {shlex.quote(remote_dir)} && exec {shlex.join(command)}"
+    return ["ssh", "-tt", "-o", "BatchMode=yes", remote, remote_line]
+
+
+def backoff_delay(restart_index: int, base: float, cap: float) -> float:
+    """Seconds to wait before relaunch number `restart_index` (0-based): base * 2**k, capped."""
+    return min(base * 2.0 ** restart_index, cap)
+
+
+# ---- what the run dir says ----------------------------------------------------------------------
+
+def read_json_or_none(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def newest_checkpoint_step(run_dir: Path) -> int | None:
+    """The highest `"step"` among `ckpt/step_*/manifest.json`; a dir without one is unfinished.
+
+    The trainer also verifies sizes and sha256 before loading; this is the supervisor's cheap
+    view for the log, so it only needs the manifest (written last) to exist and parse.
+    """
+    steps = []
+    for manifest_path in run_dir.glob("ckpt/step_*/manifest.json"):
+        manifest = read_json_or_none(manifest_path)
+        if manifest is not None and isinstance(manifest.get("step"), int):
+            steps.append(manifest["step"])
+    return max(steps, default=None)
+
+
+def heartbeat_step(run_dir: Path) -> int | None:
+    beat = read_json_or_none(run_dir / "heartbeat")
+    return beat.get("step") if beat is not None else None
+
+
+class HeartbeatWatch:
+    """Decides "hung" from how long the heartbeat file has not changed, timed on *our* clock.
+
+    Comparing file contents, not the trainer's `time` field, makes clock skew between hosts
+    irrelevant. The file left by an earlier attempt does not count as a beat of this one.
+    """
+
+    def __init__(self, path: Path, startup_timeout: float, heartbeat_timeout: float):
+        self.path = path
+        self.startup_timeout = startup_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.last_content = self._read()
+        self.last_change = time.monotonic()
+        self.seen_beat = False
+
+    def _read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except OSError:
+            return None
+
+    def overdue_seconds(self) -> float | None:
+        """Seconds of silence if past the limit (startup or heartbeat), else None."""
+        if self.heartbeat_timeout <= 0:
+            return None
+        content = self._read()
+        if content is not None and content != self.last_content:
+            self.last_content, self.last_change, self.seen_beat = content, time.monotonic(), True
+        silence = time.monotonic() - self.last_change
+        limit = self.heartbeat_timeout if self.seen_beat else self.startup_timeout
+        return silence if silence > limit else None
+
+
+class ResumeLines:
+    """Yields the trainer's `{"kind": "resume"}` lines appended to metrics.jsonl since creation."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def new(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size < self.offset:
+                    self.offset = 0  # the file was replaced: read it from the start
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except OSError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
+        self.offset += len(complete)
+        found = []
+        for line in complete.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("kind") == "resume":
+                found.append(record)
+        return found
+
+
+# ---- the event log -----------------------------------------------------------------------------
+
+class EventLog:
+    """`<run>/monitor.log`: one event per line, UTC timestamp first, echoed to stderr."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def event(self, name: str, details: str) -> None:
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        line = f"{now} {name} {details}"
+        with open(self.path, "a") as handle:
+            handle.write(line + "\n")
+        print(f"[monitor] {line}", file=sys.stderr, flush=True)
+
+
+# ---- the supervisor ----------------------------------------------------------------------------
+
+@dataclass
+class Attempt:
+    number: int
+    cause: str | None  # None: exit code 0; else "exit code 3", "signal SIGKILL", "hang (...)"
+    step: int | None   # how far the run got: its last heartbeat, else its newest checkpoint
+
+
+def signal_group(pgid: int, signum: int) -> bool:
+    """Send `signum` to every process of group `pgid`; False if the group is gone."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Supervisor:
+    def __init__(self, config: MonitorConfig, command: list[str], run_dir: Path):
+        self.config = config
+        self.command = command
+        self.run_dir = run_dir
+        self.log = EventLog(run_dir / "monitor.log")
+        self.process: subprocess.Popen | None = None
+        self.signals_received: list[int] = []
+        self.signals_logged = 0
+        self.poll_seconds = min(1.0, config.heartbeat_timeout / 10 or 1.0)
+
+    # Signal handlers run between two bytecodes of the main loop: they only record and forward
+    # (os.killpg is safe there); the main loop writes the log line.
+    def on_stop_signal(self, signum: int, _frame: object) -> None:
+        self.signals_received.append(signum)
+        if self.process is not None and self.process.returncode is None:
+            first = len(self.signals_received) == 1
+            signal_group(self.process.pid, signum if first else signal.SIGKILL)
+
+    def log_new_signals(self) -> None:
+        for signum in self.signals_received[self.signals_logged:]:
+            action = ("forwarded to the run's process group; no restart"
+                      if self.signals_logged == 0 else "again: SIGKILL the run's process group")
+            self.log.event("STOP", f"signal={signal.Signals(signum).name} {action}")
+            self.signals_logged += 1
+
+    def log_resume_lines(self, resumes: ResumeLines, number: int) -> None:
+        for record in resumes.new():
+            self.log.event("RESUMED", f"attempt={number} step={record.get('step')} "
+                                      f"checkpoint={record.get('checkpoint')}")
+
+    def progress_step(self) -> int | None:
+        step = heartbeat_step(self.run_dir)
+        return step if step is not None else newest_checkpoint_step(self.run_dir)
+
+    def kill_group(self) -> None:
+        """SIGTERM + SIGCONT the group, wait `kill_grace` for its leader, SIGKILL the rest."""
+        pgid = self.process.pid
+        signal_group(pgid, signal.SIGTERM)
+        signal_group(pgid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once resumed
+        try:
+            self.process.wait(timeout=self.config.kill_grace)
+        except subprocess.TimeoutExpired:
+            self.log.event("KILL", f"pgid={pgid} still alive after {self.config.kill_grace}s: "
+                                   "SIGKILL")
+        # Ranks that outlive the leader (or ignore SIGTERM) must not linger holding GPUs/ports.
+        if signal_group(pgid, signal.SIGKILL):
+            self.process.wait()
+
+    def run_attempt(self, number: int, command: list[str]) -> Attempt:
+        heartbeat = HeartbeatWatch(self.run_dir / "heartbeat", self.config.startup_timeout,
+                                   self.config.heartbeat_timeout)
+        resumes = ResumeLines(self.run_dir / "metrics.jsonl")
+        self.process = subprocess.Popen(command, start_new_session=True)
+        self.log.event("START", f"attempt={number} pid={self.process.pid} "
+                                f"command={shlex.join(command)}")
+        hang_seconds = None
+        while hang_seconds is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=self.poll_seconds)
+            self.log_new_signals()
+            self.log_resume_lines(resumes, number)
+            if self.process.returncode is not None:
+                break
+            hang_seconds = heartbeat.overdue_seconds()
+        step = self.progress_step()
+        if hang_seconds is not None:
+            cause = f"hang (no heartbeat for {hang_seconds:.1f}s)"
+            self.log.event("HANG", f"attempt={number} step={step} pgid={self.process.pid}: "
+                                   f"{cause}; killing the process group")
+        else:
+            code = self.process.returncode
+            if code == 0:
+                self.log.event("EXIT", f"attempt={number} code=0 step={step}")
+                return Attempt(number, None, step)
+            cause = f"exit code {code}" if code > 0 else f"signal {signal.Signals(-code).name}"
+            self.log.event("EXIT", f'attempt={number} cause="{cause}" step={step}')
+        self.kill_group()
+        return Attempt(number, cause, step)
+
+    def sleep_unless_stopped(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not self.signals_received and time.monotonic() < deadline:
+            time.sleep(min(0.05, seconds))
+        self.log_new_signals()
+        return not self.signals_received
+
+    def finish(self, result: str, reason: str, exit_code: int, attempts: int,
+               start: float) -> int:
+        self.log.event("SUMMARY", f"result={result} attempts={attempts} "
+                                  f"restarts={attempts - 1} last_step={self.progress_step()} "
+                                  f"elapsed={time.monotonic() - start:.1f}s reason=\"{reason}\"")
+        if exit_code != 0:
+            print(f"monitor_process: {reason}", file=sys.stderr, flush=True)
+        return exit_code
+
+    def run(self) -> int:
+        start = time.monotonic()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.on_stop_signal)
+        config = self.config
+        failures: list[Attempt] = []
+        command = with_run_flags(self.command, str(self.run_dir), resume=False)
+        for restart in range(config.max_restarts + 1):
+            attempt = self.run_attempt(restart + 1, self.launchable(command))
+            if self.signals_received:
+                signum = self.signals_received[0]
+                return self.finish("interrupted", f"stopped by {signal.Signals(signum).name}; "
+                                   "not restarted", 128 + signum, attempt.number, start)
+            if attempt.cause is None:
+                return self.finish("succeeded", "the run finished", 0, attempt.number, start)
+            failures.append(attempt)
+            recent_steps = {failure.step for failure in failures[-config.stuck_after:]}
+            if config.stuck_after > 0 and len(failures) >= config.stuck_after \
+                    and len(recent_steps) == 1:
+                return self.finish(
+                    "stuck", f"{config.stuck_after} consecutive failures at step {attempt.step} "
+                    f"without progress (last: {attempt.cause}); fix the cause, then rerun "
+                    "with --resume", EXIT_STUCK, attempt.number, start)
+            if restart == config.max_restarts:
+                break
+            delay = backoff_delay(restart, config.restart_delay, config.max_restart_delay)
+            self.log.event("RESTART", f"attempt={attempt.number + 1} restart={restart + 1}/"
+                                      f"{config.max_restarts} cause=\"{attempt.cause}\" "
+                                      f"resume_step={newest_checkpoint_step(self.run_dir)} "
+                                      f"delay={delay:.1f}s")
+            if not self.sleep_unless_stopped(delay):
+                signum = self.signals_received[0]
+                return self.finish("interrupted", f"stopped by {signal.Signals(signum).name} "
+                                   "before a relaunch", 128 + signum, attempt.number, start)
+            command = with_run_flags(self.command, str(self.run_dir), resume=True)
+        return self.finish("gave_up", f"gave up after max_restarts={config.max_restarts} "
+                           f"(last failure: {failures[-1].cause} at step {failures[-1].step})",
+                           EXIT_GAVE_UP, len(failures), start)
+
+    def launchable(self, command: list[str]) -> list[str]:
+        if self.config.remote is None:
+            return command
+        return over_ssh(command, self.config.remote, self.config.remote_dir or os.getcwd())
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+def parse_args(argv: list[str]) -> tuple[MonitorConfig, list[str]]:
+    """Options before `--`, the training command after it."""
+    parser = argparse.ArgumentParser(
+        description="Run a training command; restart it with --resume when it crashes or hangs.",
+        usage="python monitor_process.py [options] -- <training command ...>")
+    for option in dataclasses.fields(MonitorConfig):
+        kind = {"int": int, "float": float}.get(str(option.type), str)
+        parser.add_argument(f"--{option.name}", type=kind, default=option.default,
+                            help=f"{option.metadata['help']} (default: {option.default})")
+    if "--" not in argv:
+        parser.parse_args(argv)  # answers --help; otherwise falls through to the error below
+        parser.error("put the training command after `--`")
+    split = argv.index("--")
+    config = MonitorConfig(**vars(parser.parse_args(argv[:split])))
+    command = argv[split + 1:]
+    if not command:
+        parser.error("the training command after `--` is empty")
+    own_out_dir = command_out_dir(command)
+    if config.out_dir is None and own_out_dir is None:
+        parser.error("give --out_dir (or --out_dir in the command): the run dir holds the "
+                     "heartbeat and checkpoints the supervisor watches")
+    if config.out_dir and own_out_dir and Path(config.out_dir) != Path(own_out_dir):
+        parser.error(f"--out_dir {config.out_dir} differs from the command's {own_out_dir}")
+    config.out_dir = config.out_dir or own_out_dir
+    return config, command
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, command = parse_args(sys.argv[1:] if argv is None else argv)
+    return Supervisor(config, command, Path(config.out_dir)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
