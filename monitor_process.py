@@ -18,7 +18,8 @@ supervisor turns those into a short pause:
    `restart_delay * 2**k` seconds before the k-th relaunch (k = 0, 1, ...; capped by
    `--max_restart_delay`) and relaunches the command with `--resume --out_dir=<run>`. The
    trainer loads its newest valid checkpoint (data order and RNG included) and goes on as if
-   nothing had happened;
+   nothing had happened. (A run that died before its first checkpoint starts over: the
+   relaunch gets no `--resume`);
 4. it gives up after `--max_restarts` relaunches, or earlier when `--stuck_after` consecutive
    failures ended at the same step: a crash that repeats deterministically is a bug to fix,
    not bad luck to retry;
@@ -380,15 +381,19 @@ class Supervisor:
             if restart == config.max_restarts:
                 break
             delay = backoff_delay(restart, config.restart_delay, config.max_restart_delay)
+            resume_step = newest_checkpoint_step(self.run_dir)
             self.log.event("RESTART", f"attempt={attempt.number + 1} restart={restart + 1}/"
                                       f"{config.max_restarts} cause=\"{attempt.cause}\" "
-                                      f"resume_step={newest_checkpoint_step(self.run_dir)} "
-                                      f"delay={delay:.1f}s")
+                                      f"resume_step={resume_step} delay={delay:.1f}s"
+                                      + (" (no checkpoint yet: starting over)"
+                                         if resume_step is None else ""))
             if not self.sleep_unless_stopped(delay):
                 signum = self.signals_received[0]
                 return self.finish("interrupted", f"stopped by {signal.Signals(signum).name} "
                                    "before a relaunch", 128 + signum, attempt.number, start)
-            command = with_run_flags(self.command, str(self.run_dir), resume=True)
+            # Without a checkpoint the trainer would refuse --resume: start over instead.
+            command = with_run_flags(self.command, str(self.run_dir),
+                                     resume=resume_step is not None)
         return self.finish("gave_up", f"gave up after max_restarts={config.max_restarts} "
                            f"(last failure: {failures[-1].cause} at step {failures[-1].step})",
                            EXIT_GAVE_UP, len(failures), start)

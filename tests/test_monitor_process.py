@@ -196,6 +196,10 @@ def test_a_run_that_keeps_failing_stops_after_max_restarts(tmp_path, trainer_arg
     assert len(events(run_dir, "START")) == max_restarts + 1
     assert len(events(run_dir, "RESTART")) == max_restarts
     assert "result=gave_up" in events(run_dir, "SUMMARY")[0]
+    # --resume only when there is a checkpoint to resume from (the trainer refuses otherwise).
+    has_checkpoint = mp.newest_checkpoint_step(run_dir) is not None
+    assert [" --resume" in line for line in events(run_dir, "START")[1:]] \
+        == [has_checkpoint] * max_restarts
 
 
 def test_a_crash_at_the_same_step_is_reported_as_stuck(tmp_path):
