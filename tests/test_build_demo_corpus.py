@@ -1,0 +1,152 @@
+"""The demo corpus: reproducible bytes, clean real prose, correct and held-out task data."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from data.build_demo_corpus import build, main, play_files
+from data.demo_tasks import TASKS, is_correct
+from utils.readers import find_data_files, iter_records, iter_texts
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo")
+    build(out, seed=0)
+    return out
+
+
+def file_bytes(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_same_seed_same_bytes_other_seed_other_tasks(tmp_path, capsys):
+    main(["--out", str(tmp_path / "a"), "--seed", "3", "--scale", "0.1"])
+    assert "total" in capsys.readouterr().out
+    main(["--out", str(tmp_path / "b"), "--seed", "3", "--scale", "0.1"])
+    main(["--out", str(tmp_path / "c"), "--seed", "4", "--scale", "0.1"])
+    first, again, other = (file_bytes(tmp_path / name) for name in "abc")
+    assert len(first) == 15 and first == again
+    assert not any("/." in "/" + name for name in first)  # no temporary files left behind
+    assert first["sft/train/openai.jsonl"] != other["sft/train/openai.jsonl"]
+    plays = "pretrain/shakespeare_comedies.jsonl"
+    assert first[plays] == other[plays]  # real text does not depend on the seed
+
+
+WORD = re.compile(r"[A-Za-z']+")
+
+
+def test_plays_become_clean_scenes_that_keep_every_word(corpus):
+    """Reference: the words of each Markdown play minus its heading lines must equal the words
+    of its scene documents minus their one-line headers, in the same order."""
+    for group, paths in play_files().items():
+        scenes = list(iter_texts(corpus / f"pretrain/shakespeare_{group}.jsonl"))
+        for text in scenes:
+            assert not set(text) & set("*_#\\"), "markup left in the text"
+            assert "\n\n\n" not in text and text == text.strip()
+        body_words = [w for text in scenes for w in WORD.findall(text.split("\n", 1)[1])]
+        source_words = [w for path in paths for line in path.read_text().splitlines()
+                        if not line.startswith("#") for w in WORD.findall(line)]
+        assert body_words == source_words
+        headings = sum(line.startswith(("## ", "### ", "#### ")) and "ACT" not in line
+                       for path in paths for line in path.read_text().splitlines())
+        assert len(scenes) >= headings * 0.95  # about one document per scene/prologue
+
+
+def test_pretrain_size_and_cjk_share(corpus):
+    files = find_data_files(corpus / "pretrain")
+    assert 3e6 < sum(path.stat().st_size for path in files) < 6.5e6
+    bilingual = "".join(iter_texts(corpus / "pretrain/bilingual_zh_en.jsonl"))
+    cjk = sum("\u4e00" <= ch <= "\u9fff" for ch in bilingual)
+    distinct = {ch for ch in bilingual if "\u4e00" <= ch <= "\u9fff"}
+    assert cjk > 50_000 and len(distinct) > 100
+
+
+def reference_answer(task: str, prompt: str) -> str:
+    """The rules, re-derived here from the prompt text alone (not via data.demo_tasks)."""
+    if task in ("add1", "add2"):
+        a, b = (int(n) for n in re.findall(r"\d+", prompt))
+        assert (a < 10 and b < 10) == (task == "add1")
+        return str(a + b)
+    (word,) = re.findall(r'"(\w+)"', prompt)
+    return {"copy": word, "upper": word.upper(), "length": str(len(word)),
+            "reverse": word[::-1]}[task]
+
+
+def task_of(prompt: str) -> str:
+    """Which task a prompt belongs to, from its template."""
+    matches = [name for name, task in TASKS.items() for template in task.templates
+               if re.fullmatch(re.escape(template).replace(r"\{word\}", "[a-z]+")
+                               .replace(r"\{a\}", r"\d+").replace(r"\{b\}", r"\d+"), prompt)]
+    if {"add1", "add2"} & set(matches):
+        return "add1" if max(map(int, re.findall(r"\d+", prompt))) < 10 else "add2"
+    (task,) = matches
+    return task
+
+
+def user_turns_and_answers(data: dict) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs of an SFT record in any of the three formats."""
+    if "instruction" in data:
+        assert data["input"] == ""
+        return [(data["instruction"], data["output"])]
+    messages = data.get("messages") or [{"role": {"human": "user", "gpt": "assistant"}.get(
+        m["from"], m["from"]), "content": m["value"]} for m in data["conversations"]]
+    messages = [m for m in messages if m["role"] != "system"]
+    assert [m["role"] for m in messages] == ["user", "assistant"] * (len(messages) // 2)
+    return [(u["content"], a["content"]) for u, a in zip(messages[::2], messages[1::2])]
+
+
+def test_sft_answers_are_correct_and_eval_is_held_out(corpus):
+    held_out = [record.data for record in iter_records(corpus / "eval/tasks.jsonl")]
+    eval_prompts = {item["prompt"] for item in held_out}
+    assert len(eval_prompts) == len(held_out)
+    for item in held_out:
+        assert task_of(item["prompt"]) == item["task"]
+        assert item["answer"] == reference_answer(item["task"], item["prompt"])
+
+    seen_formats = set()
+    for path in find_data_files(corpus / "sft"):
+        for record in iter_records(path):
+            seen_formats |= {"instruction", "messages", "conversations"} & set(record.data)
+            for prompt, answer in user_turns_and_answers(record.data):
+                assert prompt not in eval_prompts, f"{path}:{record.number} leaks an eval prompt"
+                assert answer == reference_answer(task_of(prompt), prompt)
+    assert seen_formats == {"instruction", "messages", "conversations"}
+
+
+def test_dpo_chosen_right_rejected_wrong_and_held_out(corpus):
+    eval_prompts = {r.data["prompt"] for r in iter_records(corpus / "eval/tasks.jsonl")}
+    shapes = set()
+    for path in find_data_files(corpus / "dpo"):
+        for record in iter_records(path):
+            data = record.data
+            if "conversations" in data:
+                shapes.add("conversations")
+                (turn,) = data["conversations"]
+                assert turn["from"] == "human" and data["chosen"]["from"] == "gpt"
+                prompt, chosen, rejected = (turn["value"], data["chosen"]["value"],
+                                            data["rejected"]["value"])
+            else:
+                shapes.add("prompt")
+                prompt, chosen, rejected = data["prompt"], data["chosen"], data["rejected"]
+            assert prompt not in eval_prompts
+            expected = reference_answer(task_of(prompt), prompt)
+            assert chosen == expected and rejected != expected and rejected.strip()
+    assert shapes == {"conversations", "prompt"}
+
+
+def test_is_correct_matches_reference_and_ignores_only_whitespace():
+    rng = random.Random()
+    for name, task in TASKS.items():
+        for _ in range(200):
+            prompt, answer = task.sample(rng)
+            assert task_of(prompt) == name
+            assert answer == reference_answer(name, prompt)
+            assert is_correct(name, prompt, rng.choice(["", " ", "\n"]) + answer + " \n")
+            assert not is_correct(name, prompt, answer + ".")
+            assert not is_correct(name, prompt, task.wrong_answer(rng, prompt))
