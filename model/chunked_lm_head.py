@@ -1,0 +1,120 @@
+"""The output projection fused with the loss, computed a chunk of rows at a time.
+
+Why: the logits are the largest activation of a small LLM. For batch 8 x 1024 tokens and a
+32000-token vocabulary they are 262M numbers, 1 GiB in fp32, and a plain `F.cross_entropy`
+keeps that (plus its softmax) alive until backward. Here at most `CHUNK_LOGIT_ELEMENTS`
+logits exist at any time.
+
+Loss (`linear_cross_entropy`): the gradient of a mean cross-entropy with respect to the
+logits is known in closed form, (softmax(z) - onehot(y)) / n_valid, so each chunk's gradient
+for `hidden` and `weight` is computed right after its loss, in the forward pass, and backward
+only scales them by the incoming scalar (the "fused linear cross-entropy" of the Liger-Kernel
+paper, Hsu et al. 2024). Same matmul FLOPs as the unfused version, no recomputation.
+
+Per-token log-probabilities (`linear_token_log_probs`, for DPO): the incoming gradient is a
+different number per token, so the closed form cannot be applied in forward; each chunk is
+instead checkpointed and its logits recomputed in backward (one extra matmul per chunk).
+
+Both keep the softmax in fp32 whatever the matmul dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+IGNORE_INDEX = -100
+CHUNK_LOGIT_ELEMENTS = 2**24
+"""Logits per chunk: 16M fp32 numbers = 64 MiB (e.g. 512 rows of a 32768-token vocabulary)."""
+
+
+def _rows_per_chunk(vocab_size: int) -> int:
+    return max(1, CHUNK_LOGIT_ELEMENTS // vocab_size)
+
+
+def _log_softmax_picked(logits: torch.Tensor, labels: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(label) per row with 0 at ignored rows, the fp32 logits' logsumexp)."""
+    logits = logits.float()
+    log_normalizer = logits.logsumexp(dim=-1)
+    picked = logits.gather(-1, labels.clamp(min=0)[:, None])[:, 0] - log_normalizer
+    return picked.masked_fill(labels == IGNORE_INDEX, 0.0), log_normalizer
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """mean over valid rows of -log softmax(hidden @ weight^T)[label]; grads made in forward."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                compute_grads: bool) -> torch.Tensor:
+        valid = labels != IGNORE_INDEX
+        # An all-ignored batch (possible in SFT) gives loss 0 and zero grads, not 0/0 = NaN.
+        inv_num_valid = 1.0 / valid.sum().clamp(min=1).float()
+        loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if compute_grads else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if compute_grads else None
+        step = _rows_per_chunk(weight.shape[0])
+        for start in range(0, hidden.shape[0], step):
+            rows = slice(start, start + step)
+            logits = (hidden[rows] @ weight.T).float()
+            picked, log_normalizer = _log_softmax_picked(logits, labels[rows])
+            loss_sum -= picked.sum()
+            if compute_grads:
+                # d(loss)/d(logits) = (softmax - onehot(label)) / n_valid, 0 on ignored rows.
+                grad_logits = torch.exp(logits - log_normalizer[:, None])
+                grad_logits.scatter_add_(1, labels[rows].clamp(min=0)[:, None],
+                                         torch.full_like(grad_logits[:, :1], -1.0))
+                grad_logits *= valid[rows, None] * inv_num_valid
+                grad_logits = grad_logits.to(hidden.dtype)
+                grad_hidden[rows] = grad_logits @ weight
+                grad_weight += (grad_logits.T @ hidden[rows]).float()
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return loss_sum * inv_num_valid
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors  # weight has hidden's dtype here
+        return (grad_hidden * grad_loss.to(grad_hidden.dtype),
+                (grad_weight * grad_loss).to(grad_hidden.dtype), None, None)
+
+
+def _matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype `hidden @ weight.T` would run in here, autocast included."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
+                         ) -> torch.Tensor:
+    """Mean cross-entropy of logits = hidden @ weight^T against labels (-100 ignored).
+
+    hidden [N, hidden_size]; weight [vocab, hidden_size]; labels [N]. Returns an fp32 scalar.
+    """
+    dtype = _matmul_dtype(hidden, weight)
+    # Casts happen outside the Function so autograd routes the grads back to the original
+    # dtypes (e.g. an fp32 weight under bf16 autocast).
+    hidden, weight = hidden.to(dtype), weight.to(dtype)
+    compute_grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _LinearCrossEntropy.apply(hidden, weight, labels, compute_grads)
+
+
+def linear_token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
+                           ) -> torch.Tensor:
+    """log softmax(hidden @ weight^T)[label] per row (0 where label == -100), fp32 [N]."""
+    dtype = _matmul_dtype(hidden, weight)
+    hidden, weight = hidden.to(dtype), weight.to(dtype)
+
+    def chunk_log_probs(hidden_chunk: torch.Tensor, labels_chunk: torch.Tensor) -> torch.Tensor:
+        return _log_softmax_picked(hidden_chunk @ weight.T, labels_chunk)[0]
+
+    step = _rows_per_chunk(weight.shape[0])
+    chunks = []
+    with torch.autocast(hidden.device.type, enabled=False):
+        for start in range(0, hidden.shape[0], step):
+            rows = slice(start, start + step)
+            chunks.append(checkpoint(chunk_log_probs, hidden[rows], labels[rows],
+                                     use_reentrant=False))
+    return torch.cat(chunks)

@@ -1,0 +1,67 @@
+"""Export a z2all model as a Hugging Face `LlamaForCausalLM` directory.
+
+    python -m model.convert_to_hf --ckpt out/<run> --out hf_model/   [--tokenizer_dir DIR]
+
+`--ckpt` takes a run dir (its newest valid checkpoint), one checkpoint dir, or any
+`save_pretrained` dir. The result loads offline with
+`transformers.LlamaForCausalLM.from_pretrained("hf_model/")`; weights keep their dtype. The
+mapping (and why no RoPE permutation is needed) is in `model/hf_llama_mapping.py`; the reverse
+direction is `Z2allForCausalLM.from_hf(dir)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+from safetensors.torch import save
+
+from model.hf_llama_mapping import config_to_hf, state_dict_to_hf
+from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
+from utils.atomic_io import atomic_write_bytes, atomic_write_json
+
+
+def export_hf(model: Z2allForCausalLM, out_dir: str | os.PathLike) -> None:
+    """Write `config.json` + `model.safetensors` for `LlamaForCausalLM` (each atomically)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    hf_state = state_dict_to_hf(state, model.config)
+    atomic_write_bytes(out_dir / WEIGHTS_FILE, save(hf_state, metadata={"format": "pt"}))
+    dtype = model.model.embed_tokens.weight.dtype
+    atomic_write_json(out_dir / CONFIG_FILE, config_to_hf(model.config, dtype))
+
+
+def resolve_model_dir(path: str | os.PathLike) -> Path:
+    """A dir that holds weights directly, else a run/checkpoint dir resolved to its newest
+    valid checkpoint (`utils.checkpoint.resolve_checkpoint`)."""
+    path = Path(path)
+    if (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file():
+        return path
+    from utils.checkpoint import resolve_checkpoint  # the trainer's layer; only needed here
+
+    return resolve_checkpoint(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt", required=True,
+                        help="run dir, checkpoint dir or save_pretrained dir")
+    parser.add_argument("--out", required=True, help="output directory for the HF model")
+    parser.add_argument("--tokenizer_dir", default=None,
+                        help="also copy this tokenizer's files into --out (optional)")
+    args = parser.parse_args(argv)
+    model_dir = resolve_model_dir(args.ckpt)
+    model = Z2allForCausalLM.from_pretrained(model_dir)
+    export_hf(model, args.out)
+    if args.tokenizer_dir:
+        for file in Path(args.tokenizer_dir).iterdir():
+            if file.is_file() and file.name not in (CONFIG_FILE, WEIGHTS_FILE):
+                shutil.copy2(file, Path(args.out) / file.name)
+    print(f"exported {model_dir} ({model.num_parameters():,} parameters) to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Our config and weights <-> Hugging Face `LlamaForCausalLM`'s, both ways.
+
+The architectures are the same (RMSNorm, RoPE with the rotate_half pairing, GQA, SwiGLU), and
+our parameter names are HF's, except two fused matrices:
+
+    ours                                   HF Llama
+    model.layers.N.self_attn.qkv_proj      q_proj (H*D rows), k_proj (KV*D), v_proj (KV*D)
+    model.layers.N.mlp.gate_up_proj        gate_proj (I rows), up_proj (I rows)
+    lm_head.weight (tied: the embedding)   omitted when tie_word_embeddings
+
+Because our RoPE pairs dimension i with i + head_dim/2 exactly like HF's `rotate_half`, no
+q/k row permutation is needed (Meta's original checkpoints pair 2i with 2i+1 and need one).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from model.configuration_z2all import Z2allConfig
+
+_QKV = re.compile(r"(.*\.self_attn\.)qkv_proj\.weight")
+_GATE_UP = re.compile(r"(.*\.mlp\.)gate_up_proj\.weight")
+_Q = re.compile(r"(.*\.self_attn\.)q_proj\.weight")
+_GATE = re.compile(r"(.*\.mlp\.)gate_proj\.weight")
+
+
+def config_to_hf(config: Z2allConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """A `config.json` for `LlamaForCausalLM` (transformers 4.x reads rope_theta, 5.x
+    rope_parameters; both are written)."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads, "head_dim": config.head_dim,
+        "hidden_act": "silu", "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "initializer_range": config.initializer_range, "attention_bias": False,
+        "mlp_bias": False, "attention_dropout": config.dropout,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def config_from_hf(hf: dict[str, Any], source: str) -> Z2allConfig:
+    """A `Z2allConfig` for an HF Llama config dict; refuses features our model lacks."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    problems = []
+    if hf.get("model_type", "llama") != "llama":
+        problems.append(f"model_type {hf.get('model_type')!r} (expected 'llama')")
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        problems.append(f"RoPE scaling {rope!r}")
+    if hf.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act {hf['hidden_act']!r}")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        problems.append("linear biases")
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    if head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
+        problems.append(f"head_dim {head_dim} != hidden_size / num_attention_heads")
+    if problems:
+        raise ValueError(f"{source}: unsupported Llama variant: {', '.join(problems)}")
+    return Z2allConfig(
+        vocab_size=hf["vocab_size"], vocab_size_multiple=1, hidden_size=hf["hidden_size"],
+        num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"],
+        num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=hf.get("tie_word_embeddings", False),
+        dropout=hf.get("attention_dropout", 0.0) or 0.0,
+        initializer_range=hf.get("initializer_range", 0.02))
+
+
+def state_dict_to_hf(state_dict: dict[str, torch.Tensor], config: Z2allConfig
+                     ) -> dict[str, torch.Tensor]:
+    """Our tensors under HF names; split matrices are copies (safetensors refuses views)."""
+    qkv_rows = [n * config.head_dim for n in (config.num_attention_heads,
+                                              config.num_key_value_heads,
+                                              config.num_key_value_heads)]
+    hf_state = {}
+    for name, tensor in state_dict.items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if match := _QKV.fullmatch(name):
+            for part, piece in zip(("q", "k", "v"), tensor.split(qkv_rows)):
+                hf_state[f"{match[1]}{part}_proj.weight"] = piece.clone()
+        elif match := _GATE_UP.fullmatch(name):
+            gate, up = tensor.chunk(2)
+            hf_state[f"{match[1]}gate_proj.weight"] = gate.clone()
+            hf_state[f"{match[1]}up_proj.weight"] = up.clone()
+        else:
+            hf_state[name] = tensor.contiguous()
+    return hf_state
+
+
+def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: Z2allConfig
+                       ) -> dict[str, torch.Tensor]:
+    """HF tensors under our names (lm_head dropped when tied: the model shares the embedding).
+    Missing or extra names are left for `load_state_dict(strict=True)` to report."""
+    consumed = set()
+    state = {}
+    for name in hf_state:
+        if match := _Q.fullmatch(name):
+            parts = [f"{match[1]}{part}_proj.weight" for part in ("q", "k", "v")]
+            state[f"{match[1]}qkv_proj.weight"] = torch.cat([hf_state[p] for p in parts])
+            consumed.update(parts)
+        elif match := _GATE.fullmatch(name):
+            parts = [f"{match[1]}{part}_proj.weight" for part in ("gate", "up")]
+            state[f"{match[1]}gate_up_proj.weight"] = torch.cat([hf_state[p] for p in parts])
+            consumed.update(parts)
+    for name, tensor in hf_state.items():
+        tied_head = name == "lm_head.weight" and config.tie_word_embeddings
+        if name in consumed or tied_head or name.endswith("rotary_emb.inv_freq"):
+            continue  # (old HF checkpoints saved RoPE's inv_freq; we recompute it)
+        state[name] = tensor
+    return state

@@ -1,0 +1,259 @@
+"""`Z2allForCausalLM`: a llama2-style decoder-only transformer (Touvron et al. 2023).
+
+    input_ids [B, T] -> embed_tokens -> N x DecoderBlock -> norm -> lm_head -> logits [B, T, V]
+    DecoderBlock:  h = h + Attention(RMSNorm(h))      (pre-norm residual blocks)
+                   h = h + SwiGLUMLP(RMSNorm(h))
+
+Parameter names are HF Llama's (see `model/hf_llama_mapping.py` for the two fused matrices),
+and the state dict is the same whichever kernels run (`model/kernels.py`). Parameters may be
+fp32, bf16 or fp16; norms, softmax and the loss always run in fp32 inside.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from model import kernels
+from model.attention import Attention, attention_mask_for, position_ids_for
+from model.chunked_lm_head import linear_cross_entropy, linear_token_log_probs
+from model.configuration_z2all import Z2allConfig
+from model.generation import GenerationMixin
+from model.hf_llama_mapping import config_from_hf, state_dict_from_hf
+from model.kv_cache import KVCache
+from model.mlp import SwiGLUMLP
+from model.rms_norm import RMSNorm
+from model.rope import rotary_cos_sin
+from utils.atomic_io import atomic_write_bytes
+
+logger = logging.getLogger(__name__)
+_logged_kernel_choices: set[tuple[str, torch.dtype]] = set()
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass
+class CausalLMOutput:
+    loss: torch.Tensor | None = None
+    """Mean cross-entropy over labels != -100 (fp32 scalar), when labels were given."""
+    logits: torch.Tensor | None = None
+    """[B, T, vocab] when no labels were given. With labels the loss is computed chunk by
+    chunk without ever holding all logits (`model/chunked_lm_head.py`), and this is None."""
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, config: Z2allConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config)
+        self.dropout = config.dropout
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                allowed: torch.Tensor | None, is_causal: bool,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, allowed,
+                                         is_causal, kv_cache)
+        mlp_out = self.mlp(self.post_attention_layernorm(hidden))
+        return hidden + (F.dropout(mlp_out, self.dropout, self.training) if self.dropout
+                         else mlp_out)
+
+
+def _compute_dtype(reference: torch.Tensor) -> torch.dtype:
+    """The dtype activations run in: autocast's if active, else the parameters'."""
+    if torch.is_autocast_enabled(reference.device.type):
+        return torch.get_autocast_dtype(reference.device.type)
+    return reference.dtype
+
+
+def _log_kernels_once(device: torch.device, dtype: torch.dtype) -> None:
+    if (device.type, dtype) not in _logged_kernel_choices:
+        _logged_kernel_choices.add((device.type, dtype))
+        names = kernels.kernel_names(device, dtype)
+        logger.info("model kernels on %s/%s: %s", device.type, str(dtype).removeprefix("torch."),
+                    ", ".join(f"{op}={impl}" for op, impl in names.items()))
+
+
+class Z2allModel(nn.Module):
+    """The transformer body: token ids -> final normalised hidden states."""
+
+    def __init__(self, config: Z2allConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderBlock(config, i)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
+        """key_padding_mask [B, past + T] (1 = real token) or None for no padding."""
+        config, device = self.config, input_ids.device
+        query_len, past_len = input_ids.shape[1], (kv_cache.length if kv_cache else 0)
+        hidden = self.embed_tokens(input_ids)
+        dtype = _compute_dtype(hidden)
+        _log_kernels_once(device, dtype)
+        position_ids = position_ids_for(key_padding_mask, query_len, past_len, device)
+        cos, sin = rotary_cos_sin(position_ids, config.head_dim, config.rope_theta, dtype)
+        allowed, is_causal = attention_mask_for(key_padding_mask, query_len, past_len, device)
+        for layer_idx, layer in enumerate(self.layers):
+            if self._recompute_in_backward(layer_idx):
+                hidden = checkpoint(layer, hidden, cos, sin, allowed, is_causal,
+                                    use_reentrant=False)
+            else:
+                hidden = layer(hidden, cos, sin, allowed, is_causal, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(query_len)
+        return self.norm(hidden)
+
+    def _recompute_in_backward(self, layer_idx: int) -> bool:
+        config = self.config
+        return (config.activation_checkpointing and self.training and torch.is_grad_enabled()
+                and layer_idx % config.activation_checkpointing_every == 0)
+
+
+class Z2allForCausalLM(GenerationMixin, nn.Module):
+    def __init__(self, config: Z2allConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Z2allModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.apply(self._init_weights)
+
+    def tie_weights(self) -> None:
+        """With tie_word_embeddings, lm_head.weight *is* the embedding Parameter (one tensor,
+        one gradient accumulating both uses; `parameters()` lists it once)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Normal(0, initializer_range); the projections that write into the residual stream
+        (o_proj, down_proj) get std / sqrt(2 * layers), so the stream's variance does not grow
+        with depth: GPT-2 (Radford et al. 2019, sec. 2.3), Megatron-LM's
+        `scaled_init_method_normal`."""
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        for residual_out in ("o_proj", "down_proj"):
+            if isinstance(getattr(module, residual_out, None), nn.Linear):
+                nn.init.normal_(getattr(module, residual_out).weight, mean=0.0,
+                                std=std / (2 * self.config.num_hidden_layers) ** 0.5)
+
+    # ---- training and scoring ---------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> CausalLMOutput:
+        """input_ids [B, T]; labels [B, T] already shifted (labels[b, t] is the target of
+        position t; -100 = not trained); attention_mask [B, T], 1 = real token, 0 = padding
+        (right padding for training; left or right both give correct positions)."""
+        hidden = self.model(input_ids, _key_padding_mask(attention_mask))
+        if labels is None:
+            return CausalLMOutput(logits=self.lm_head(hidden))
+        loss = linear_cross_entropy(hidden.flatten(0, 1), self.lm_head.weight,
+                                    labels.flatten())
+        return CausalLMOutput(loss=loss)
+
+    def token_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """log p(labels[b, t] | tokens <= t) as fp32 [B, T], 0 where labels == -100 (DPO sums
+        these over the response)."""
+        hidden = self.model(input_ids, _key_padding_mask(attention_mask))
+        log_probs = linear_token_log_probs(hidden.flatten(0, 1), self.lm_head.weight,
+                                           labels.flatten())
+        return log_probs.view(labels.shape)
+
+    # ---- incremental decoding (used by model/generation.py) ---------------------------------
+    def new_kv_cache(self, batch_size: int, capacity: int) -> KVCache:
+        config, weight = self.config, self.lm_head.weight
+        return KVCache(config.num_hidden_layers, batch_size, capacity,
+                       config.num_key_value_heads, config.head_dim,
+                       _compute_dtype(weight), weight.device)
+
+    def next_token_logits(self, input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                          kv_cache: KVCache) -> torch.Tensor:
+        """Run the new tokens through the model (filling the cache); fp32 logits [B, V] of the
+        last position only (the prompt's other positions need no vocabulary projection)."""
+        hidden = self.model(input_ids, _key_padding_mask(key_padding_mask), kv_cache)
+        return self.lm_head(hidden[:, -1]).float()
+
+    # ---- size and cost ----------------------------------------------------------------------
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def num_flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token (forward + backward): 6N + 12·L·H·Q·T (PaLM, Chowdhery et
+        al. 2022, appendix B). 6N: each weight does one multiply-add (2 FLOPs) per token
+        forward and two backward; N excludes an untied embedding table (a lookup, no matmul).
+        12·L·H·Q·T: the attention scores and weighted sum, L layers, H heads of size Q, over
+        T = seq_len (default max_position_embeddings) keys."""
+        config = self.config
+        matmul_params = self.num_parameters()
+        if not config.tie_word_embeddings:
+            matmul_params -= self.model.embed_tokens.weight.numel()
+        seq_len = seq_len or config.max_position_embeddings
+        return (6 * matmul_params + 12 * config.num_hidden_layers * config.num_attention_heads
+                * config.head_dim * seq_len)
+
+    # ---- saving and loading -----------------------------------------------------------------
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write `config.json` and `model.safetensors` (each atomically; a tied lm_head is
+        stored once, as the embedding)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()
+                   if not (name == "lm_head.weight" and self.config.tie_word_embeddings)}
+        atomic_write_bytes(directory / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
+        self.config.to_json_file(directory / CONFIG_FILE)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike,
+                        dtype: torch.dtype | None = None) -> Z2allForCausalLM:
+        """Load a `save_pretrained` directory (e.g. a checkpoint); weights keep their saved
+        dtype unless `dtype` is given."""
+        directory = Path(directory)
+        config = Z2allConfig.from_json_file(directory / CONFIG_FILE)
+        return cls._from_state_dict(config, load_file(directory / WEIGHTS_FILE), dtype)
+
+    @classmethod
+    def from_hf(cls, directory: str | os.PathLike,
+                dtype: torch.dtype | None = None) -> Z2allForCausalLM:
+        """Load a Hugging Face `LlamaForCausalLM` directory (config.json + one or more
+        safetensors files)."""
+        directory = Path(directory)
+        with open(directory / CONFIG_FILE, encoding="utf-8") as handle:
+            config = config_from_hf(json.load(handle), source=str(directory / CONFIG_FILE))
+        hf_state = {}
+        for weights_file in sorted(directory.glob("*.safetensors")):
+            hf_state.update(load_file(weights_file))
+        if not hf_state:
+            raise FileNotFoundError(f"{directory}: no *.safetensors weights found")
+        return cls._from_state_dict(config, state_dict_from_hf(hf_state, config), dtype)
+
+    @classmethod
+    def _from_state_dict(cls, config: Z2allConfig, state: dict[str, torch.Tensor],
+                         dtype: torch.dtype | None) -> Z2allForCausalLM:
+        with torch.device("meta"):  # no time spent on a random init that is overwritten
+            model = cls(config)
+        if config.tie_word_embeddings:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        model.load_state_dict(state, strict=True, assign=True)
+        model.tie_weights()  # `assign` made two Parameters of the one tensor; make them one
+        return model.to(dtype) if dtype is not None else model
+
+
+def _key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """None when there is no padding, so attention can use its fast causal path."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask

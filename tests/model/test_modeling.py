@@ -1,0 +1,163 @@
+"""Loss, gradients, tying, checkpointing, saving and the FLOP formula of Z2allForCausalLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import kernels, reference_ops
+from model.configuration_z2all import PRESETS, Z2allConfig
+from model.convert_to_hf import main as convert_main
+from model.modeling_z2all import Z2allForCausalLM
+from tests.model.model_helpers import VOCAB, random_batch, small_config, small_model
+
+
+def _grads(model, input_ids, labels, **kwargs):
+    model.zero_grad(set_to_none=True)
+    model(input_ids, labels=labels, **kwargs).loss.backward()
+    return {name: param.grad.clone() for name, param in model.named_parameters()}
+
+
+def test_loss_ignores_minus_100_and_matches_cross_entropy_on_logits():
+    model = small_model("gqa")
+    input_ids, labels = random_batch(3, 16)
+    assert (labels == -100).any()
+    logits = model(input_ids).logits
+    reference = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    assert torch.allclose(model(input_ids, labels=labels).loss, reference, atol=1e-5)
+    # Independently: the plain mean over the kept positions only.
+    kept = labels.flatten() != -100
+    kept_only = F.cross_entropy(logits.flatten(0, 1)[kept], labels.flatten()[kept])
+    assert torch.allclose(model(input_ids, labels=labels).loss, kept_only, atol=1e-5)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_every_parameter_gets_a_gradient(tie):
+    model = small_model("gqa", tie_word_embeddings=tie)
+    grads = _grads(model, *random_batch(2, 12))
+    assert set(grads) == {name for name, _ in model.named_parameters()}
+    assert all(torch.count_nonzero(grad) > 0 for grad in grads.values())
+
+
+def test_tied_embeddings_share_storage():
+    model = small_model("gqa", tie_word_embeddings=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert len(list(model.parameters())) == len(set(map(id, model.parameters())))
+    reloaded = Z2allForCausalLM._from_state_dict(model.config, dict(model.state_dict()), None)
+    assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_activation_checkpointing_gives_the_same_gradients(every):
+    batch = random_batch(2, 12)
+    plain = small_model("gqa", num_hidden_layers=3)
+    checkpointed = small_model("gqa", num_hidden_layers=3, activation_checkpointing=True,
+                               activation_checkpointing_every=every)
+    expected, got = _grads(plain, *batch), _grads(checkpointed, *batch)
+    for name in expected:
+        assert torch.allclose(got[name], expected[name], atol=1e-6), name
+
+
+def test_residual_projections_get_scaled_init():
+    config = small_config("mha", hidden_size=256, num_hidden_layers=8, initializer_range=0.02)
+    torch.manual_seed(0)
+    model = Z2allForCausalLM(config)
+    layer = model.model.layers[0]
+    expected_scaled_std = 0.02 / (2 * 8) ** 0.5
+    assert abs(layer.self_attn.qkv_proj.weight.std().item() - 0.02) < 1e-3
+    assert abs(layer.mlp.down_proj.weight.std().item() - expected_scaled_std) < 3e-4
+    assert abs(layer.self_attn.o_proj.weight.std().item() - expected_scaled_std) < 3e-4
+
+
+def test_state_dict_and_outputs_do_not_depend_on_kernels(monkeypatch):
+    model = small_model("gqa")
+    input_ids, labels = random_batch(2, 10)
+    keys_before = list(model.state_dict())
+    loss_fast = model(input_ids, labels=labels).loss
+    monkeypatch.setattr(kernels, "attention", lambda q, k, v, allowed, is_causal, dropout_p:
+                        reference_ops.attention_reference(q, k, v, allowed))
+    monkeypatch.setattr(kernels, "rms_norm", reference_ops.rms_norm_reference)
+    monkeypatch.setattr(kernels, "swiglu", reference_ops.swiglu_reference)
+    assert list(model.state_dict()) == keys_before
+    assert torch.allclose(model(input_ids, labels=labels).loss, loss_fast, atol=1e-5)
+
+
+@pytest.mark.parametrize("tie,dtype", [(True, torch.float32), (False, torch.bfloat16)])
+def test_save_and_from_pretrained_round_trip(tmp_path, tie, dtype):
+    model = small_model("mqa", tie_word_embeddings=tie).to(dtype)
+    model.save_pretrained(tmp_path)
+    reloaded = Z2allForCausalLM.from_pretrained(tmp_path)
+    assert reloaded.config == model.config
+    for (name, original), (_, loaded) in zip(model.state_dict().items(),
+                                             reloaded.state_dict().items()):
+        assert loaded.dtype == dtype and torch.equal(original, loaded), name
+    input_ids = torch.randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids).logits, reloaded(input_ids).logits)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_token_log_probs_match_log_softmax_gather_with_padding():
+    model = small_model("gqa")
+    input_ids, labels = random_batch(3, 14)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 9:] = 0
+    labels[1, 9:] = -100
+    got = model.token_log_probs(input_ids, labels, attention_mask)
+    logits = model(input_ids, attention_mask=attention_mask).logits
+    expected = logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    expected = expected.masked_fill(labels == -100, 0.0)
+    assert got.shape == labels.shape and torch.allclose(got, expected, atol=1e-5)
+    weights = torch.randn_like(got)  # DPO-style: a different weight per token
+    grad_got = torch.autograd.grad((got * weights).sum(), model.lm_head.weight)[0]
+    grad_expected = torch.autograd.grad((expected * weights).sum(), model.lm_head.weight)[0]
+    assert torch.allclose(grad_got, grad_expected, atol=1e-5)
+
+
+def test_num_flops_per_token_formula():
+    for tie in (True, False):
+        config = small_config("gqa", tie_word_embeddings=tie)
+        model = Z2allForCausalLM(config)
+        # Count matmul weights directly from the modules: every Linear (lm_head included).
+        linear_params = sum(m.weight.numel() for m in model.modules()
+                            if isinstance(m, torch.nn.Linear))
+        norm_params = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+        attention = 12 * config.num_hidden_layers * config.hidden_size * 40
+        assert model.num_flops_per_token(40) == 6 * (linear_params + norm_params) + attention
+
+
+def test_config_presets_padding_and_json(tmp_path):
+    for name in PRESETS:
+        config = Z2allConfig.from_preset(name)
+        assert config.vocab_size % 64 == 0 and config.intermediate_size % 64 == 0
+    config = Z2allConfig.from_preset("tiny", vocab_size=1000, dropout=0.1)
+    assert config.vocab_size == 1024 and config.dropout == 0.1
+    assert Z2allConfig(hidden_size=96, num_attention_heads=4).intermediate_size == 256
+    config.to_json_file(tmp_path / "config.json")
+    assert Z2allConfig.from_json_file(tmp_path / "config.json") == config
+    values = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "bad.json").write_text(json.dumps({**values, "hiden_size": 3}))
+    with pytest.raises(ValueError, match=r"bad\.json.*hiden_size"):
+        Z2allConfig.from_json_file(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="unknown model preset"):
+        Z2allConfig.from_preset("7B")
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        Z2allConfig(num_attention_heads=12, num_key_value_heads=5)
+
+
+def test_convert_to_hf_cli_from_a_run_dir(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    from utils.checkpoint import save_checkpoint
+
+    model = small_model("gqa").eval()
+    save_checkpoint(tmp_path / "run" / "ckpt", 5, model.save_pretrained)
+    convert_main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
+    hf_model = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    input_ids = torch.randint(0, VOCAB, (2, 8))
+    with torch.no_grad():
+        assert (hf_model(input_ids).logits - model(input_ids).logits).abs().max() <= 1e-5
