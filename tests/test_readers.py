@@ -136,6 +136,9 @@ def test_text_key_list_is_tried_in_order(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     expected = [r["content"] if "content" in r else r["text"] for r in records]
     assert list(iter_texts(path, ["content", "text"])) == expected
+    for bad_key in (None, [], [1]):
+        with pytest.raises(TypeError, match="text_key"):
+            list(iter_texts(path, bad_key))
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet", ".txt"])

@@ -287,7 +287,9 @@ def iter_texts(
     stats: ReadStats | None = None,
 ) -> Iterator[str]:
     """The text of every record of one file; `text_key` may list several keys tried in order."""
-    keys = [text_key] if isinstance(text_key, str) else list(text_key)
+    keys = [text_key] if isinstance(text_key, str) else list(text_key or [])
+    if not keys or not all(isinstance(key, str) for key in keys):
+        raise TypeError(f"text_key must be a key or a non-empty list of keys; got {text_key!r}")
     path, stats = Path(path), stats if stats is not None else ReadStats()
     for item in _raw_items(path, stats, columns=keys):
         text = item if isinstance(item, BadRecordError) else _text_of(item, keys)
