@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -118,21 +118,11 @@ def find_data_files(
 # ---------------------------------------------------------------------------------------------
 
 RawItem = Record | BadRecordError
+LineParser = Callable[[Path, int, str], RawItem]  # (path, line number, line) -> item
 
 
-def _decode_line(path: Path, number: int, raw: bytes) -> str | BadRecordError:
-    try:
-        return raw.decode("utf-8")  # strict: a bad byte is an error, never a silent U+FFFD
-    except UnicodeDecodeError as error:
-        # A last line (no newline) cut inside a multi-byte character was truncated, not corrupt.
-        cut_off = not raw.endswith(b"\n") and error.reason == "unexpected end of data"
-        reason = "truncated" if cut_off else "invalid_utf8"
-        detail = f"byte {error.start} of the line: {error.reason}"
-        return BadRecordError(path, number, reason, detail)
-
-
-def _iter_lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, line bytes with its newline) for each non-blank line."""
+def _read_lines(path: Path, stats: ReadStats, parse_line: LineParser) -> Iterator[RawItem]:
+    """Decode each non-blank line of a line-based file and hand it to `parse_line`."""
     with open(path, "rb") as handle:  # binary: lines of any length, decoded one at a time
         for number, raw in enumerate(handle, start=1):
             if number == 1 and raw.startswith(UTF8_BOM):
@@ -140,36 +130,33 @@ def _iter_lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes]]:
             if not raw.strip():
                 stats.blank_lines += 1
                 continue
-            yield number, raw
+            try:
+                line = raw.decode("utf-8")  # strict: a bad byte is an error, never U+FFFD
+            except UnicodeDecodeError as error:
+                # A last line (no newline) cut inside a multi-byte character was truncated.
+                cut_off = not raw.endswith(b"\n") and error.reason == "unexpected end of data"
+                detail = f"byte {error.start} of the line: {error.reason}"
+                yield BadRecordError(path, number, "truncated" if cut_off else "invalid_utf8",
+                                     detail)
+                continue
+            yield parse_line(path, number, line)
 
 
-def _read_jsonl(path: Path, stats: ReadStats) -> Iterator[RawItem]:
-    for number, raw in _iter_lines(path, stats):
-        line = _decode_line(path, number, raw)
-        if isinstance(line, BadRecordError):
-            yield line
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as error:
-            # Only the last line of a file can lack its newline: invalid JSON there means the
-            # writer was cut off mid-record, which deserves its own name.
-            reason = "malformed_json" if raw.endswith(b"\n") else "truncated"
-            yield BadRecordError(path, number, reason, f"{error.msg} at column {error.colno}")
-            continue
-        if not isinstance(data, dict):
-            yield BadRecordError(path, number, "not_object", f"got JSON {type(data).__name__}")
-            continue
-        yield Record(path, number, data)
+def _parse_json_line(path: Path, number: int, line: str) -> RawItem:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as error:
+        # Only the last line of a file can lack its newline: invalid JSON there means the
+        # writer was cut off mid-record, which deserves its own name.
+        reason = "malformed_json" if line.endswith("\n") else "truncated"
+        return BadRecordError(path, number, reason, f"{error.msg} at column {error.colno}")
+    if not isinstance(data, dict):
+        return BadRecordError(path, number, "not_object", f"got JSON {type(data).__name__}")
+    return Record(path, number, data)
 
 
-def _read_txt(path: Path, stats: ReadStats) -> Iterator[RawItem]:
-    for number, raw in _iter_lines(path, stats):
-        line = _decode_line(path, number, raw)
-        if isinstance(line, BadRecordError):
-            yield line
-            continue
-        yield Record(path, number, {"text": line.removesuffix("\n").removesuffix("\r")})
+def _parse_text_line(path: Path, number: int, line: str) -> RawItem:
+    return Record(path, number, {"text": line.removesuffix("\n").removesuffix("\r")})
 
 
 def _first_non_space_byte(handle: Any) -> bytes:
@@ -230,13 +217,13 @@ def _read_parquet(path: Path, columns: list[str] | None) -> Iterator[RawItem]:
 def _raw_items(path: Path, stats: ReadStats, columns: list[str] | None) -> Iterator[RawItem]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        return _read_jsonl(path, stats)
+        return _read_lines(path, stats, _parse_json_line)
     if suffix == ".json":
         return _read_json_array(path)
     if suffix == ".parquet":
         return _read_parquet(path, columns)
     if suffix == ".txt":
-        return _read_txt(path, stats)
+        return _read_lines(path, stats, _parse_text_line)
     raise ValueError(f"{path}: unsupported file type; expected one of {SUPPORTED_EXTENSIONS}")
 
 
