@@ -59,10 +59,17 @@ def init_distributed(device: str = "auto", num_threads: int | None = None,
     threads = cpu_threads_per_rank(local_world_size, num_threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # for DataLoader workers started later
     torch.set_num_threads(threads)
-    owns_process_group = world_size > 1 and not dist.is_initialized()
+    # Our DDP and optimizers speak torch.distributed even in a world of one process; that
+    # world needs no rendezvous, so it gets an in-memory store instead of MASTER_ADDR/PORT.
+    owns_process_group = not dist.is_initialized()
     if owns_process_group:
         backend = "nccl" if torch_device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        if world_size > 1:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout)
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistributedEnv(rank, world_size, local_rank, local_world_size, torch_device,

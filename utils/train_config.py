@@ -6,9 +6,10 @@ command line and in saved files they are flat (`--lr=3e-4`), since every name is
     python train_my_ddp.py [exp_config.py | config.json] --key=value --flag --flag=false ...
 
 Precedence, lowest first: defaults < config file < command line. With `--resume`, the run's
-saved `config.json` takes the place of the defaults, so a resumed run continues with what it
-was started with, plus whatever you pass explicitly (changes that break bitwise reproducibility
-are warned about). A run saves the resolved config twice: `config.json` (machine-readable) and
+saved `config.json` takes the place of the defaults (less `resume` and `stop_at_iter`, which
+describe one invocation), so a resumed run continues with what it was started with, plus
+whatever you pass explicitly (changes that break bitwise reproducibility are warned about).
+A run saves the resolved config twice: `config.json` (machine-readable) and
 `exp_config.py` (one `name = value` per line, accepted back as the config file).
 """
 
@@ -55,6 +56,8 @@ class ModelOptions:
     num_key_value_heads: int | None = option(None, "override the preset")
     intermediate_size: int | None = option(None, "override the preset")
     dropout: float | None = option(None, "override the preset")
+    activation_checkpointing: bool = option(False, "recompute activations in backward "
+                                            "(less memory, ~1/3 more compute)")
 
 
 @dataclass
@@ -79,6 +82,7 @@ class OptimizationOptions:
 @dataclass
 class SystemOptions:
     device: str = option("auto", "auto | cpu | cuda (auto: cuda if available)")
+    num_threads: int | None = option(None, "CPU threads per rank (default: cores // local ranks)")
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = option(
         "auto", "parameter/compute dtype (auto: bf16 on CUDA if supported, else fp32)")
     peak_flops: float | None = option(None, "peak FLOP/s of one device for MFU (auto: known GPUs, "
@@ -97,6 +101,7 @@ class ParallelOptions:
     bucket_size: int | None = option(None, "gradient bucket size in elements (None: one bucket)")
     overlap_grad_reduce: bool = option(False, "start each bucket's reduce during backward")
     overlap_param_gather: bool = option(False, "ZeRO-1: gather params during the next forward")
+    cpu_offload: bool = option(False, "ZeRO-1: keep fp32 params + Adam state on the CPU")
     grad_reduce_in_fp32: bool = option(True, "accumulate/reduce grads in fp32 for bf16/fp16 runs")
     powersgd_rank: int = option(4, "PowerSGD: rank of the low-rank gradient approximation")
     powersgd_warmup_iters: int = option(10, "PowerSGD: plain allreduce for this many steps first")
@@ -133,10 +138,12 @@ GROUPS: dict[str, type] = {
     "system": SystemOptions, "parallel": ParallelOptions, "eval": EvalOptions,
     "dpo": DPOOptions, "run": RunOptions,
 }
+# Options that describe one invocation, not the run: never inherited from a saved config.
+PER_INVOCATION = {"resume", "stop_at_iter"}
 # Options you may change on --resume without breaking bitwise reproducibility.
 RESUME_SAFE = {"resume", "stop_at_iter", "log_interval", "save_interval", "keep_last",
-               "num_workers", "tensorboard", "out_dir", "init_from", "eval_prompts",
-               "max_new_tokens", "peak_flops"}
+               "num_workers", "num_threads", "tensorboard", "out_dir", "eval_prompts",
+               "max_new_tokens", "peak_flops", "eval_interval", "eval_iters"}
 
 
 @dataclass
@@ -330,10 +337,11 @@ def resolve_config(argv: list[str]) -> tuple[Config, list[str]]:
     notes: list[str] = []
     saved_path = Path(merged["out_dir"]) / "config.json"
     if merged["resume"] and saved_path.exists():
-        saved = load_config_file(saved_path)
+        saved = {k: v for k, v in load_config_file(saved_path).items()
+                 if k not in PER_INVOCATION}
         merged = {**Config.from_dict(saved, str(saved_path)).to_dict(), **explicit}
         for name, value in explicit.items():
-            if name != "resume" and name in saved and saved[name] != value:
+            if name in saved and saved[name] != value:
                 breaks = "" if name in RESUME_SAFE else " (breaks bitwise reproducibility)"
                 notes.append(f"resume: {name} changed {saved[name]!r} -> {value!r}{breaks}")
                 if breaks:
