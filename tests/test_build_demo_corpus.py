@@ -33,7 +33,7 @@ def test_same_seed_same_bytes_other_seed_other_tasks(tmp_path, capsys):
     first, again, other = (file_bytes(tmp_path / name) for name in "abc")
     assert len(first) == 15 and first == again
     assert not any("/." in "/" + name for name in first)  # no temporary files left behind
-    assert first["sft/train/openai.jsonl"] != other["sft/train/openai.jsonl"]
+    assert first["sft/train_openai.jsonl"] != other["sft/train_openai.jsonl"]
     plays = "pretrain/shakespeare_comedies.jsonl"
     assert first[plays] == other[plays]  # real text does not depend on the seed
 
