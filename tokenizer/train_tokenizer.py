@@ -1,0 +1,183 @@
+"""`python -m tokenizer.train_tokenizer`: train a z2all tokenizer on raw text, save it as a dir.
+
+    python -m tokenizer.train_tokenizer --type hf --input data/demo/pretrain \\
+        --vocab_size 8192 --out tokenizer/demo_hf
+
+1. Stream the documents of every .jsonl/.json/.parquet/.txt file under --input (utils.readers),
+   never holding the corpus in memory;
+2. train the raw library model (byte-level BPE or sentencepiece BPE) with V-3 base pieces;
+3. wrap it in our tokenizer class, which puts the 3 special tokens at ids V-3, V-2, V-1;
+4. save_pretrained into a temporary dir next to --out, load that the way users will
+   (`AutoTokenizer.from_pretrained(dir, trust_remote_code=True)`) and check it gives the same
+   ids, then rename it to --out: a crash never leaves a half-written tokenizer under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+from utils.atomic_io import fsync_dir
+from utils.readers import ReadStats, iter_texts_from
+
+from .byte_level_bpe import train_byte_level_bpe
+from .sentencepiece_bpe import train_sentencepiece_bpe
+from .tokenization_z2all_base import SPECIAL_TOKENS, Z2allTokenizerBase
+from .tokenization_z2all_bpe import Z2allBpeTokenizer
+from .tokenization_z2all_sp import Z2allSentencePieceTokenizer
+
+TOKENIZER_CLASSES: dict[str, type[Z2allTokenizerBase]] = {
+    "hf": Z2allBpeTokenizer, "sp": Z2allSentencePieceTokenizer}
+# Checked after saving: the reloaded tokenizer must encode this exactly like the trained one.
+PROBE_TEXT = "Hello, world! 你好，世界。 def f(x):\n\treturn x ** 2  # 12345 🙂 <|im_end|>"
+
+
+@dataclass
+class TrainTokenizerConfig:
+    type: str = field(metadata={"help": "hf: byte-level BPE (HF tokenizers); sp: sentencepiece BPE",
+                                "choices": ["hf", "sp"]})
+    input: list[str] = field(metadata={
+        "help": "files or directories of .jsonl/.json/.parquet/.txt"})
+    vocab_size: int = field(metadata={"help": "total vocabulary V, the 3 special tokens included"})
+    out: str = field(metadata={"help": "output directory (AutoTokenizer-loadable)"})
+    text_key: list[str] = field(default_factory=lambda: ["text"], metadata={
+        "help": "record field(s) holding the text, tried in order"})
+    max_documents: int | None = field(default=None,
+                                      metadata={"help": "read at most this many records"})
+    seed: int = field(default=0, metadata={
+        "help": "sentencepiece's sentence sampling (byte-level BPE training is deterministic)"})
+    skip_bad_records: bool = field(default=False, metadata={
+        "help": "skip malformed records (counted and reported) instead of stopping"})
+    sp_max_sentences: int = field(default=2_000_000, metadata={
+        "help": "sp only: sentences kept in RAM for training (a uniform sample of the stream)"})
+
+
+def parse_args(argv: list[str] | None = None) -> TrainTokenizerConfig:
+    """Command-line flags generated from TrainTokenizerConfig: the dataclass is the doc."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for option in dataclasses.fields(TrainTokenizerConfig):
+        kwargs = {"help": option.metadata["help"], "dest": option.name}
+        if option.type == "bool":
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["nargs"] = "+" if option.type == "list[str]" else None
+            kwargs["type"] = int if "int" in option.type else str
+            kwargs["choices"] = option.metadata.get("choices")
+        if option.default is not dataclasses.MISSING:
+            kwargs["default"] = option.default
+        elif option.default_factory is not dataclasses.MISSING:
+            kwargs["default"] = option.default_factory()
+        else:
+            kwargs["required"] = True
+        parser.add_argument(f"--{option.name}", **kwargs)
+    return TrainTokenizerConfig(**vars(parser.parse_args(argv)))
+
+
+def train_raw_model(kind: str, texts: Iterable[str], base_vocab_size: int, seed: int = 0,
+                    sp_max_sentences: int = 2_000_000, show_progress: bool = True) -> bytes:
+    """Train the library model on the stream `texts`; returns its model file's bytes."""
+    if kind == "hf":
+        tokenizer = train_byte_level_bpe(texts, base_vocab_size, show_progress=show_progress)
+        learned = tokenizer.get_vocab_size()
+        if learned != base_vocab_size:  # the BPE trainer stops early when it runs out of pairs
+            raise ValueError(f"the corpus is too small for --vocab_size: only {learned} of "
+                             f"{base_vocab_size} base pieces could be learned")
+        return tokenizer.to_str(pretty=True).encode("utf-8")
+    return train_sentencepiece_bpe(texts, base_vocab_size, seed=seed,
+                                   max_sentences=sp_max_sentences, show_progress=show_progress)
+
+
+def build_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, out: str | os.PathLike,
+                    training: dict | None = None, seed: int = 0,
+                    sp_max_sentences: int = 2_000_000, show_progress: bool = True
+                    ) -> Z2allTokenizerBase:
+    """Train on `texts` and save an AutoTokenizer-loadable dir at `out` (steps 2-4 above)."""
+    base_vocab_size = vocab_size - len(SPECIAL_TOKENS)
+    model_bytes = train_raw_model(kind, texts, base_vocab_size, seed, sp_max_sentences,
+                                  show_progress)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the tokenizer dir is meant to be shared
+    try:
+        tokenizer_class = TOKENIZER_CLASSES[kind]
+        model_file = staging / tokenizer_class.vocab_files_names["model_file"]
+        model_file.write_bytes(model_bytes)
+        tokenizer = tokenizer_class(model_file, z2all={"training": training})
+        tokenizer.save_pretrained(staging)
+        check_reloads_identically(staging, tokenizer)
+        _fsync_files(staging)
+        _replace_dir(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return tokenizer
+
+
+def check_reloads_identically(directory: Path, tokenizer: Z2allTokenizerBase) -> None:
+    reloaded = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=True)
+    same = (len(reloaded) == len(tokenizer)
+            and reloaded.encode(PROBE_TEXT) == tokenizer.encode(PROBE_TEXT)
+            and reloaded.fingerprint == tokenizer.fingerprint)
+    if not same:
+        raise RuntimeError(f"{directory}: the saved tokenizer does not reload identically")
+
+
+def _fsync_files(directory: Path) -> None:
+    for path in directory.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    fsync_dir(directory)
+
+
+def _replace_dir(staging: Path, out: Path) -> None:
+    """Move the finished `staging` dir to `out`, replacing an older `out` if there is one."""
+    if out.exists():
+        retired = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, retired)
+        os.replace(staging, out)
+        shutil.rmtree(retired)
+    else:
+        os.replace(staging, out)
+    fsync_dir(out.parent)
+
+
+def stream_documents(config: TrainTokenizerConfig, stats: ReadStats) -> Iterator[str]:
+    """The non-empty texts of the first --max_documents records, read lazily with a progress bar."""
+    texts = iter_texts_from(config.input, config.text_key,
+                            skip_bad_records=config.skip_bad_records, stats=stats)
+    for text in tqdm(itertools.islice(texts, config.max_documents), desc="reading documents",
+                     unit=" docs", mininterval=2.0):
+        if text:
+            yield text
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    started = time.perf_counter()
+    stats = ReadStats()
+    training = dataclasses.asdict(config)
+    tokenizer = build_tokenizer(config.type, stream_documents(config, stats), config.vocab_size,
+                                config.out, training=training, seed=config.seed,
+                                sp_max_sentences=config.sp_max_sentences)
+    skipped = sum(stats.skipped.values())
+    if skipped:
+        print(f"skipped {skipped} bad records: {dict(stats.skipped)}")
+    print(f"trained {tokenizer.kind} tokenizer in {time.perf_counter() - started:.1f} s on "
+          f"{stats.records_read} records: V={len(tokenizer)} (specials "
+          f"{tokenizer.special_token_ids}), fingerprint {tokenizer.fingerprint} -> {config.out}")
+
+
+if __name__ == "__main__":
+    main()
