@@ -27,7 +27,7 @@ import importlib.resources
 import json
 import random
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +118,11 @@ def play_scenes(markdown: str) -> Iterator[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def draw_examples(rng: random.Random, count: int, exclude: set[str]) -> list[tuple[str, str, str]]:
+Example = tuple[str, str, str]  # (task, prompt, answer)
+RecordMaker = Callable[[random.Random, list[Example]], dict[str, Any]]
+
+
+def draw_examples(rng: random.Random, count: int, exclude: set[str]) -> list[Example]:
     """`count` (task, prompt, answer) triples, tasks in turn, prompts never in `exclude`."""
     examples, names = [], sorted(TASKS)
     while len(examples) < count:
@@ -129,34 +133,36 @@ def draw_examples(rng: random.Random, count: int, exclude: set[str]) -> list[tup
     return examples
 
 
-def draw_held_out(rng: random.Random, per_task: int) -> list[tuple[str, str, str]]:
+def draw_held_out(rng: random.Random, per_task: int) -> list[Example]:
     """Distinct evaluation prompts, `per_task` of each task."""
-    held_out: dict[str, tuple[str, str, str]] = {}
+    held_out: dict[str, Example] = {}  # by prompt, so a repeated draw is not counted twice
     for task in sorted(TASKS):
-        while sum(1 for t, _, _ in held_out.values() if t == task) < per_task:
+        drawn = len(held_out)
+        while len(held_out) < drawn + per_task:
             prompt, answer = TASKS[task].sample(rng)
             held_out.setdefault(prompt, (task, prompt, answer))
     return list(held_out.values())
 
 
-def sharegpt_record(rng: random.Random, turns: list[tuple[str, str, str]]) -> dict[str, Any]:
+def sharegpt_record(rng: random.Random, turns: list[Example]) -> dict[str, Any]:
     system = [{"from": "system", "value": SYSTEM_PROMPT}] if rng.random() < 0.3 else []
     return {"conversations": system + [message for _, prompt, answer in turns for message in (
         {"from": "human", "value": prompt}, {"from": "gpt", "value": answer})]}
 
 
-def openai_record(rng: random.Random, turns: list[tuple[str, str, str]]) -> dict[str, Any]:
+def openai_record(rng: random.Random, turns: list[Example]) -> dict[str, Any]:
     system = [{"role": "system", "content": SYSTEM_PROMPT}] if rng.random() < 0.3 else []
     return {"messages": system + [message for _, prompt, answer in turns for message in (
         {"role": "user", "content": prompt}, {"role": "assistant", "content": answer})]}
 
 
-def alpaca_record(rng: random.Random, turns: list[tuple[str, str, str]]) -> dict[str, Any]:
+def alpaca_record(rng: random.Random, turns: list[Example]) -> dict[str, Any]:
     _, prompt, answer = turns[0]  # Alpaca holds one exchange
     return {"instruction": prompt, "input": "", "output": answer}
 
 
-def sft_records(rng: random.Random, examples: list[tuple[str, str, str]], make_record) -> list:
+def sft_records(rng: random.Random, examples: list[Example],
+                make_record: RecordMaker) -> list[dict[str, Any]]:
     """Chat records; about one in five holds two exchanges, to exercise multi-turn masking."""
     records, index = [], 0
     while index < len(examples):
@@ -166,13 +172,14 @@ def sft_records(rng: random.Random, examples: list[tuple[str, str, str]], make_r
     return records
 
 
-def dpo_conversations_record(rng: random.Random, task: str, prompt: str, answer: str) -> dict:
+def dpo_conversations_record(rng: random.Random, task: str, prompt: str,
+                             answer: str) -> dict[str, Any]:
     return {"conversations": [{"from": "human", "value": prompt}],
             "chosen": {"from": "gpt", "value": answer},
             "rejected": {"from": "gpt", "value": TASKS[task].wrong_answer(rng, prompt)}}
 
 
-def dpo_prompt_record(rng: random.Random, task: str, prompt: str, answer: str) -> dict:
+def dpo_prompt_record(rng: random.Random, task: str, prompt: str, answer: str) -> dict[str, Any]:
     return {"prompt": prompt, "chosen": answer, "rejected": TASKS[task].wrong_answer(rng, prompt)}
 
 
