@@ -1,0 +1,112 @@
+"""Encode throughput of our tokenizer wrappers vs the raw libraries, on the same text.
+
+    python bench/bench_tokenizer.py [--quick]
+
+Uses tokenizer/demo_hf and tokenizer/demo_sp with the demo corpus (data/demo/pretrain) when they
+exist (`make demo` builds them); otherwise trains two small tokenizers on generated text first.
+Each path encodes the same list of documents; the best of a few repeats is kept. The ratio column
+is throughput relative to the raw library's own batch call (`tokenizers.Tokenizer.encode_batch`,
+`SentencePieceProcessor.encode(list)`); the target for `encode_batch` is a ratio above 0.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import sentencepiece
+import tokenizers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from tokenizer import load_tokenizer  # noqa: E402
+from tokenizer.train_tokenizer import build_tokenizer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CORPUS = REPO / "data" / "demo" / "pretrain"
+DEMO_TOKENIZERS = {"hf": REPO / "tokenizer" / "demo_hf", "sp": REPO / "tokenizer" / "demo_sp"}
+
+
+def load_documents(limit: int) -> tuple[list[str], str]:
+    """`limit` documents spread evenly over the demo corpus (all its files), or generated ones."""
+    if DEMO_CORPUS.is_dir():
+        from utils.readers import iter_texts_from
+
+        texts = list(iter_texts_from(DEMO_CORPUS))
+        return texts[::max(1, len(texts) // limit)][:limit], f"demo corpus ({DEMO_CORPUS})"
+    from tests.conftest import multilingual_corpus
+
+    return multilingual_corpus(num_documents=limit, seed=0), "generated multilingual text"
+
+
+def tokenizer_dirs(texts: list[str], scratch: Path) -> dict[str, Path]:
+    dirs = {}
+    for kind, directory in DEMO_TOKENIZERS.items():
+        if not directory.is_dir():
+            print(f"{directory} not found: training a 4096-token {kind} tokenizer on the text")
+            directory = scratch / kind
+            build_tokenizer(kind, iter(texts), 4096, directory, show_progress=False)
+        dirs[kind] = directory
+    return dirs
+
+
+def best_seconds(paths: dict[str, Callable[[], list[list[int]]]], repeats: int
+                 ) -> dict[str, tuple[float, list[list[int]]]]:
+    """Fastest of `repeats` runs of each path, and its ids. The paths take turns within each
+    repeat, so a burst of load from other processes hits them all alike."""
+    results = {name: (float("inf"), encode()) for name, encode in paths.items()}  # warm-up
+    for _ in range(repeats):
+        for name, encode in paths.items():
+            start = time.perf_counter()
+            all_ids = encode()
+            seconds = time.perf_counter() - start
+            results[name] = (min(seconds, results[name][0]), all_ids)
+    return results
+
+
+def encode_paths(kind: str, directory: Path, texts: list[str]) -> dict[str, Callable]:
+    """The same texts through the raw library (first entry = the reference) and our wrapper."""
+    tok = load_tokenizer(directory)
+    if kind == "hf":
+        raw = tokenizers.Tokenizer.from_file(str(directory / "byte_level_bpe.json"))
+        raw_paths = {
+            "raw Tokenizer.encode_batch": lambda: [
+                e.ids for e in raw.encode_batch(texts, add_special_tokens=False)],
+            "raw Tokenizer.encode_batch_fast": lambda: [
+                e.ids for e in raw.encode_batch_fast(texts, add_special_tokens=False)],
+        }
+    else:
+        model_file = str(directory / "sentencepiece.model")
+        raw = sentencepiece.SentencePieceProcessor(model_file=model_file)
+        raw_paths = {"raw SentencePieceProcessor.encode(list)": lambda: raw.encode(texts)}
+    return {**raw_paths,
+            "ours encode_batch(texts)": lambda: tok.encode_batch(texts),
+            "ours tok(texts)['input_ids']": lambda: tok(texts)["input_ids"],
+            "ours [encode(t) for t in texts]": lambda: [tok.encode(text) for text in texts]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer documents and repeats")
+    args = parser.parse_args()
+    texts, source = load_documents(limit=100 if args.quick else 500)
+    repeats = 2 if args.quick else 5
+    print(f"{len(texts)} documents, {sum(map(len, texts)) / 1e6:.2f} M characters, from {source}")
+    with tempfile.TemporaryDirectory() as scratch:
+        for kind, directory in tokenizer_dirs(texts, Path(scratch)).items():
+            print(f"\n{kind}: {directory}")
+            print(f"{'path':<42} {'tokens/s':>12} {'ratio':>7}")
+            results = best_seconds(encode_paths(kind, directory, texts), repeats)
+            reference_seconds, reference_ids = next(iter(results.values()))
+            reference_rate = sum(map(len, reference_ids)) / reference_seconds
+            for name, (seconds, all_ids) in results.items():
+                rate = sum(map(len, all_ids)) / seconds
+                same = "" if all_ids == reference_ids else "  (ids differ from raw!)"
+                print(f"{name:<42} {rate:>12,.0f} {rate / reference_rate:>7.2f}{same}")
+
+if __name__ == "__main__":
+    main()
