@@ -1,0 +1,108 @@
+"""SFT and DPO records in their many shapes (DESIGN §2) -> plain chat messages.
+
+Everything downstream (utils/conversation.py, the datasets) sees one shape only:
+`[{"role": "system" | "user" | "assistant", "content": str}, ...]`.
+
+SFT record shapes:
+    ShareGPT  {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", ...}]}
+    OpenAI    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", ...}]}
+    Alpaca    {"instruction": "Translate", "input": "chat", "output": "cat"}
+              -> user "Translate\\n\\nchat" (just "Translate" when input is empty), assistant "cat"
+DPO record shapes (prompt and two responses; a response becomes the assistant's reply):
+    {"conversations": [...ending with a user turn], "chosen": {"from": "gpt", "value": ".."},
+     "rejected": {...}}
+    {"prompt": "..." or [messages], "chosen": "..." or [assistant messages], "rejected": ...}
+
+A record that fits none of these raises `RecordFormatError` with a short reason slug; the
+caller adds the file and line number (or skips and counts it with --skip_bad_records).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from utils.conversation import Message, check_messages
+
+ROLE_ALIASES = {"system": "system", "human": "user", "user": "user",
+                "gpt": "assistant", "assistant": "assistant", "bot": "assistant"}
+
+
+class RecordFormatError(ValueError):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def to_message(raw: Any) -> Message:
+    """A ShareGPT `{"from", "value"}` or OpenAI `{"role", "content"}` dict -> a Message."""
+    if isinstance(raw, dict) and "from" in raw:
+        role, content = raw["from"], raw.get("value")
+    elif isinstance(raw, dict):
+        role, content = raw.get("role"), raw.get("content")
+    else:
+        raise RecordFormatError("bad_message", f"a message must be an object; got {raw!r:.80}")
+    if role not in ROLE_ALIASES or not isinstance(content, str):
+        raise RecordFormatError("bad_message", f"unknown role or non-text content in {raw!r:.80}")
+    return {"role": ROLE_ALIASES[role], "content": content}
+
+
+def to_messages(raw: Any, what: str) -> list[Message]:
+    if not isinstance(raw, list):
+        raise RecordFormatError("bad_message", f"{what} must be a list of messages")
+    messages = [to_message(item) for item in raw]
+    try:
+        check_messages(messages)
+    except ValueError as error:
+        raise RecordFormatError("bad_message", f"{what}: {error}") from None
+    return messages
+
+
+def sft_messages(data: dict[str, Any]) -> list[Message]:
+    """One SFT record (any supported shape) -> its conversation."""
+    if "conversations" in data:
+        messages = to_messages(data["conversations"], "conversations")
+    elif "messages" in data:
+        messages = to_messages(data["messages"], "messages")
+    elif "instruction" in data and "output" in data:
+        instruction, extra, output = data["instruction"], data.get("input") or "", data["output"]
+        if not all(isinstance(value, str) for value in (instruction, extra, output)):
+            raise RecordFormatError("bad_message", "instruction/input/output must be strings")
+        system = data.get("system")
+        messages = ([{"role": "system", "content": system}] if isinstance(system, str) else [])
+        messages += [{"role": "user", "content": f"{instruction}\n\n{extra}" if extra
+                      else instruction},
+                     {"role": "assistant", "content": output}]
+    else:
+        raise RecordFormatError("unknown_format", "expected 'conversations', 'messages' or "
+                                f"'instruction'+'output'; record has {sorted(data)[:8]}")
+    if not any(message["role"] == "assistant" for message in messages):
+        raise RecordFormatError("no_assistant_turn", "nothing to train on: no assistant message")
+    return messages
+
+
+def response_messages(raw: Any, what: str) -> list[Message]:
+    """A DPO response: a string, one message, or a list of assistant messages."""
+    if isinstance(raw, str):
+        return [{"role": "assistant", "content": raw}]
+    messages = to_messages(raw if isinstance(raw, list) else [raw], what)
+    if any(message["role"] != "assistant" for message in messages):
+        raise RecordFormatError("bad_message", f"{what} must hold only assistant messages")
+    return messages
+
+
+def dpo_messages(data: dict[str, Any]) -> tuple[list[Message], list[Message], list[Message]]:
+    """One DPO record -> (prompt, chosen reply, rejected reply) as message lists."""
+    if "chosen" not in data or "rejected" not in data:
+        raise RecordFormatError("unknown_format", "a DPO record needs 'chosen' and 'rejected'")
+    if "conversations" in data:
+        prompt = to_messages(data["conversations"], "conversations")
+    elif isinstance(data.get("prompt"), str):
+        prompt = [{"role": "user", "content": data["prompt"]}]
+    elif "prompt" in data:
+        prompt = to_messages(data["prompt"], "prompt")
+    else:
+        raise RecordFormatError("unknown_format", "a DPO record needs 'conversations' or 'prompt'")
+    if prompt[-1]["role"] != "user":
+        raise RecordFormatError("bad_message", "the DPO prompt must end with a user message")
+    return (prompt, response_messages(data["chosen"], "chosen"),
+            response_messages(data["rejected"], "rejected"))

@@ -1,0 +1,277 @@
+"""What every pretokenize entry point shares: one output per input file, skip what is done,
+tokenize in an ordered pool of worker processes, and report what happened.
+
+The life of one input file `D/sub/a.jsonl` with `--out_dir O`:
+1. `plan_file_jobs` maps it to the output prefix `O/sub/a` (relative paths are mirrored).
+2. If `O/sub/a.json` (the sidecar) exists and records the same source size, mtime, tokenizer
+   and settings, the file is already done: it is reused, not redone.
+3. Otherwise the sidecar is deleted first (so a crash from here on leaves the file "not done"),
+   records are read in the main process, sent in batches to the workers, and the results are
+   written *in submission order* (so the output never depends on the number of workers).
+4. The `.bin`/`.idx` files appear atomically; the sidecar is written last, as the commit mark.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from data_preprocess.indexed_dataset import IndexedDatasetWriter, prefix_paths
+from tokenizer import load_tokenizer
+from utils.atomic_io import atomic_write_json
+from utils.readers import ReadStats, find_data_files
+
+SIDECAR_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FileJob:
+    source: Path  # the raw input file
+    relative: str  # its path relative to the data dir, as recorded in sidecars and reports
+    prefix: Path  # output prefix: `<prefix>.bin`, `<prefix>.idx`, `<prefix>.json`
+
+    @property
+    def sidecar_path(self) -> Path:
+        return self.prefix.with_name(self.prefix.name + ".json")
+
+
+def plan_file_jobs(data_dir: Path, out_dir: Path) -> list[FileJob]:
+    """One job per data file under `data_dir`, in sorted order, outputs mirrored under out_dir."""
+    data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir).resolve()
+    inside = out_dir == data_dir or data_dir in out_dir.parents
+    if inside and not any(part.startswith(".") for part in out_dir.relative_to(data_dir).parts):
+        raise ValueError(f"--out_dir {out_dir} lies inside --data_dir {data_dir}: its .json "
+                         "sidecars would be read back as input; choose a directory outside it "
+                         "(or a hidden one: the readers skip folders named '.*')")
+    jobs, owners = [], {}
+    for source in find_data_files(data_dir):
+        relative = source.relative_to(data_dir)
+        prefix = out_dir / relative.with_suffix("")
+        if prefix in owners:
+            raise ValueError(f"{owners[prefix]} and {relative} would both be written to {prefix}.*"
+                             "; rename one of them")
+        owners[prefix] = relative
+        jobs.append(FileJob(source, relative.as_posix(), prefix))
+    if not jobs:
+        raise FileNotFoundError(f"no .jsonl/.json/.parquet/.txt files under {data_dir}")
+    return jobs
+
+
+def source_identity(source: Path) -> dict[str, int]:
+    """Size and mtime (ns) of a raw file: cheap to check, and they change when it is rewritten."""
+    stat = source.stat()
+    return {"source_size": stat.st_size, "source_mtime": stat.st_mtime_ns}
+
+
+def finished_sidecar(job: FileJob, expected: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's sidecar if it says "done with exactly these settings" and its files exist."""
+    try:
+        sidecar = json.loads(job.sidecar_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if any(sidecar.get(key) != value for key, value in expected.items()):
+        return None
+    outputs = sidecar.get("outputs", [job.prefix.name])
+    for name in outputs:
+        if not all(path.exists() for path in prefix_paths(job.prefix.with_name(name))):
+            return None
+    return sidecar
+
+
+def batched(items: Iterable[Any], batch_size: int) -> Iterator[list[Any]]:
+    iterator = iter(items)
+    while batch := list(islice(iterator, batch_size)):
+        yield batch
+
+
+WORKER: dict[str, Any] = {}  # a pool worker's state: its tokenizer and settings, set once
+
+
+def init_worker(tokenizer_dir: str, settings: dict[str, Any]) -> None:
+    """Runs once in each worker: load the tokenizer there (one per process, never per batch)."""
+    # One thread per worker: the worker count is the parallelism knob, not Rust's thread pool.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    WORKER.update(settings, tokenizer=load_tokenizer(tokenizer_dir))
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """`forkserver`: workers fork from a clean server process that already imported this module.
+
+    Safe even when the caller runs torch/CUDA threads (plain `fork` is not), and cheap: the
+    server starts once per program and pays the imports once, so each new worker starts in
+    milliseconds instead of re-importing transformers the way `spawn` would.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
+def make_worker_pool(num_workers: int, tokenizer_dir: str | Path,
+                     settings: dict[str, Any]) -> ProcessPoolExecutor:
+    """A pool whose workers each load the tokenizer once, before their first batch.
+
+    A worker that raises fails its future; a worker that dies (OOM killer, SIGKILL) breaks the
+    pool and every pending future raises BrokenProcessPool: either way the run fails loudly.
+    """
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    return ProcessPoolExecutor(max_workers=num_workers, initializer=init_worker,
+                               initargs=(str(tokenizer_dir), settings),
+                               mp_context=worker_context())
+
+
+def ordered_map(pool: ProcessPoolExecutor, function: Callable, batches: Iterable[Any],
+                max_in_flight: int) -> Iterator[Any]:
+    """`function(batch)` for each batch on the pool, yielded in input order.
+
+    At most `max_in_flight` batches are queued or running, so memory stays bounded however
+    large the file; results are taken oldest-first, which is what keeps the output order equal
+    to the source order for any number of workers.
+    """
+    pending: collections.deque[Future] = collections.deque()
+    try:
+        for batch in batches:
+            pending.append(pool.submit(function, batch))
+            if len(pending) >= max_in_flight:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+
+@dataclass
+class FileCounts:
+    """What happened to one input file; stored in its sidecar and summed in the run report."""
+
+    num_documents: int = 0
+    num_tokens: int = 0
+    num_truncated: int = 0
+    skipped: collections.Counter[str] = field(default_factory=collections.Counter)  # by reason
+
+
+@dataclass(frozen=True)
+class PretokenizeTask:
+    """The three task-specific steps; `run_pretokenize` does everything else.
+
+    read(job, stats, counts)    main process: the file's items (texts, records), in file order
+    work(batch)                 a worker: a batch of items -> an encoded batch (module-level fn)
+    write(job, writers, encoded, counts)  main process: append it to the output pairs, count
+    """
+
+    kind: str  # "pretrain" | "sft" | "dpo": names the report and the sidecar format
+    settings: dict[str, Any]  # sidecar fields that must match for a finished file to be reused
+    outputs: tuple[tuple[str, type], ...]  # (suffix, dtype) per .bin/.idx pair of each file
+    read: Callable[[FileJob, ReadStats, FileCounts], Iterable[Any]]
+    work: Callable[[list[Any]], Any]
+    write: Callable[[FileJob, list[IndexedDatasetWriter], Any, FileCounts], None]
+    not_bad_reasons: tuple[str, ...] = ("empty",)  # skip reasons that are policy, not bad input
+
+
+def output_prefix(job: FileJob, suffix: str) -> Path:
+    return job.prefix.with_name(job.prefix.name + suffix)
+
+
+def process_file(task: PretokenizeTask, job: FileJob, pool: ProcessPoolExecutor,
+                 batch_size: int, max_in_flight: int, progress: tqdm) -> dict[str, Any]:
+    """Tokenize one file into its output pair(s) and commit it with its sidecar; return that."""
+    identity = source_identity(job.source)  # taken before reading: an edit meanwhile redoes it
+    job.sidecar_path.unlink(missing_ok=True)  # from here on the file counts as unfinished
+    job.prefix.parent.mkdir(parents=True, exist_ok=True)
+    for stale in job.prefix.parent.glob(f".{job.prefix.name}.*.tmp"):
+        stale.unlink()  # temp files (".<final name>.<random>.tmp") of a killed earlier run
+    stats, counts = ReadStats(), FileCounts()
+    batches = batched(task.read(job, stats, counts), batch_size)
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(IndexedDatasetWriter(output_prefix(job, suffix), dtype))
+                   for suffix, dtype in task.outputs]
+        for encoded in ordered_map(pool, task.work, batches, max_in_flight):
+            tokens_before = counts.num_tokens
+            task.write(job, writers, encoded, counts)
+            progress.update(counts.num_tokens - tokens_before)
+            progress.set_postfix(docs=counts.num_documents, refresh=False)
+    counts.skipped.update(stats.skipped)
+    sidecar = {**task.settings, "source": job.relative, **identity,
+               "num_documents": counts.num_documents, "num_tokens": counts.num_tokens,
+               "num_truncated": counts.num_truncated,
+               "skipped": dict(sorted(counts.skipped.items())),
+               "outputs": [output_prefix(job, suffix).name for suffix, _ in task.outputs]}
+    atomic_write_json(job.sidecar_path, sidecar)  # written last: the file's commit mark
+    return sidecar
+
+
+def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | Path,
+                    tokenizer_dir: str | Path, num_workers: int, batch_size: int,
+                    worker_settings: dict[str, Any]) -> dict[str, Any]:
+    """Every file under data_dir -> out_dir (reusing finished ones); returns the run report."""
+    started = time.perf_counter()
+    jobs = plan_file_jobs(Path(data_dir), Path(out_dir))
+    per_file, todo = [], []
+    for job in jobs:
+        done = finished_sidecar(job, {**task.settings, **source_identity(job.source)})
+        if done is None:
+            todo.append(job)
+        else:
+            per_file.append({"source": job.relative, "reused": True, **summary_of(done)})
+    if todo:
+        pool = make_worker_pool(num_workers, tokenizer_dir, worker_settings)
+        progress = tqdm(unit="tok", unit_scale=True, dynamic_ncols=True)
+        try:
+            for number, job in enumerate(todo, start=1):
+                progress.set_description(f"file {number}/{len(todo)} {job.relative}")
+                sidecar = process_file(task, job, pool, batch_size, 4 * num_workers, progress)
+                per_file.append({"source": job.relative, "reused": False, **summary_of(sidecar)})
+        finally:
+            progress.close()
+            pool.shutdown(wait=True, cancel_futures=True)
+    per_file.sort(key=lambda entry: entry["source"])
+    report = {"format": f"z2all-{task.kind}-report", "version": 1,
+              "tokenizer": task.settings["tokenizer"], **totals_of(per_file),
+              "seconds": round(time.perf_counter() - started, 3), "per_file": per_file}
+    atomic_write_json(Path(out_dir) / "pretokenize_report.json", report)
+    print_summary(report, task.not_bad_reasons, Path(out_dir) / "pretokenize_report.json")
+    return report
+
+
+def summary_of(sidecar: dict[str, Any]) -> dict[str, Any]:
+    keys = ("num_documents", "num_tokens", "num_truncated", "skipped")
+    return {key: sidecar[key] for key in keys}
+
+
+def totals_of(per_file: list[dict[str, Any]]) -> dict[str, Any]:
+    skipped: collections.Counter[str] = collections.Counter()
+    for entry in per_file:
+        skipped.update(entry["skipped"])
+    return {"files": len(per_file), "files_reused": sum(entry["reused"] for entry in per_file),
+            **{key: sum(entry[key] for entry in per_file)
+               for key in ("num_documents", "num_tokens", "num_truncated")},
+            "skipped": dict(sorted(skipped.items()))}
+
+
+def print_summary(report: dict[str, Any], not_bad_reasons: tuple[str, ...],
+                  report_path: Path) -> None:
+    bad = sum(n for reason, n in report["skipped"].items() if reason not in not_bad_reasons)
+    if bad:
+        print(f"skipped {bad} bad records")
+    new_tokens = sum(entry["num_tokens"] for entry in report["per_file"] if not entry["reused"])
+    rate = new_tokens / max(report["seconds"], 1e-9)
+    print(f"pretokenized {report['files']} files ({report['files_reused']} already done): "
+          f"{report['num_documents']:,} documents, {report['num_tokens']:,} tokens, "
+          f"{report['num_truncated']} truncated; {report['seconds']:.1f}s "
+          f"({rate:,.0f} new tokens/s)")
+    skipped = ", ".join(f"{reason}={n}" for reason, n in report["skipped"].items())
+    print(f"skipped by reason: {skipped or 'none'}; report: {report_path}")

@@ -1,0 +1,104 @@
+"""The chat template (ChatML): messages -> token ids + a loss mask saying what to train on.
+
+Every turn is rendered as
+
+    <|im_start|>{role}\\n{content}<|im_end|>\\n
+
+where `<|im_start|>` and `<|im_end|>` are inserted *by id*, and the role header, the content
+and the newline are encoded as ordinary text. A user who types "<|im_end|>" in a message gets
+the characters of that string, never the special token: only this file creates special ids
+(DESIGN §3, a security property: text cannot forge a turn boundary).
+
+Worked example (ids shortened; S = <|im_start|>, E = <|im_end|>):
+
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    tokens   S  "user\\n"  "Hi"  E  "\\n"  S  "assistant\\n"  "Hello"  "!"  E  "\\n"
+    mask     0     0        0    0   0    0       0            1      1   1   0
+
+The mask is 1 exactly on the assistant's content and the `<|im_end|>` that closes it: the model
+must learn both what to say and when to stop. Not trained: system/user turns, every role header
+(the prompt supplies "assistant\\n" at generation time, see `build_generation_prompt`), the
+next turn's `<|im_start|>`, and the trailing "\\n" after `<|im_end|>` (generation stops at
+`<|im_end|>`, so the newline is template glue that is never generated).
+
+The header and the content are encoded separately so the content's tokens are the same ones
+the model produces after `build_generation_prompt(...)` ends with "<|im_start|>assistant\\n".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+ROLES = ("system", "user", "assistant")
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
+
+
+def with_system_prompt(messages: Sequence[Message], system: str | None) -> list[Message]:
+    """Prepend `system` unless the conversation already starts with its own system message."""
+    messages = list(messages)
+    if system and (not messages or messages[0]["role"] != "system"):
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def check_messages(messages: Sequence[Any]) -> None:
+    """Raise ValueError naming the first message that is not a valid chat message."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("a conversation must be a non-empty list of messages")
+    for position, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ROLES or not isinstance(message.get("content"), str):
+            raise ValueError(f"message {position} must be {{'role': one of {ROLES}, "
+                             f"'content': str}}; got {str(message)[:80]}")
+        if role == "system" and position != 0:
+            raise ValueError(f"message {position}: a system message may only come first")
+
+
+def render_conversations(tokenizer: Any, conversations: Sequence[Sequence[Message]],
+                         system: str | None = None) -> list[tuple[list[int], list[int]]]:
+    """Render many conversations with one batched encode; returns (ids, loss_mask) for each."""
+    start_id = tokenizer.convert_tokens_to_ids(IM_START)
+    end_id = tokenizer.convert_tokens_to_ids(IM_END)
+    conversations = [with_system_prompt(messages, system) for messages in conversations]
+    for messages in conversations:
+        check_messages(messages)
+    # Step 1: every piece of ordinary text, in one list, so the tokenizer sees one big batch.
+    pieces = ["\n"]
+    for messages in conversations:
+        for message in messages:
+            pieces += [f"{message['role']}\n", message["content"]]
+    encoded = iter(tokenizer.encode_batch(pieces))
+    newline = next(encoded)
+    # Step 2: assemble turns in the same order, special ids inserted by id, masks alongside.
+    rendered = []
+    for messages in conversations:
+        ids: list[int] = []
+        mask: list[int] = []
+        for message in messages:
+            header, content = next(encoded), next(encoded)
+            trained = int(message["role"] == "assistant")
+            ids += [start_id, *header, *content, end_id, *newline]
+            mask += [0] * (1 + len(header)) + [trained] * (len(content) + 1) + [0] * len(newline)
+        rendered.append((ids, mask))
+    return rendered
+
+
+def render_conversation(tokenizer: Any, messages: Sequence[Message],
+                        system: str | None = None) -> tuple[list[int], list[int]]:
+    """One conversation -> (ids, loss_mask); see the module docstring for the layout."""
+    return render_conversations(tokenizer, [messages], system)[0]
+
+
+def build_generation_prompt(tokenizer: Any, messages: Sequence[Message],
+                            system: str | None = None) -> list[int]:
+    """The ids of `messages` followed by "<|im_start|>assistant\\n": the model writes the reply.
+
+    Generation should stop at `<|im_end|>` (pass its id as the eos_token_id).
+    """
+    messages = with_system_prompt(messages, system)
+    ids = render_conversation(tokenizer, messages)[0] if messages else []
+    header = tokenizer.encode_batch(["assistant\n"])[0]
+    return ids + [tokenizer.convert_tokens_to_ids(IM_START), *header]
