@@ -250,6 +250,12 @@ class Attempt:
     step: int | None   # how far the run got: its last heartbeat, else its newest checkpoint
 
 
+def repeats_without_progress(failures: list[Attempt], stuck_after: int) -> bool:
+    """True when the last `stuck_after` failures all ended at the same step (0: never)."""
+    recent = failures[-stuck_after:] if stuck_after > 0 else []
+    return len(recent) == stuck_after > 0 and len({failure.step for failure in recent}) == 1
+
+
 def signal_group(pgid: int, signum: int) -> bool:
     """Send `signum` to every process of group `pgid`; False if the group is gone."""
     try:
@@ -269,6 +275,7 @@ class Supervisor:
         self.signals_received: list[int] = []
         self.signals_logged = 0
         self.poll_seconds = min(1.0, config.heartbeat_timeout / 10 or 1.0)
+        self.start = time.monotonic()
 
     # Signal handlers run between two bytecodes of the main loop: they only record and forward
     # (os.killpg is safe there); the main loop writes the log line.
@@ -346,17 +353,22 @@ class Supervisor:
         self.log_new_signals()
         return not self.signals_received
 
-    def finish(self, result: str, reason: str, exit_code: int, attempts: int,
-               start: float) -> int:
+    def finish(self, result: str, reason: str, exit_code: int, attempts: int) -> int:
         self.log.event("SUMMARY", f"result={result} attempts={attempts} "
                                   f"restarts={attempts - 1} last_step={self.progress_step()} "
-                                  f"elapsed={time.monotonic() - start:.1f}s reason=\"{reason}\"")
+                                  f"elapsed={time.monotonic() - self.start:.1f}s "
+                                  f'reason="{reason}"')
         if exit_code != 0:
             print(f"monitor_process: {reason}", file=sys.stderr, flush=True)
         return exit_code
 
+    def interrupted(self, attempts: int) -> int:
+        signum = self.signals_received[0]
+        return self.finish("interrupted", f"stopped by {signal.Signals(signum).name}; "
+                           "not restarted", 128 + signum, attempts)
+
     def run(self) -> int:
-        start = time.monotonic()
+        self.start = time.monotonic()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_stop_signal)
         config = self.config
@@ -365,38 +377,33 @@ class Supervisor:
         for restart in range(config.max_restarts + 1):
             attempt = self.run_attempt(restart + 1, self.launchable(command))
             if self.signals_received:
-                signum = self.signals_received[0]
-                return self.finish("interrupted", f"stopped by {signal.Signals(signum).name}; "
-                                   "not restarted", 128 + signum, attempt.number, start)
+                return self.interrupted(attempt.number)
             if attempt.cause is None:
-                return self.finish("succeeded", "the run finished", 0, attempt.number, start)
+                return self.finish("succeeded", "the run finished", 0, attempt.number)
             failures.append(attempt)
-            recent_steps = {failure.step for failure in failures[-config.stuck_after:]}
-            if config.stuck_after > 0 and len(failures) >= config.stuck_after \
-                    and len(recent_steps) == 1:
+            if repeats_without_progress(failures, config.stuck_after):
                 return self.finish(
                     "stuck", f"{config.stuck_after} consecutive failures at step {attempt.step} "
                     f"without progress (last: {attempt.cause}); fix the cause, then rerun "
-                    "with --resume", EXIT_STUCK, attempt.number, start)
+                    "with --resume", EXIT_STUCK, attempt.number)
             if restart == config.max_restarts:
                 break
             delay = backoff_delay(restart, config.restart_delay, config.max_restart_delay)
             resume_step = newest_checkpoint_step(self.run_dir)
             self.log.event("RESTART", f"attempt={attempt.number + 1} restart={restart + 1}/"
-                                      f"{config.max_restarts} cause=\"{attempt.cause}\" "
+                                      f'{config.max_restarts} cause="{attempt.cause}" '
                                       f"resume_step={resume_step} delay={delay:.1f}s"
                                       + (" (no checkpoint yet: starting over)"
                                          if resume_step is None else ""))
             if not self.sleep_unless_stopped(delay):
-                signum = self.signals_received[0]
-                return self.finish("interrupted", f"stopped by {signal.Signals(signum).name} "
-                                   "before a relaunch", 128 + signum, attempt.number, start)
+                return self.interrupted(attempt.number)
             # Without a checkpoint the trainer would refuse --resume: start over instead.
             command = with_run_flags(self.command, str(self.run_dir),
                                      resume=resume_step is not None)
+        last = failures[-1]
         return self.finish("gave_up", f"gave up after max_restarts={config.max_restarts} "
-                           f"(last failure: {failures[-1].cause} at step {failures[-1].step})",
-                           EXIT_GAVE_UP, len(failures), start)
+                           f"(last failure: {last.cause} at step {last.step})",
+                           EXIT_GAVE_UP, last.number)
 
     def launchable(self, command: list[str]) -> list[str]:
         if self.config.remote is None:

@@ -106,6 +106,20 @@ def test_backoff_doubles_then_caps():
     assert delays == pytest.approx(expected)
 
 
+def test_stuck_means_the_last_n_failures_ended_at_one_step():
+    rng = random.Random()
+    for _ in range(200):
+        steps = [rng.choice([None, 3, 7]) for _ in range(rng.randint(1, 6))]
+        failures = [mp.Attempt(number, "exit code 1", step) for number, step in enumerate(steps)]
+        stuck_after = rng.randint(0, 4)
+        # Reference: count the run of equal steps at the end of the list.
+        run_length = 1
+        while run_length < len(steps) and steps[-run_length - 1] == steps[-1]:
+            run_length += 1
+        expected = 0 < stuck_after <= run_length
+        assert mp.repeats_without_progress(failures, stuck_after) == expected, (steps, stuck_after)
+
+
 def test_newest_checkpoint_ignores_dirs_without_manifest(tmp_path):
     steps = sorted(random.sample(range(1, 1000), 3))
     for step in steps:
