@@ -10,6 +10,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -97,6 +98,14 @@ def test_run_flags_are_added_exactly_once():
     assert mp.with_run_flags(own, "out/mine", resume=True) == [*own[:-1], "--resume"]
     assert mp.command_out_dir(own) == "out/mine"
     assert mp.command_out_dir(base) is None
+
+
+def test_remote_command_is_quoted_for_the_remote_shell():
+    command = ["torchrun", "train_my_ddp.py", '--eval_prompts=["What is 2 + 3?"]', "--lr=3e-4"]
+    wrapped = mp.over_ssh(command, "me@gpu-node", "/home/me/z2all repo")
+    assert wrapped[:5] == ["ssh", "-tt", "-o", "BatchMode=yes", "me@gpu-node"]
+    # What the remote shell will split the one-string command into:
+    assert shlex.split(wrapped[5]) == ["cd", "/home/me/z2all repo", "&&", "exec", *command]
 
 
 def test_backoff_doubles_then_caps():
