@@ -134,6 +134,18 @@ class MixedPrecisionOptimizer:
     def get_lr(self) -> float:
         return self.inner.param_groups[0]["lr"]
 
+    def finish_param_sync(self) -> None:
+        """Wait until the model params hold the last step's values. Only ZeRO-1 with
+        overlap_param_gather leaves work in flight; call this before reading params outside a
+        forward (e.g. saving the model)."""
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state held on top of the model: Adam's moments and fp32 copies."""
+        tensors = [value for state in self.inner.state.values() for value in state.values()
+                   if isinstance(value, Tensor)]
+        tensors += self._saved_main_params()
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     @property
     def loss_scale(self) -> float:
         return 1.0 if self.grad_scaler is None else self.grad_scaler.scale
