@@ -4,6 +4,7 @@ same ids as the raw library (the reference) they wrap."""
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,12 @@ def test_show_encodings_reports_every_sample(tiny_hf_tokenizer_dir, capsys):
         assert ratios[name] == len(tok.encode(text)) / len(text)
         assert str(tok.encode(text)) in printed
     assert "NOT EXACT" not in printed
+
+
+def test_pickles_and_handles_empty_inputs(tok):
+    text = "pickled 你好 <|im_end|>"
+    assert pickle.loads(pickle.dumps(tok)).encode(text) == tok.encode(text)
+    assert tok.encode_batch([]) == [] and tok.encode_batch([""]) == [[]]
+    assert tok.encode("") == [] and tok.decode([]) == ""
+    with pytest.raises(TypeError, match="list of texts"):
+        tok.encode_batch("a single string")

@@ -10,9 +10,11 @@ import subprocess
 import sys
 
 import pytest
+import tokenizers
 
 from tests.conftest import TINY_VOCAB_SIZE, multilingual_corpus
 from tokenizer import load_tokenizer
+from tokenizer.tokenization_z2all_bpe import Z2allBpeTokenizer
 from tokenizer.train_tokenizer import build_tokenizer
 
 SAMPLES = ["Hello, world!", "你好，世界。", "def f(x):\n\treturn x ** 2", "12345 😀 ▁",
@@ -94,3 +96,11 @@ def test_inconsistent_directory_is_refused(tiny_hf_tokenizer_dir, tiny_sp_tokeni
     assert other.fingerprint != load_tokenizer(tiny_sp_tokenizer_dir).fingerprint
     with pytest.raises(ValueError, match="fingerprint"):
         load_tokenizer(swapped)
+
+
+def test_a_base_vocabulary_spelling_a_special_token_is_refused(tmp_path):
+    clashing = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+        {"a": 0, "<|im_end|>": 1}, unk_token="a"))
+    clashing.save(str(tmp_path / "byte_level_bpe.json"))
+    with pytest.raises(ValueError, match="contains the special token"):
+        Z2allBpeTokenizer(tmp_path / "byte_level_bpe.json")

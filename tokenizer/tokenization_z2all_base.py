@@ -40,6 +40,10 @@ FORMAT_NAME, FORMAT_VERSION = "z2all-tokenizer", 1
 class Z2allTokenizerBase(PreTrainedTokenizer):
     """Special tokens, safe encode paths, exact decode, fingerprint; subclasses add the library.
 
+    Public extras beyond transformers': `encode_batch(texts)`, `fingerprint` (16 hex digits),
+    `special_token_ids` ({token: id}), `kind`, and `z2all_record` (saved in tokenizer_config.json
+    under "z2all": vocabulary layout, fingerprint, how it was trained).
+
     A subclass sets `kind` and `vocab_files_names = {"model_file": <file name>}` and implements
     `_load_model(bytes)`, `_base_pieces()`, `_encode_ordinary_batch(texts)` and
     `_decode_ordinary(ids)`.
@@ -59,6 +63,9 @@ class Z2allTokenizerBase(PreTrainedTokenizer):
         base_size = len(self._id_to_piece)
         self.special_token_ids = {token: base_size + i for i, token in enumerate(SPECIAL_TOKENS)}
         self._special_id_to_token = {i: token for token, i in self.special_token_ids.items()}
+        # A base piece spelled like a special token would make `tokenize` -> convert_tokens_to_ids
+        # return the special id. Our trainers never form one: the byte-level regex and
+        # sentencepiece's split by Unicode script both keep "<|" apart from "im".
         clashes = [token for token in SPECIAL_TOKENS if token in self._piece_to_id]
         if clashes:
             raise ValueError(f"{model_file}: base vocabulary contains the special token(s) "
