@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel.distributed_optimizer.zero1_checkpoint import find_shard_files
+from parallel.distributed_optimizer.zero1_checkpoint import find_shard_files, load_resharded_state
 from tests.distributed_helpers import run_on_ranks
 from tests.optimizer.helpers import TinyNet, random_batches
 from tests.parallel.test_distributed_optimizer import make_config, train_step, wrap
@@ -91,3 +91,17 @@ def test_one_file_per_rank_and_incomplete_sets_are_refused(chain):
     (two_ranks_dir / "fp32" / "optim" / "zero1_rank00001_of00002.pt").unlink()
     with pytest.raises(ValueError, match="incomplete or mixed"):
         find_shard_files(two_ranks_dir / "fp32" / "optim")
+
+
+def test_resharding_refuses_another_model_and_uncovered_elements(chain):
+    optim_dir = chain["dirs"][1] / "fp16" / "optim"
+    saved = torch.load(find_shard_files(optim_dir)[0], weights_only=True)
+    shapes = saved["param_shapes"]
+    numel = {name: int(torch.tensor(shape).prod()) for name, shape in shapes.items()}
+    whole_params = [(name, 0, n) for name, n in numel.items()]
+    state = load_resharded_state(optim_dir, whole_params, shapes, rank=0, world_size=1)
+    assert state["grad_scaler"] == saved["grad_scaler"] and state["pieces"][0]["step"] == 4
+    with pytest.raises(ValueError, match="different model; parameters differ: \\['gain'\\]"):
+        load_resharded_state(optim_dir, whole_params, {**shapes, "gain": [3]}, 0, 1)
+    with pytest.raises(ValueError, match="not covered exactly once"):
+        load_resharded_state(optim_dir, [("gain", 0, numel["gain"] + 1)], shapes, 0, 1)
