@@ -129,9 +129,13 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
     # ---- all-gather of the updated params --------------------------------------------------
     def _start_param_gather(self) -> None:
-        """Every rank sends its updated shard and receives everyone else's, bucket by bucket
-        (the same order on every rank: collectives are matched by order)."""
-        for index, shard in enumerate(self.bucket_shards):
+        """Every rank sends its updated shard and receives everyone else's, bucket by bucket.
+
+        Reverse bucket order = forward order: DDP fills buckets from the last layer backwards,
+        and collectives complete in launch order, so the bucket the next forward needs first
+        (embeddings) must be launched first. Same order on every rank (matched by order)."""
+        for index in reversed(range(len(self.bucket_shards))):
+            shard = self.bucket_shards[index]
             self._pending_gathers[index] = dist.all_gather_single(
                 shard.bucket.param_data, shard.model_param_shard,
                 group=self.process_group, async_op=True)

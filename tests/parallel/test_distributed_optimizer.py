@@ -105,16 +105,17 @@ def test_shards_split_parameters_and_own_every_element_once(rank_results):
         assert all(end == next_start for (_, end), (next_start, _) in zip(ranges, ranges[1:]))
 
 
-def _zero1_16bit_vs_replicated(rank: int, world_size: int, params_dtype: str) -> dict:
+def _zero1_16bit_vs_replicated(rank: int, world_size: int, params_dtype: str,
+                               grad_reduce_in_fp32: bool = True) -> dict:
     """ZeRO-1 vs Float16OptimizerWithFloat16Params (itself tested against AdamW) on the same
     16-bit model and data; fp16 then injects an inf into rank 1's shard only."""
     torch.manual_seed(0)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[params_dtype]
     model = TinyNet().to(dtype)
     replicated_model = copy.deepcopy(model)
-    ddp, optimizer = wrap(model, make_config(params_dtype=params_dtype))
+    ddp, optimizer = wrap(model, make_config(params_dtype=params_dtype), grad_reduce_in_fp32)
     replicated_ddp, replicated = wrap(replicated_model, make_config(
-        params_dtype=params_dtype, use_distributed_optimizer=False))
+        params_dtype=params_dtype, use_distributed_optimizer=False), grad_reduce_in_fp32)
     stepped = []
     for inputs, targets in random_batches(4, 16, seed=2):
         batch = (inputs.to(dtype), targets)
@@ -147,9 +148,9 @@ def _zero1_16bit_vs_replicated(rank: int, world_size: int, params_dtype: str) ->
     return result
 
 
-@pytest.mark.parametrize("params_dtype", ["bf16", "fp16"])
-def test_zero1_16bit_main_params_equal_replicated_mixed_precision(rank_results, params_dtype):
-    for result in (result[params_dtype] for result in rank_results):
+@pytest.mark.parametrize("variant", ["bf16", "fp16", "bf16, grads reduced in bf16"])
+def test_zero1_16bit_main_params_equal_replicated_mixed_precision(rank_results, variant):
+    for result in (result[variant] for result in rank_results):
         assert result["all_stepped"]
         assert result["main_diff"] < 1e-6
         assert result["model_is_rounded_main"]
@@ -216,6 +217,8 @@ def _all_checks(rank: int, world_size: int) -> dict:
     return {"adamw": _sharded_and_replicated_vs_torch_adamw(rank, world_size),
             "bf16": _zero1_16bit_vs_replicated(rank, world_size, "bf16"),
             "fp16": _zero1_16bit_vs_replicated(rank, world_size, "fp16"),
+            "bf16, grads reduced in bf16": _zero1_16bit_vs_replicated(rank, world_size, "bf16",
+                                                                      grad_reduce_in_fp32=False),
             "overlap": _overlap_and_offload_equal_blocking(rank, world_size),
             "state_bytes": _state_bytes_ratios(rank, world_size)}
 
