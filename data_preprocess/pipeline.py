@@ -119,27 +119,38 @@ def worker_context() -> multiprocessing.context.BaseContext:
 
 
 def make_worker_pool(num_workers: int, tokenizer_dir: str | Path,
-                     settings: dict[str, Any]) -> ProcessPoolExecutor:
+                     settings: dict[str, Any]) -> ProcessPoolExecutor | None:
     """A pool whose workers each load the tokenizer once, before their first batch.
 
     A worker that raises fails its future; a worker that dies (OOM killer, SIGKILL) breaks the
     pool and every pending future raises BrokenProcessPool: either way the run fails loudly.
+    `num_workers=0` (or a daemonic caller, which may not have children) tokenizes in this
+    process instead: returns None, and `ordered_map` then calls the function directly.
     """
-    if num_workers < 1:
-        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if num_workers > 0 and multiprocessing.current_process().daemon:
+        print("note: daemonic process cannot start workers; tokenizing in-process", flush=True)
+        num_workers = 0
+    if num_workers == 0:
+        init_worker(str(tokenizer_dir), settings)
+        return None
     return ProcessPoolExecutor(max_workers=num_workers, initializer=init_worker,
                                initargs=(str(tokenizer_dir), settings),
                                mp_context=worker_context())
 
 
-def ordered_map(pool: ProcessPoolExecutor, function: Callable, batches: Iterable[Any],
+def ordered_map(pool: ProcessPoolExecutor | None, function: Callable, batches: Iterable[Any],
                 max_in_flight: int) -> Iterator[Any]:
-    """`function(batch)` for each batch on the pool, yielded in input order.
+    """`function(batch)` for each batch on the pool (here if None), yielded in input order.
 
     At most `max_in_flight` batches are queued or running, so memory stays bounded however
     large the file; results are taken oldest-first, which is what keeps the output order equal
     to the source order for any number of workers.
     """
+    if pool is None:
+        yield from map(function, batches)
+        return
     pending: collections.deque[Future] = collections.deque()
     try:
         for batch in batches:
@@ -186,7 +197,7 @@ def output_prefix(job: FileJob, suffix: str) -> Path:
     return job.prefix.with_name(job.prefix.name + suffix)
 
 
-def process_file(task: PretokenizeTask, job: FileJob, pool: ProcessPoolExecutor,
+def process_file(task: PretokenizeTask, job: FileJob, pool: ProcessPoolExecutor | None,
                  batch_size: int, max_in_flight: int, progress: tqdm) -> dict[str, Any]:
     """Tokenize one file into its output pair(s) and commit it with its sidecar; return that."""
     identity = source_identity(job.source)  # taken before reading: an edit meanwhile redoes it
@@ -233,11 +244,13 @@ def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | 
         try:
             for number, job in enumerate(todo, start=1):
                 progress.set_description(f"file {number}/{len(todo)} {job.relative}")
-                sidecar = process_file(task, job, pool, batch_size, 4 * num_workers, progress)
+                sidecar = process_file(task, job, pool, batch_size, 4 * max(num_workers, 1),
+                                       progress)
                 per_file.append({"source": job.relative, "reused": False, **summary_of(sidecar)})
         finally:
             progress.close()
-            pool.shutdown(wait=True, cancel_futures=True)
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
     per_file.sort(key=lambda entry: entry["source"])
     report = {"format": f"z2all-{task.kind}-report", "version": 1,
               "tokenizer": task.settings["tokenizer"], **totals_of(per_file),

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--text_key", nargs="+", default=["text"],
                         help="record key(s) holding the text, tried in order")
     parser.add_argument("--num_workers", type=int, default=DEFAULT_WORKERS,
-                        help="tokenizer worker processes")
+                        help="tokenizer worker processes (0: tokenize in the main process)")
     parser.add_argument("--skip_bad_records", action="store_true",
                         help="skip and count malformed records instead of stopping at the first")
     parser.add_argument("--batch_size", type=int, default=DEFAULT_BATCH_SIZE,

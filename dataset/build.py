@@ -1,0 +1,118 @@
+"""`build_datasets(task_type, data_dir, tokenizer_dir, max_seq_len)`: what the trainer calls.
+
+Returns `(train_dataset, valid_dataset, collate_fn)` for one task. Where the data comes from:
+
+pretrain  data_dir holds `.bin`/`.idx` files (data_preprocess/pretokenize_pretrain_data.py).
+          Train and valid are the two halves of the `.ibin` sample index for max_seq_len; if
+          it does not exist yet, rank 0 builds it (seeded valid subset, `valid_ratio`).
+sft, dpo  data_dir holds either pretokenized output (pretokenize_sft_data / _dpo_data) or raw
+          records. Raw records are rendered once into a cache, `<data_dir>/.z2all_cache/
+          <task>_<key>/`, where key hashes the data files' paths, sizes and mtimes, the
+          tokenizer fingerprint, max_seq_len and the system prompt: changing any of them builds
+          a new cache, a repeated run reuses the old one. Train/valid: files named valid* or
+          eval* are validation, else a seeded `valid_ratio` of samples (dataset/chat_store.py).
+
+Under torchrun, rank 0 prepares (index or cache) while the others wait on a done-file with
+their own timeout (dataset/prepare.py); then every rank memory-maps the same files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset, default_collate
+
+from data_preprocess.build_pretrain_sample_index_map import (
+    DEFAULT_VALID_RATIO,
+    build_sample_index,
+    index_path,
+)
+from data_preprocess.pretokenize_chat import DEFAULT_WORKERS, pretokenize_chat_data
+from dataset.chat_store import ChatTokenStore, find_store_sidecars, split_train_valid
+from dataset.dataset_dpo import DPOCollator, DPODataset
+from dataset.dataset_pretrain import PretokDatasetWithIndex
+from dataset.dataset_sft import SFTCollator, SupervisedDataset
+from dataset.prepare import DEFAULT_PREPARE_TIMEOUT_S, prepare_once
+from tokenizer import load_tokenizer
+from utils.atomic_io import atomic_write_json
+from utils.readers import find_data_files
+
+TASK_TYPES = ("pretrain", "sft", "dpo")
+CACHE_DIR_NAME = ".z2all_cache"  # hidden: the readers skip it when listing raw files
+
+
+def cache_key(data_dir: Path, kind: str, fingerprint: str, max_seq_len: int,
+              system_prompt: str | None) -> tuple[str, dict[str, Any]]:
+    """A short hash of everything the cached samples depend on (and the inputs, for the record)."""
+    files = [{"path": path.relative_to(data_dir).as_posix(), "size": path.stat().st_size,
+              "mtime_ns": path.stat().st_mtime_ns} for path in find_data_files(data_dir)]
+    identity = {"kind": kind, "files": files, "tokenizer": fingerprint,
+                "max_seq_len": max_seq_len, "system_prompt": system_prompt}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return digest, identity
+
+
+def check_pretok_tokenizer(data_dir: Path, fingerprint: str) -> None:
+    """Refuse token files made by another tokenizer (their ids would mean other tokens)."""
+    for sidecar_path in sorted(data_dir.rglob("*.json")):
+        if not sidecar_path.with_suffix(".idx").exists():
+            continue  # not a token file's sidecar
+        sidecar = json.loads(sidecar_path.read_text())
+        if sidecar.get("format") == "z2all-pretok" and sidecar["tokenizer"] != fingerprint:
+            raise ValueError(f"{sidecar_path}: made with tokenizer {sidecar['tokenizer']}, but "
+                             f"--tokenizer_dir has {fingerprint}; re-run pretokenization")
+
+
+def chat_store_dir(kind: str, data_dir: Path, tokenizer_dir: str | Path, fingerprint: str,
+                   max_seq_len: int, system_prompt: str | None, cache_dir: str | Path | None,
+                   num_workers: int, prepare_timeout_s: float) -> Path:
+    """The folder of pretokenized samples: data_dir itself, or the cache built from it."""
+    if find_store_sidecars(data_dir, kind):
+        return data_dir
+    key, identity = cache_key(data_dir, kind, fingerprint, max_seq_len, system_prompt)
+    store_dir = Path(cache_dir or data_dir / CACHE_DIR_NAME) / f"{kind}_{key}"
+    done_path = store_dir / "DONE.json"
+
+    def build() -> None:
+        pretokenize_chat_data(kind, data_dir, tokenizer_dir, max_seq_len, out_dir=store_dir,
+                              system_prompt=system_prompt, num_workers=num_workers)
+        atomic_write_json(done_path, identity)  # last: the cache is complete
+
+    prepare_once(done_path, build, f"the {kind} cache of {data_dir}", prepare_timeout_s)
+    return store_dir
+
+
+def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Path,
+                   max_seq_len: int, seed: int = 1337, *,
+                   valid_ratio: float = DEFAULT_VALID_RATIO, system_prompt: str | None = None,
+                   cache_dir: str | Path | None = None, num_workers: int = DEFAULT_WORKERS,
+                   prepare_timeout_s: float = DEFAULT_PREPARE_TIMEOUT_S,
+                   pad_to_multiple_of: int = 8) -> tuple[Dataset, Dataset, Any]:
+    """(train, valid, collate_fn) for `task_type`; see the module docstring for the sources."""
+    if task_type not in TASK_TYPES:
+        raise ValueError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
+    data_dir = Path(data_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    if task_type == "pretrain":
+        check_pretok_tokenizer(data_dir, tokenizer.fingerprint)
+        def build_index() -> None:
+            build_sample_index(data_dir, max_seq_len, valid_ratio=valid_ratio, seed=seed)
+
+        valid_sidecar = index_path(data_dir, max_seq_len, "valid").with_suffix(".ibin.json")
+        prepare_once(valid_sidecar, build_index, f"the L={max_seq_len} sample index of "
+                     f"{data_dir}", prepare_timeout_s)  # valid is written after train
+        return (PretokDatasetWithIndex(data_dir, max_seq_len, "train"),
+                PretokDatasetWithIndex(data_dir, max_seq_len, "valid"), default_collate)
+
+    store_dir = chat_store_dir(task_type, data_dir, tokenizer_dir, tokenizer.fingerprint,
+                               max_seq_len, system_prompt, cache_dir, num_workers,
+                               prepare_timeout_s)
+    store = ChatTokenStore(store_dir, task_type, tokenizer.fingerprint, max_seq_len)
+    train_ids, valid_ids = split_train_valid(store, valid_ratio, seed)
+    dataset_class, collator_class = ((SupervisedDataset, SFTCollator) if task_type == "sft"
+                                     else (DPODataset, DPOCollator))
+    collate_fn = collator_class(tokenizer.pad_token_id, pad_to_multiple_of, max_seq_len)
+    return dataset_class(store, train_ids), dataset_class(store, valid_ids), collate_fn

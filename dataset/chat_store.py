@@ -1,0 +1,132 @@
+"""Pretokenized SFT/DPO samples on disk, and how they are split into train and valid.
+
+A store is a folder written by data_preprocess/pretokenize_chat.py: per input file an ids pair,
+a `.mask` pair and a sidecar. Samples are numbered across files in sorted path order:
+
+    files:    a.jsonl (3 samples)   b.jsonl (2 samples)
+    sample:   0 1 2                 3 4          (sample 3 = document 0 of b)
+
+Train/valid split (decided here, for SFT and DPO alike):
+  * files whose name starts with "valid" or "eval" (e.g. valid.jsonl, eval_set.json) are the
+    validation set and every other file is training;
+  * otherwise a seeded random `valid_ratio` of all samples (at least 1) is held out.
+Either way the valid ids are one small sorted array and train is "everything else", computed on
+the fly (`Complement`), so memory is O(valid samples) however large the store.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from data_preprocess.indexed_dataset import IndexedDataset
+from data_preprocess.pretokenize_chat import MASK_SUFFIX
+
+VALID_FILE_PREFIXES = ("valid", "eval")
+
+
+def find_store_sidecars(directory: Path, kind: str) -> list[tuple[Path, dict]]:
+    """(prefix, sidecar) of every `z2all-<kind>` output under directory, sorted by path."""
+    found = []
+    for idx_path in sorted(Path(directory).rglob("*.idx")):  # only token files have sidecars;
+        path = idx_path.with_suffix(".json")  # never json-parse a (possibly huge) raw .json
+        if not path.exists() or any(part.startswith(".")
+                                    for part in path.relative_to(directory).parts):
+            continue
+        sidecar = json.loads(path.read_text())
+        if isinstance(sidecar, dict) and sidecar.get("format") == f"z2all-{kind}":
+            found.append((path.with_suffix(""), sidecar))
+    return found
+
+
+class ChatTokenStore:
+    """All `(ids, loss_mask)` sequences of a store; `store.sample(i)` -> the sample's sequences."""
+
+    def __init__(self, directory: str | Path, kind: str, tokenizer_fingerprint: str | None = None,
+                 max_seq_len: int | None = None) -> None:
+        self.directory, self.kind = Path(directory), kind
+        entries = find_store_sidecars(self.directory, kind)
+        if not entries:
+            raise FileNotFoundError(f"no pretokenized {kind} data (z2all-{kind} sidecars) under "
+                                    f"{self.directory}")
+        for prefix, sidecar in entries:
+            if tokenizer_fingerprint and sidecar["tokenizer"] != tokenizer_fingerprint:
+                raise ValueError(f"{prefix}.json was made with tokenizer {sidecar['tokenizer']}, "
+                                 f"training uses {tokenizer_fingerprint}: re-run pretokenization")
+            if max_seq_len and sidecar["max_seq_len"] > max_seq_len:
+                raise ValueError(f"{prefix}.json holds samples up to {sidecar['max_seq_len']} "
+                                 f"tokens, longer than max_seq_len={max_seq_len}: re-run it")
+        self.prefixes = [prefix for prefix, _ in entries]
+        self.sources = [sidecar["source"] for _, sidecar in entries]
+        counts = np.array([sidecar["num_documents"] for _, sidecar in entries], dtype=np.int64)
+        self.first_sample_of_file = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._files: list[tuple[IndexedDataset, IndexedDataset]] | None = None
+
+    def _open(self) -> list[tuple[IndexedDataset, IndexedDataset]]:
+        if self._files is None:  # lazily, in each process: pickling a memmap would copy it
+            self._files = [(IndexedDataset(prefix),
+                            IndexedDataset(prefix.with_name(prefix.name + MASK_SUFFIX)))
+                           for prefix in self.prefixes]
+            for (ids, mask), prefix in zip(self._files, self.prefixes):
+                if ids.num_documents != mask.num_documents or len(ids) != len(mask):
+                    raise ValueError(f"{prefix}: ids and {MASK_SUFFIX} pairs do not match")
+        return self._files
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_files": None}
+
+    def __len__(self) -> int:
+        return int(self.first_sample_of_file[-1])
+
+    def sample(self, index: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Sample -> its sequences as (ids, mask) numpy views: 1 for SFT, (chosen, rejected)."""
+        file = int(np.searchsorted(self.first_sample_of_file, index, side="right")) - 1
+        ids, mask = self._open()[file]
+        document = index - int(self.first_sample_of_file[file])
+        first, stop = ids.document_indices[document], ids.document_indices[document + 1]
+        return [(ids[sequence], mask[sequence]) for sequence in range(first, stop)]
+
+    def samples_of_files(self, is_selected) -> np.ndarray:
+        """Sorted sample ids of the files whose source path satisfies `is_selected(path)`."""
+        ranges = [np.arange(self.first_sample_of_file[i], self.first_sample_of_file[i + 1])
+                  for i, source in enumerate(self.sources) if is_selected(source)]
+        return np.concatenate(ranges) if ranges else np.zeros(0, dtype=np.int64)
+
+
+class Complement:
+    """The ids 0..total-1 except a sorted `excluded` array, indexable without materialising them.
+
+    The p-th kept id is p + (number of excluded ids below it). Excluded id e_j has e_j - j kept
+    ids below it, so that count is how many j satisfy e_j - j <= p: one binary search.
+    Example: total 6, excluded [1, 2] -> kept [0, 3, 4, 5]; p = 1: e_j - j = [1, 1] -> 2 -> 3.
+    """
+
+    def __init__(self, excluded: np.ndarray, total: int) -> None:
+        self.kept_below_excluded = excluded - np.arange(len(excluded))
+        self.length = total - len(excluded)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, position: int) -> int:
+        if not 0 <= position < self.length:
+            raise IndexError(position)
+        return position + int(np.searchsorted(self.kept_below_excluded, position, side="right"))
+
+
+def split_train_valid(store: ChatTokenStore, valid_ratio: float,
+                      seed: int) -> tuple[Complement, np.ndarray]:
+    """(train ids, valid ids) of a store, as documented at the top of this file."""
+    def is_valid_file(source: str) -> bool:
+        return Path(source).name.lower().startswith(VALID_FILE_PREFIXES)
+
+    valid = store.samples_of_files(is_valid_file)
+    if len(valid) == 0 and len(store) >= 2 and valid_ratio > 0:
+        count = min(max(1, round(valid_ratio * len(store))), len(store) - 1)
+        valid = np.sort(np.random.default_rng(seed).choice(len(store), count, replace=False))
+    train = Complement(valid.astype(np.int64), len(store))
+    if len(train) == 0:
+        raise ValueError(f"{store.directory}: every sample is validation data; nothing to train")
+    return train, valid
