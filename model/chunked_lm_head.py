@@ -32,13 +32,12 @@ def _rows_per_chunk(vocab_size: int) -> int:
     return max(1, CHUNK_LOGIT_ELEMENTS // vocab_size)
 
 
-def _log_softmax_picked(logits: torch.Tensor, labels: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p(label) per row with 0 at ignored rows, the fp32 logits' logsumexp)."""
-    logits = logits.float()
-    log_normalizer = logits.logsumexp(dim=-1)
-    picked = logits.gather(-1, labels.clamp(min=0)[:, None])[:, 0] - log_normalizer
-    return picked.masked_fill(labels == IGNORE_INDEX, 0.0), log_normalizer
+def _picked_log_probs(logits: torch.Tensor, labels: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 log-softmax of the logits [N, V], log p(label) [N] with 0 at ignored rows)."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    picked = log_probs.gather(-1, labels.clamp(min=0)[:, None])[:, 0]
+    return log_probs, picked.masked_fill(labels == IGNORE_INDEX, 0.0)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -50,24 +49,25 @@ class _LinearCrossEntropy(torch.autograd.Function):
         valid = labels != IGNORE_INDEX
         # An all-ignored batch (possible in SFT) gives loss 0 and zero grads, not 0/0 = NaN.
         inv_num_valid = 1.0 / valid.sum().clamp(min=1).float()
+        # Row weight of d(loss)/d(logits): 1/n_valid on trained rows, 0 on ignored ones.
+        row_scale = (valid * inv_num_valid).to(hidden.dtype)[:, None]
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if compute_grads else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if compute_grads else None
         step = _rows_per_chunk(weight.shape[0])
         for start in range(0, hidden.shape[0], step):
             rows = slice(start, start + step)
-            logits = (hidden[rows] @ weight.T).float()
-            picked, log_normalizer = _log_softmax_picked(logits, labels[rows])
+            log_probs, picked = _picked_log_probs(hidden[rows] @ weight.T, labels[rows])
             loss_sum -= picked.sum()
             if compute_grads:
-                # d(loss)/d(logits) = (softmax - onehot(label)) / n_valid, 0 on ignored rows.
-                grad_logits = torch.exp(logits - log_normalizer[:, None])
+                # d(loss)/d(logits) = (softmax - onehot(label)) * row_scale. The row scale is
+                # applied to the narrow [rows, hidden] operands, not the wide [rows, V] one.
+                grad_logits = log_probs.exp_()
                 grad_logits.scatter_add_(1, labels[rows].clamp(min=0)[:, None],
                                          torch.full_like(grad_logits[:, :1], -1.0))
-                grad_logits *= valid[rows, None] * inv_num_valid
                 grad_logits = grad_logits.to(hidden.dtype)
-                grad_hidden[rows] = grad_logits @ weight
-                grad_weight += (grad_logits.T @ hidden[rows]).float()
+                grad_hidden[rows] = (grad_logits @ weight) * row_scale[rows]
+                grad_weight += (grad_logits.T @ (hidden[rows] * row_scale[rows])).float()
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss_sum * inv_num_valid
 
@@ -108,7 +108,7 @@ def linear_token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: t
     hidden, weight = hidden.to(dtype), weight.to(dtype)
 
     def chunk_log_probs(hidden_chunk: torch.Tensor, labels_chunk: torch.Tensor) -> torch.Tensor:
-        return _log_softmax_picked(hidden_chunk @ weight.T, labels_chunk)[0]
+        return _picked_log_probs(hidden_chunk @ weight.T, labels_chunk)[1]
 
     step = _rows_per_chunk(weight.shape[0])
     chunks = []
