@@ -120,3 +120,38 @@ def test_refuses_clipping_and_fp16_with_the_reason() -> None:
     clip_message, fp16_message = run_on_ranks(_refusals)[0]
     assert "clip" in clip_message and "global norm" in clip_message
     assert "fp16" in fp16_message and "overflow" in fp16_message
+
+
+def _bf16_params_use_fp32_masters(rank: int, world_size: int) -> None:
+    model = make_mlp(seed=rank).to(torch.bfloat16)
+    config = DistributedDataParallelConfig(bucket_size=50, grad_reduce_in_fp32=True)
+    overlapped = DistributedDataParallel(copy.deepcopy(model), config)
+    optimizer = OverlappedAdamW(overlapped, params_dtype="bf16", **HYPER)
+    plain = DistributedDataParallel(copy.deepcopy(model), config)
+    params = list(plain.module.parameters())
+    masters = [p.detach().float() for p in params]  # reference: fp32 master weights by hand
+    reference = torch.optim.AdamW(
+        [{"params": [m for m in masters if m.dim() >= 2], "weight_decay": HYPER["weight_decay"]},
+         {"params": [m for m in masters if m.dim() < 2], "weight_decay": 0.0}],
+        lr=HYPER["lr"], betas=HYPER["betas"], eps=HYPER["eps"])
+    for step in range(3):
+        for ddp in (overlapped, plain):
+            inputs, targets = make_batch(rank, step, 0)
+            mse_loss(ddp, inputs.bfloat16(), targets.bfloat16()).backward()
+            ddp.finish_grad_sync()
+        optimizer.step()
+        for master, param in zip(masters, params):
+            assert param.main_grad.dtype == torch.float32
+            master.grad = param.main_grad
+        reference.step()
+        with torch.no_grad():
+            for master, param in zip(masters, params):
+                param.copy_(master)
+        for mine, theirs in zip(overlapped.module.parameters(), params):
+            assert mine.dtype == torch.bfloat16 and torch.equal(mine, theirs)
+        optimizer.zero_grad()
+        plain.zero_grad_buffer()
+
+
+def test_bf16_params_step_on_fp32_masters() -> None:
+    run_on_ranks(_bf16_params_use_fp32_masters)
