@@ -5,9 +5,10 @@ The life of one input file `D/sub/a.jsonl` with `--out_dir O`:
 1. `plan_file_jobs` maps it to the output prefix `O/sub/a` (relative paths are mirrored).
 2. If `O/sub/a.json` (the sidecar) exists and records the same source size, mtime, tokenizer
    and settings, the file is already done: it is reused, not redone.
-3. Otherwise the sidecar is deleted first (so a crash from here on leaves the file "not done"),
-   records are read in the main process, sent in batches to the workers, and the results are
-   written *in submission order* (so the output never depends on the number of workers).
+3. Otherwise its sidecar and old outputs are deleted first (a crash from here on leaves the
+   file "not done", never a stale pair that looks current); records are read in the main
+   process, sent in batches to the workers, and the results are written *in submission
+   order* (so the output never depends on the number of workers).
 4. The `.bin`/`.idx` files appear atomically; the sidecar is written last, as the commit mark.
 """
 
@@ -164,7 +165,6 @@ def ordered_map(pool: ProcessPoolExecutor | None, function: Callable, batches: I
             future.cancel()
 
 
-
 @dataclass
 class FileCounts:
     """What happened to one input file; stored in its sidecar and summed in the run report."""
@@ -198,10 +198,14 @@ def output_prefix(job: FileJob, suffix: str) -> Path:
 
 
 def process_file(task: PretokenizeTask, job: FileJob, pool: ProcessPoolExecutor | None,
-                 batch_size: int, max_in_flight: int, progress: tqdm) -> dict[str, Any]:
+                 batch_size: int, max_in_flight: int, progress: tqdm,
+                 documents_before: int) -> dict[str, Any]:
     """Tokenize one file into its output pair(s) and commit it with its sidecar; return that."""
     identity = source_identity(job.source)  # taken before reading: an edit meanwhile redoes it
     job.sidecar_path.unlink(missing_ok=True)  # from here on the file counts as unfinished
+    for suffix, _ in task.outputs:
+        for old_output in prefix_paths(output_prefix(job, suffix)):
+            old_output.unlink(missing_ok=True)
     job.prefix.parent.mkdir(parents=True, exist_ok=True)
     for stale in job.prefix.parent.glob(f".{job.prefix.name}.*.tmp"):
         stale.unlink()  # temp files (".<final name>.<random>.tmp") of a killed earlier run
@@ -214,7 +218,7 @@ def process_file(task: PretokenizeTask, job: FileJob, pool: ProcessPoolExecutor 
             tokens_before = counts.num_tokens
             task.write(job, writers, encoded, counts)
             progress.update(counts.num_tokens - tokens_before)
-            progress.set_postfix(docs=counts.num_documents, refresh=False)
+            progress.set_postfix(docs=documents_before + counts.num_documents, refresh=False)
     counts.skipped.update(stats.skipped)
     sidecar = {**task.settings, "source": job.relative, **identity,
                "num_documents": counts.num_documents, "num_tokens": counts.num_tokens,
@@ -244,8 +248,9 @@ def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | 
         try:
             for number, job in enumerate(todo, start=1):
                 progress.set_description(f"file {number}/{len(todo)} {job.relative}")
+                documents_before = sum(entry["num_documents"] for entry in per_file)
                 sidecar = process_file(task, job, pool, batch_size, 4 * max(num_workers, 1),
-                                       progress)
+                                       progress, documents_before)
                 per_file.append({"source": job.relative, "reused": False, **summary_of(sidecar)})
         finally:
             progress.close()
