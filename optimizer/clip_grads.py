@@ -29,6 +29,15 @@ def _is_distributed(group: dist.ProcessGroup | None) -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
 
 
+def _all_reduce(value: Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None) -> Tensor:
+    """all_reduce that also takes CPU tensors under NCCL (which reduces CUDA tensors only):
+    with ZeRO-1's CPU offload the grads, hence the norm and the inf flag, live on the CPU."""
+    if not value.is_cuda and dist.get_backend(group) == "nccl":
+        return _all_reduce(value.cuda(), op, group).to(value.device)
+    dist.all_reduce(value, op=op, group=group)
+    return value
+
+
 def global_grad_norm(grads: list[Tensor], *, sharded: bool,
                      group: dist.ProcessGroup | None = None) -> float:
     """L2 norm of all gradient elements (fp32 tensors). `sharded=True`: the ranks of `group`
@@ -42,8 +51,8 @@ def global_grad_norm(grads: list[Tensor], *, sharded: bool,
     else:
         local_sq = torch.zeros((), device=device)
     if sharded and _is_distributed(group):
-        local_sq = local_sq.to(torch.float64)  # W partial sums: add them in double precision
-        dist.all_reduce(local_sq, op=dist.ReduceOp.SUM, group=group)
+        # W partial sums: add them in double precision
+        local_sq = _all_reduce(local_sq.to(torch.float64), dist.ReduceOp.SUM, group)
     return float(local_sq.sqrt())
 
 
@@ -66,5 +75,5 @@ def unscale_and_check_for_inf_(grads: list[Tensor], inv_scale: float,
         torch._amp_foreach_non_finite_check_and_unscale_(
             grads, found_inf, torch.full((), inv_scale, device=device))
     if _is_distributed(group):
-        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=group)
+        found_inf = _all_reduce(found_inf, dist.ReduceOp.MAX, group)
     return bool(found_inf.item() > 0)
