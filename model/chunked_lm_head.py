@@ -62,10 +62,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if compute_grads:
                 # d(loss)/d(logits) = (softmax - onehot(label)) * row_scale. The row scale is
                 # applied to the narrow [rows, hidden] operands, not the wide [rows, V] one.
-                grad_logits = log_probs.exp_()
+                # exp writes straight into the matmul dtype (no separate fp32->bf16 copy).
+                grad_logits = torch.exp(log_probs, out=torch.empty_like(log_probs,
+                                                                        dtype=hidden.dtype))
                 grad_logits.scatter_add_(1, labels[rows].clamp(min=0)[:, None],
                                          torch.full_like(grad_logits[:, :1], -1.0))
-                grad_logits = grad_logits.to(hidden.dtype)
                 grad_hidden[rows] = (grad_logits @ weight) * row_scale[rows]
                 grad_weight += (grad_logits.T @ (hidden[rows] * row_scale[rows])).float()
         ctx.save_for_backward(grad_hidden, grad_weight)

@@ -18,22 +18,26 @@ Layout: activations are token-major, [batch, seq, heads, head_dim], as flash-att
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 
 import torch
 import torch.nn.functional as F
 
-# Optional GPU packages: imported only if installed; their absence is the normal CPU case.
-if importlib.util.find_spec("flash_attn") is not None:
-    from flash_attn import flash_attn_func
-    from flash_attn.layers.rotary import apply_rotary_emb as flash_apply_rotary_emb
-    from flash_attn.ops.activations import swiglu as flash_swiglu
-else:
-    flash_attn_func = flash_apply_rotary_emb = flash_swiglu = None
-if importlib.util.find_spec("apex") is not None:
-    from apex.normalization.fused_layer_norm import fused_rms_norm_affine
-else:
-    fused_rms_norm_affine = None
+
+def _optional(module: str, name: str):
+    """`module.name` from an optional GPU package, or None if it is absent or unusable (not
+    installed is the normal CPU case; a build for another CUDA/torch raises on import)."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, OSError, RuntimeError):
+        return None
+
+
+flash_attn_func = _optional("flash_attn", "flash_attn_func")
+flash_apply_rotary_emb = _optional("flash_attn.layers.rotary", "apply_rotary_emb")
+flash_swiglu = _optional("flash_attn.ops.activations", "swiglu")
+fused_rms_norm_affine = _optional("apex.normalization.fused_layer_norm",
+                                  "fused_rms_norm_affine")
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -41,12 +45,12 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 def kernel_names(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
     """Which implementation each op uses for tensors on `device` in `dtype` (for the log)."""
     cuda = device.type == "cuda"
-    flash = cuda and flash_attn_func is not None
     return {
-        "attention": "flash-attn" if flash and dtype in _HALF_DTYPES else "torch-sdpa",
+        "attention": ("flash-attn" if cuda and flash_attn_func is not None
+                      and dtype in _HALF_DTYPES else "torch-sdpa"),  # padded: sdpa
         "rms_norm": "apex-fused" if cuda and fused_rms_norm_affine is not None else "torch",
-        "rotary": "flash-attn" if flash else "torch",
-        "swiglu": "flash-attn" if flash else "torch",
+        "rotary": "flash-attn" if cuda and flash_apply_rotary_emb is not None else "torch",
+        "swiglu": "flash-attn" if cuda and flash_swiglu is not None else "torch",
         "cross_entropy": "chunked-torch",
     }
 
@@ -75,24 +79,27 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32 whatever the input dtype (the mean of squares of bf16 values
-    loses too much precision), returned in the input dtype."""
-    if fused_rms_norm_affine is not None and x.is_cuda:
+    loses too much precision), returned in the input dtype. (apex's kernel also accumulates in
+    fp32; it is used only when input and weight share a dtype, which it requires.)"""
+    if fused_rms_norm_affine is not None and x.is_cuda and x.dtype == weight.dtype:
         return fused_rms_norm_affine(x, weight, weight.shape, eps)
     return F.rms_norm(x.float(), weight.shape, weight.float(), eps).to(x.dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the pairs (x_i, x_{i+D/2}) by the angles whose cos/sin are given.
+    """Rotate each pair (x_i, x_{i+D/2}) by the angle whose cos/sin are given.
 
-    x [B, T, H, D]; cos/sin [B or 1, T, D/2] (1 when every row has the same positions). This
-    "half split" pairing is HF Llama's `rotate_half` convention, so weights convert to and from
-    `LlamaForCausalLM` without permuting q/k rows.
+    x [B, T, H, D]; cos/sin [B or 1, T, D] (both halves equal; 1 row when every row has the
+    same positions). This "half split" pairing is HF Llama's `rotate_half` convention, so
+    weights convert to and from `LlamaForCausalLM` without permuting q/k rows. Written as
+    x*cos + rotate_half(x)*sin: full-width multiplies are faster than four half-width ones.
     """
     if flash_apply_rotary_emb is not None and x.is_cuda and cos.shape[0] == 1:
-        return flash_apply_rotary_emb(x, cos[0], sin[0], interleaved=False)
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+        half = x.shape[-1] // 2
+        return flash_apply_rotary_emb(x, cos[0, :, :half], sin[0, :, :half], interleaved=False)
     first, second = x.chunk(2, dim=-1)
-    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+    rotated_half = torch.cat([-second, first], dim=-1)
+    return x * cos[:, :, None, :] + rotated_half * sin[:, :, None, :]
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -14,11 +14,13 @@ import torch
 
 def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotation angles, each [B, T, head_dim/2], cast to `dtype`.
+    """cos and sin of the rotation angles, each [B, T, head_dim] (the head_dim/2 angles
+    written twice, once per half of the pair), cast to `dtype`.
 
     Angles are computed in fp32 like HF Llama (bf16 positions above 256 would be inexact).
     """
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=position_ids.device)
     inv_freq = 1.0 / (theta ** (exponents.float() / head_dim))
     angles = position_ids.float()[..., None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)

@@ -161,3 +161,28 @@ def test_convert_to_hf_cli_from_a_run_dir(tmp_path):
     input_ids = torch.randint(0, VOCAB, (2, 8))
     with torch.no_grad():
         assert (hf_model(input_ids).logits - model(input_ids).logits).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("mode", ["bf16 params", "bf16 autocast"])
+def test_low_precision_training_step_tracks_fp32(mode):
+    """bf16 weights (the mixed-precision optimizer keeps fp32 masters) or fp32 weights under
+    autocast: loss and grads stay close to fp32, grads have the parameters' dtype."""
+    input_ids, labels = random_batch(2, 16)
+    reference = small_model("gqa")
+    expected = _grads(reference, input_ids, labels)
+    expected_loss = reference(input_ids, labels=labels).loss
+    model = small_model("gqa")
+    if mode == "bf16 params":
+        model = model.to(torch.bfloat16)
+        grads = _grads(model, input_ids, labels)
+        loss = model(input_ids, labels=labels).loss
+    else:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            grads = _grads(model, input_ids, labels)
+            loss = model(input_ids, labels=labels).loss
+    assert loss.dtype == torch.float32
+    assert torch.allclose(loss, expected_loss, rtol=2e-2)
+    for name, param in model.named_parameters():
+        assert grads[name].dtype == param.dtype, name
+        scale = expected[name].abs().max()
+        assert (grads[name].float() - expected[name]).abs().max() <= 0.1 * scale, name

@@ -1,0 +1,148 @@
+"""Training-step throughput of our model vs transformers' LlamaForCausalLM, same weights.
+
+    python bench/bench_model.py [--quick] [--threads 1] [--profile]
+
+One step = forward + loss + backward + AdamW step, at the same config, batch and precision
+(fp32, and bf16 autocast with fp32 parameters). The two implementations run alternately in
+the same process (the machine is shared, so timings drift; alternating exposes both to the
+same drift) and the table reports medians, both of wall-clock time (tokens/s) and of the
+process's CPU time (the steadier ratio when other jobs compete for the cores). "CPU MFU" is
+our FLOP/s per CPU-second (6N + 12·L·H·Q·T per token, PaLM appendix B) over the best FLOP/s
+per CPU-second of a 1024^3 matmul in the same dtype: with one thread, CPU time is the time
+the work really ran, so waiting for a shared core does not count against either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from model.configuration_z2all import Z2allConfig  # noqa: E402
+from model.convert_to_hf import export_hf  # noqa: E402
+from model.modeling_z2all import Z2allForCausalLM  # noqa: E402
+
+# name -> (config overrides on the tiny preset, batch size, sequence length)
+BENCH_MODELS = {
+    "tiny 1x64": (dict(), 1, 64),  # latency-bound: per-op overhead dominates
+    "tiny 8x256": (dict(), 8, 256),
+    "25M 2x256": (dict(vocab_size=8192, hidden_size=512, num_hidden_layers=7,
+                       num_attention_heads=8, num_key_value_heads=4), 2, 256),
+}
+
+
+def matmul_peak_flops(dtype: torch.dtype, size: int = 1024, repeats: int = 5) -> float:
+    """Best-of-N FLOP per CPU-second of one square matmul: the practical ceiling here."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b  # warm-up (allocations, kernel selection)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        a @ b
+        best = min(best, time.process_time() - start)
+    return 2 * size**3 / best
+
+
+def make_step(model: torch.nn.Module, is_ours: bool, input_ids: torch.Tensor,
+              labels: torch.Tensor, autocast_dtype: torch.dtype | None):
+    """A closure running one optimizer step. Our model takes already-shifted labels; HF's
+    shifts `labels` itself, so it gets the unshifted ids (same number of loss terms - 1)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> float:
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.float32,
+                            enabled=autocast_dtype is not None):
+            if is_ours:
+                loss = model(input_ids, labels=labels).loss
+            else:
+                loss = model(input_ids=input_ids, labels=input_ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+def bench_one(name: str, autocast_dtype: torch.dtype | None, steps: int, rounds: int,
+              profile: bool) -> dict:
+    from transformers import LlamaForCausalLM
+
+    overrides, batch_size, seq_len = BENCH_MODELS[name]
+    torch.manual_seed(0)
+    ours = Z2allForCausalLM(Z2allConfig.from_preset("tiny", max_position_embeddings=seq_len,
+                                                    **overrides))
+    with tempfile.TemporaryDirectory() as hf_dir:
+        export_hf(ours, hf_dir)
+        hf = LlamaForCausalLM.from_pretrained(hf_dir, attn_implementation="sdpa")
+    ours.train()
+    hf.train()
+    input_ids = torch.randint(0, ours.config.vocab_size, (batch_size, seq_len))
+    labels = torch.roll(input_ids, -1, dims=1)
+    labels[:, -1] = -100
+    steps_by_impl = {"ours": make_step(ours, True, input_ids, labels, autocast_dtype),
+                     "hf": make_step(hf, False, input_ids, labels, autocast_dtype)}
+    for step in steps_by_impl.values():
+        step()  # warm-up
+    wall = {impl: [] for impl in steps_by_impl}
+    cpu = {impl: [] for impl in steps_by_impl}
+    for _ in range(rounds):
+        for impl, step in steps_by_impl.items():
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
+            for _ in range(steps):
+                step()
+            wall[impl].append((time.perf_counter() - start_wall) / steps)
+            cpu[impl].append((time.process_time() - start_cpu) / steps)
+    if profile:
+        for impl, step in steps_by_impl.items():
+            with torch.profiler.profile() as prof:
+                step()
+            print(f"--- profile: {name} {impl} ---")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    tokens = batch_size * seq_len
+    ours_tps = tokens / statistics.median(wall["ours"])
+    hf_tps = tokens / statistics.median(wall["hf"])
+    cpu_ratio = statistics.median(cpu["hf"]) / statistics.median(cpu["ours"])
+    flops_per_cpu_second = (ours.num_flops_per_token(seq_len) * tokens
+                            / statistics.median(cpu["ours"]))
+    return {"model": name, "tokens": tokens, "ours_tps": ours_tps, "hf_tps": hf_tps,
+            "cpu_ratio": cpu_ratio, "flops": flops_per_cpu_second}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, fewer rounds")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1 gives steadier numbers on a shared machine)")
+    parser.add_argument("--profile", action="store_true",
+                        help="print where the time goes (torch.profiler) for each run")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    names = ["tiny 1x64", "tiny 8x256"] if args.quick else list(BENCH_MODELS)
+    steps, rounds = (1, 3) if args.quick else (1, 4)
+    rows = []
+    for label, autocast_dtype in (("fp32", None), ("bf16 autocast", torch.bfloat16)):
+        peak = matmul_peak_flops(autocast_dtype or torch.float32)
+        for name in names:
+            result = bench_one(name, autocast_dtype, steps, rounds, args.profile)
+            rows.append({**result, "precision": label, "mfu": result["flops"] / peak,
+                         "peak": peak})
+    print(f"\ntraining step (fwd+bwd+AdamW), {args.threads} thread(s), median of alternating "
+          "rounds; MFU = FLOP per CPU-second / matmul peak in the same dtype")
+    print(f"{'model':<11} {'precision':<14} {'ours tok/s':>11} {'HF tok/s':>10} "
+          f"{'ours/HF wall':>13} {'ours/HF cpu':>12} {'peak GFLOP/s':>13} {'CPU MFU':>8}")
+    for row in rows:
+        print(f"{row['model']:<11} {row['precision']:<14} {row['ours_tps']:>11.0f} "
+              f"{row['hf_tps']:>10.0f} {row['ours_tps'] / row['hf_tps']:>12.2f}x "
+              f"{row['cpu_ratio']:>11.2f}x {row['peak'] / 1e9:>13.1f} {row['mfu']:>8.1%}")
+
+
+if __name__ == "__main__":
+    main()
