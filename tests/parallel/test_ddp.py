@@ -141,7 +141,7 @@ def _one_rank_fails(rank: int, world_size: int, overlap: bool, failure: str) -> 
                                   DistributedDataParallelConfig(overlap_grad_reduce=overlap))
     if rank == 1:
         if failure == "hang":  # stuck past the collective timeout, then gone
-            time.sleep(8.0)
+            time.sleep(5.0)
         return failure  # leaves without joining the gradient reduction (its group is torn down)
     started = time.monotonic()
     try:
@@ -153,8 +153,8 @@ def _one_rank_fails(rank: int, world_size: int, overlap: bool, failure: str) -> 
     raise AssertionError("the surviving rank must fail, not succeed")
 
 
-@pytest.mark.parametrize(("overlap", "failure"), [(True, "quit"), (False, "quit"), (True, "hang")])
+@pytest.mark.parametrize(("overlap", "failure"), [(True, "quit"), (False, "hang")])
 def test_a_failing_rank_makes_the_other_fail_clearly(overlap: bool, failure: str) -> None:
-    message = run_on_ranks(_one_rank_fails, overlap, failure, collective_timeout_s=4.0,
+    message = run_on_ranks(_one_rank_fails, overlap, failure, collective_timeout_s=3.0,
                            timeout=60)[0]
     assert "reducing gradient bucket 0" in message and "Another rank" in message
