@@ -46,7 +46,9 @@ logger = logging.getLogger(__name__)
 
 class DistributedDataParallel(nn.Module):
     """Wrap `module` so that, after `finish_grad_sync()`, every `param.main_grad` holds the
-    gradient averaged over the ranks of `process_group` (default: all ranks).
+    gradient averaged over the ranks of `process_group` (default: all ranks); with
+    `use_distributed_optimizer` (reduce-scatter) only inside this rank's shard of each bucket.
+    Parameters keep `param.grad = None`: optimizers read `param.main_grad`.
 
     `.buffers` is the list of ParamAndGradBuffer (one per parameter dtype), as in Megatron-LM; it
     shadows `nn.Module.buffers()`, so use `ddp.module.buffers()` for the model's own buffers.
