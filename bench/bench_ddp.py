@@ -41,8 +41,6 @@ from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (  #
 )
 from tests.distributed_helpers import find_free_port  # noqa: E402
 
-TORCH_BUCKET_CAP_MB = 25  # torch DDP's default; ours gets the same bucket size in elements
-
 
 def make_model(hidden: int, layers: int) -> nn.Sequential:
     torch.manual_seed(0)
@@ -88,13 +86,13 @@ def bench_rank(rank: int, world_size: int, port: int, args: argparse.Namespace,
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     generator = torch.Generator().manual_seed(rank)
     inputs = torch.randn(args.batch_size, args.hidden, generator=generator)
-    bucket_size = TORCH_BUCKET_CAP_MB * 2**20 // 4
+    bucket_size = int(args.bucket_mb * 2**20) // 4  # fp32 elements, same bytes as torch's cap
     ddp_config = DistributedDataParallelConfig(bucket_size=bucket_size)
 
     # 1. Our DDP against torch's, alternating steps.
     ours = DistributedDataParallel(make_model(args.hidden, args.layers), ddp_config)
     theirs = nn.parallel.DistributedDataParallel(make_model(args.hidden, args.layers),
-                                                 bucket_cap_mb=TORCH_BUCKET_CAP_MB)
+                                                 bucket_cap_mb=args.bucket_mb)
     our_step, their_step = make_step(ours, inputs, True), make_step(theirs, inputs, False)
     for index in range(args.warmup):
         our_step(index)
@@ -131,6 +129,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8, help="number of Linear layers")
     parser.add_argument("--batch_size", type=int, default=32, help="rows per rank and step")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per variant")
+    parser.add_argument("--bucket_mb", type=float, default=25.0,
+                        help="bucket size for both DDPs (torch's default bucket_cap_mb is 25)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
     args = parser.parse_args()
     if args.quick:
@@ -152,6 +152,7 @@ def main() -> None:
     params = args.layers * (args.hidden * args.hidden + args.hidden)
     print(f"MLP {args.layers} x Linear({args.hidden}, {args.hidden}) = {params / 1e6:.2f}M "
           f"params, batch {args.batch_size}/rank, {args.world_size} gloo ranks, "
+          f"{args.bucket_mb:g} MB buckets, "
           f"median of {args.steps} steps")
     ratio = report["ours"] / report["torch"]
     print(f"step time  ours {report['ours'] * 1e3:7.1f} ms   torch DDP "

@@ -11,6 +11,10 @@ summing (as PyTorch's DDP does). The sum then never exceeds W x the largest loca
 matters in fp16/bf16, and SUM is the one reduction every backend (gloo, nccl, mpi) offers.
 For W a power of two the division is exact, so this equals "sum, then divide" bit for bit.
 
+Backends: gloo (CPU) and nccl (CUDA) both provide every collective used here in torch 2.13
+(all-reduce SUM in fp32/bf16/fp16, reduce_scatter_single, broadcast, async handles), so no hook
+has a backend-specific path; a hook that needed one would branch on dist.get_backend() here.
+
 Bytes sent are counted per rank as a bandwidth-optimal (ring) implementation puts them on the
 wire: all-reduce 2(W-1)/W x the tensor, reduce-scatter (W-1)/W x the tensor (the "bus
 bandwidth" factors of nccl-tests' PERFORMANCE.md; Patarasuk & Yuan, 2009).
