@@ -106,9 +106,29 @@ def measure(rank: int, world_size: int, width: int, depth: int, steps: int) -> d
             if index >= 2:  # warm-up: Adam state allocation, first collectives
                 times[name]["iteration_s"].append(end - start)
                 times[name]["step_s"].append(end - step_start)
-    return {name: {"state_bytes": variant.state_bytes(),
-                   **{key: statistics.median(values) for key, values in times[name].items()}}
-            for name, variant in variants.items()}
+    results = {name: {"state_bytes": variant.state_bytes(),
+                      **{key: statistics.median(values) for key, values in times[name].items()}}
+               for name, variant in variants.items()}
+    results["bf16_state_bytes"] = bf16_state_bytes(width, depth, config, batches[0])
+    return results
+
+
+def bf16_state_bytes(width: int, depth: int, config: OptimizerConfig,
+                     inputs: torch.Tensor) -> dict[str, int]:
+    """Mixed precision, where ZeRO-1 saves most: fp32 main params + 2 moments = 12 bytes per
+    parameter replicated, 12/W sharded. One step each, to allocate Adam's state."""
+    sizes = {}
+    for sharded in (False, True):
+        model = build_model(width, depth).to(torch.bfloat16)
+        ddp = DistributedDataParallel(model, DistributedDataParallelConfig(
+            bucket_size=1_000_000, use_distributed_optimizer=sharded))
+        optimizer = get_optimizer(replace(config, params_dtype="bf16",
+                                          use_distributed_optimizer=sharded), ddp)
+        ddp(inputs.bfloat16()).float().square().mean().backward()
+        ddp.finish_grad_sync()
+        optimizer.step()
+        sizes["our ZeRO-1" if sharded else "our Float16Optimizer"] = optimizer.state_bytes()
+    return sizes
 
 
 def main() -> None:
@@ -136,6 +156,9 @@ def main() -> None:
               f"{times['iteration_s'] * 1e3:8.1f} "
               f"{times['iteration_s'] / slowest[reference]['iteration_s']:6.2f} "
               f"{times['step_s'] * 1e3:8.1f} {times['step_s'] / slowest[reference]['step_s']:6.2f}")
+    print("\nbf16 params (state = fp32 main params + Adam moments), bytes per parameter per rank:")
+    for name, size in per_rank[0]["bf16_state_bytes"].items():
+        print(f"  {name:30s} {size / num_params:6.2f}")
 
 
 if __name__ == "__main__":
