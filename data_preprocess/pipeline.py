@@ -14,6 +14,7 @@ The life of one input file `D/sub/a.jsonl` with `--out_dir O`:
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 import json
@@ -27,14 +28,31 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
-from data_preprocess.indexed_dataset import IndexedDatasetWriter, prefix_paths
+from data_preprocess.indexed_dataset import IndexedDatasetWriter, prefix_paths, token_dtype
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
 from utils.readers import ReadStats, find_data_files
 
 SIDECAR_VERSION = 1
+DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, inputs: str, batch_size: int,
+                         batch_unit: str) -> None:
+    """The options every pretokenize command shares (its own ones are added by the caller)."""
+    parser.add_argument("--data_dir", required=True, help=f"folder of {inputs} (recursive)")
+    parser.add_argument("--tokenizer_dir", required=True, help="a saved z2all tokenizer")
+    parser.add_argument("--out_dir", default=None,
+                        help="where the .bin/.idx pairs go (default: <data_dir>_pretok)")
+    parser.add_argument("--num_workers", type=int, default=DEFAULT_WORKERS,
+                        help="tokenizer worker processes (0: tokenize in the main process)")
+    parser.add_argument("--skip_bad_records", action="store_true",
+                        help="skip and count malformed records instead of stopping at the first")
+    parser.add_argument("--batch_size", type=int, default=batch_size,
+                        help=f"{batch_unit} per worker task")
 
 
 @dataclass(frozen=True)
@@ -229,11 +247,24 @@ def process_file(task: PretokenizeTask, job: FileJob, pool: ProcessPoolExecutor 
     return sidecar
 
 
-def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | Path,
+def tokenizer_settings(sidecar_format: str, tokenizer_dir: str | Path) -> tuple[type, dict]:
+    """The token dtype for this vocabulary, and the sidecar fields that name format + tokenizer."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    dtype = token_dtype(len(tokenizer))
+    return dtype, {"format": sidecar_format, "version": SIDECAR_VERSION,
+                   "tokenizer": tokenizer.fingerprint, "dtype": np.dtype(dtype).name}
+
+
+def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | Path | None,
                     tokenizer_dir: str | Path, num_workers: int, batch_size: int,
                     worker_settings: dict[str, Any]) -> dict[str, Any]:
-    """Every file under data_dir -> out_dir (reusing finished ones); returns the run report."""
+    """Every file under data_dir -> out_dir (reusing finished ones); returns the run report.
+
+    out_dir defaults to `<data_dir>_pretok`, next to the data dir (never inside it).
+    """
     started = time.perf_counter()
+    data_dir = Path(data_dir)
+    out_dir = Path(out_dir) if out_dir else data_dir.with_name(data_dir.name + "_pretok")
     jobs = plan_file_jobs(Path(data_dir), Path(out_dir))
     per_file, todo = [], []
     for job in jobs:

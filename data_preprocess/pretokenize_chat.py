@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -30,14 +29,12 @@ import numpy as np
 
 from data_preprocess import pipeline
 from data_preprocess.chat_records import RecordFormatError, dpo_messages, sft_messages
-from data_preprocess.indexed_dataset import IndexedDatasetWriter, token_dtype
-from tokenizer import load_tokenizer
+from data_preprocess.indexed_dataset import IndexedDatasetWriter
 from utils.conversation import render_conversations
 from utils.readers import BadRecordError, ReadStats, iter_records
 
 KINDS = {"sft": 1, "dpo": 2}  # sequences per document (sample)
 MASK_SUFFIX = ".mask"
-DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 DEFAULT_BATCH_SIZE = 256  # records per worker task
 
 
@@ -118,16 +115,12 @@ def write_chats(job: pipeline.FileJob, writers: list[IndexedDatasetWriter],
 def pretokenize_chat_data(kind: str, data_dir: str | Path, tokenizer_dir: str | Path,
                           max_seq_len: int, out_dir: str | Path | None = None,
                           system_prompt: str | None = None,
-                          num_workers: int = DEFAULT_WORKERS, skip_bad_records: bool = False,
+                          num_workers: int = pipeline.DEFAULT_WORKERS,
+                          skip_bad_records: bool = False,
                           batch_size: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
     """Render every SFT/DPO file under data_dir into out_dir; return the run's report."""
-    data_dir = Path(data_dir)
-    out_dir = Path(out_dir) if out_dir else data_dir.with_name(data_dir.name + "_pretok")
-    tokenizer = load_tokenizer(tokenizer_dir)
-    dtype = token_dtype(len(tokenizer))
-    settings = {"format": f"z2all-{kind}", "version": pipeline.SIDECAR_VERSION,
-                "tokenizer": tokenizer.fingerprint, "dtype": np.dtype(dtype).name,
-                "max_seq_len": max_seq_len, "system_prompt": system_prompt}
+    dtype, settings = pipeline.tokenizer_settings(f"z2all-{kind}", tokenizer_dir)
+    settings.update(max_seq_len=max_seq_len, system_prompt=system_prompt)
     task = pipeline.PretokenizeTask(
         kind=kind, settings=settings, outputs=(("", dtype), (MASK_SUFFIX, np.uint8)),
         read=functools.partial(numbered_records, skip_bad_records=skip_bad_records),
@@ -143,20 +136,12 @@ def pretokenize_chat_data(kind: str, data_dir: str | Path, tokenizer_dir: str | 
 def main(kind: str, argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=f"{kind.upper()} records -> ChatML ids + loss masks (.bin/.idx pairs)")
-    parser.add_argument("--data_dir", required=True, help=f"folder of {kind} .jsonl/.json/.parquet")
-    parser.add_argument("--tokenizer_dir", required=True, help="a saved z2all tokenizer")
+    pipeline.add_common_arguments(parser, f"{kind} .jsonl/.json/.parquet files",
+                                  DEFAULT_BATCH_SIZE, "records")
     parser.add_argument("--max_seq_len", type=int, required=True,
                         help="longer samples are cut to this many tokens (see the docstring)")
-    parser.add_argument("--out_dir", default=None,
-                        help="output folder (default: <data_dir>_pretok)")
     parser.add_argument("--system_prompt", default=None,
                         help="system message added to conversations that have none")
-    parser.add_argument("--num_workers", type=int, default=DEFAULT_WORKERS,
-                        help="tokenizer worker processes (0: tokenize in the main process)")
-    parser.add_argument("--skip_bad_records", action="store_true",
-                        help="skip and count malformed records instead of stopping at the first")
-    parser.add_argument("--batch_size", type=int, default=DEFAULT_BATCH_SIZE,
-                        help="records per worker task")
     args = parser.parse_args(argv)
     pretokenize_chat_data(kind, args.data_dir, args.tokenizer_dir, args.max_seq_len,
                           args.out_dir, args.system_prompt, args.num_workers,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,11 +25,9 @@ from typing import Any
 import numpy as np
 
 from data_preprocess import pipeline
-from data_preprocess.indexed_dataset import IndexedDatasetWriter, token_dtype
-from tokenizer import load_tokenizer
+from data_preprocess.indexed_dataset import IndexedDatasetWriter
 from utils.readers import ReadStats, iter_texts
 
-DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 DEFAULT_BATCH_SIZE = 512  # texts per task: large enough to amortise inter-process transfer
 
 
@@ -69,16 +66,12 @@ def write_documents(job: pipeline.FileJob, writers: list[IndexedDatasetWriter],
 def pretokenize_pretrain_data(data_dir: str | Path, tokenizer_dir: str | Path,
                               out_dir: str | Path | None = None,
                               text_key: Sequence[str] = ("text",),
-                              num_workers: int = DEFAULT_WORKERS, skip_bad_records: bool = False,
+                              num_workers: int = pipeline.DEFAULT_WORKERS,
+                              skip_bad_records: bool = False,
                               batch_size: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
     """Tokenize every data file under `data_dir` into `out_dir`; return the run's report."""
-    data_dir = Path(data_dir)
-    out_dir = Path(out_dir) if out_dir else data_dir.with_name(data_dir.name + "_pretok")
-    tokenizer = load_tokenizer(tokenizer_dir)
-    dtype = token_dtype(len(tokenizer))
-    settings = {"format": "z2all-pretok", "version": pipeline.SIDECAR_VERSION,
-                "tokenizer": tokenizer.fingerprint, "dtype": np.dtype(dtype).name,
-                "text_key": list(text_key)}
+    dtype, settings = pipeline.tokenizer_settings("z2all-pretok", tokenizer_dir)
+    settings["text_key"] = list(text_key)
     task = pipeline.PretokenizeTask(
         kind="pretrain", settings=settings, outputs=(("", dtype),),
         read=functools.partial(non_empty_texts, text_key=text_key,
@@ -90,19 +83,10 @@ def pretokenize_pretrain_data(data_dir: str | Path, tokenizer_dir: str | Path,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data_dir", required=True,
-                        help="folder of .jsonl/.json/.parquet/.txt files (searched recursively)")
-    parser.add_argument("--tokenizer_dir", required=True, help="a saved z2all tokenizer")
-    parser.add_argument("--out_dir", default=None,
-                        help="where the .bin/.idx pairs go (default: <data_dir>_pretok)")
+    pipeline.add_common_arguments(parser, ".jsonl/.json/.parquet/.txt files", DEFAULT_BATCH_SIZE,
+                                  "texts")
     parser.add_argument("--text_key", nargs="+", default=["text"],
                         help="record key(s) holding the text, tried in order")
-    parser.add_argument("--num_workers", type=int, default=DEFAULT_WORKERS,
-                        help="tokenizer worker processes (0: tokenize in the main process)")
-    parser.add_argument("--skip_bad_records", action="store_true",
-                        help="skip and count malformed records instead of stopping at the first")
-    parser.add_argument("--batch_size", type=int, default=DEFAULT_BATCH_SIZE,
-                        help="texts per worker task")
     args = parser.parse_args(argv)
     pretokenize_pretrain_data(args.data_dir, args.tokenizer_dir, args.out_dir, args.text_key,
                               args.num_workers, args.skip_bad_records, args.batch_size)

@@ -30,7 +30,8 @@ from data_preprocess.build_pretrain_sample_index_map import (
     build_sample_index,
     index_path,
 )
-from data_preprocess.pretokenize_chat import DEFAULT_WORKERS, pretokenize_chat_data
+from data_preprocess.pipeline import DEFAULT_WORKERS
+from data_preprocess.pretokenize_chat import pretokenize_chat_data
 from dataset.chat_store import ChatTokenStore, find_store_sidecars, split_train_valid
 from dataset.dataset_dpo import DPOCollator, DPODataset
 from dataset.dataset_pretrain import PretokDatasetWithIndex

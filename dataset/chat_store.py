@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from torch.utils.data import Dataset
 
 from data_preprocess.indexed_dataset import IndexedDataset
 from data_preprocess.pretokenize_chat import MASK_SUFFIX
@@ -93,6 +94,26 @@ class ChatTokenStore:
         ranges = [np.arange(self.first_sample_of_file[i], self.first_sample_of_file[i + 1])
                   for i, source in enumerate(self.sources) if is_selected(source)]
         return np.concatenate(ranges) if ranges else np.zeros(0, dtype=np.int64)
+
+
+class ChatSamples(Dataset):
+    """A split of a store: `sample_ids` (default: every sample) maps positions to sample ids.
+
+    Subclasses set `kind` ("sft" / "dpo") and turn `self.sequences(index)` into tensors.
+    """
+
+    kind = ""
+
+    def __init__(self, store: ChatTokenStore | str | Path, sample_ids=None) -> None:
+        self.store = (store if isinstance(store, ChatTokenStore)
+                      else ChatTokenStore(store, self.kind))
+        self.sample_ids = sample_ids if sample_ids is not None else range(len(self.store))
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def sequences(self, index: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        return self.store.sample(int(self.sample_ids[index]))
 
 
 class Complement:

@@ -12,27 +12,19 @@ In the store a pair is one document of two sequences: (prompt + chosen, prompt +
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from torch.utils.data import Dataset
 
-from dataset.chat_store import ChatTokenStore
+from dataset.chat_store import ChatSamples
 from dataset.dataset_sft import SFTCollator, chat_item
 
 
-class DPODataset(Dataset):
-    """Preference pairs of a store; `sample_ids` selects a split (default: every pair)."""
+class DPODataset(ChatSamples):
+    """Preference pairs of a store (a path or a ChatTokenStore), optionally one split of it."""
 
-    def __init__(self, store: ChatTokenStore | str | Path, sample_ids=None) -> None:
-        self.store = store if isinstance(store, ChatTokenStore) else ChatTokenStore(store, "dpo")
-        self.sample_ids = sample_ids if sample_ids is not None else range(len(self.store))
-
-    def __len__(self) -> int:
-        return len(self.sample_ids)
+    kind = "dpo"
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        chosen, rejected = self.store.sample(int(self.sample_ids[index]))
+        chosen, rejected = self.sequences(index)
         item = {}
         for side, (ids, loss_mask) in (("chosen_", chosen), ("rejected_", rejected)):
             item.update({side + key: value for key, value in chat_item(ids, loss_mask).items()})

@@ -19,13 +19,11 @@ that dataset/build.py builds online from raw files; both are a ChatTokenStore.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
-from dataset.chat_store import ChatTokenStore
+from dataset.chat_store import ChatSamples
 
 IGNORE_INDEX = -100  # labels with this value are not trained on (cross_entropy's ignore_index)
 
@@ -43,18 +41,13 @@ def chat_item(ids: np.ndarray, loss_mask: np.ndarray) -> dict[str, torch.Tensor]
             "attention_mask": torch.ones_like(input_ids)}
 
 
-class SupervisedDataset(Dataset):
-    """SFT samples of a store; `sample_ids` selects a split (default: every sample)."""
+class SupervisedDataset(ChatSamples):
+    """SFT samples of a store (a path or a ChatTokenStore), optionally one split of it."""
 
-    def __init__(self, store: ChatTokenStore | str | Path, sample_ids=None) -> None:
-        self.store = store if isinstance(store, ChatTokenStore) else ChatTokenStore(store, "sft")
-        self.sample_ids = sample_ids if sample_ids is not None else range(len(self.store))
-
-    def __len__(self) -> int:
-        return len(self.sample_ids)
+    kind = "sft"
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        ((ids, loss_mask),) = self.store.sample(int(self.sample_ids[index]))
+        ((ids, loss_mask),) = self.sequences(index)
         return chat_item(ids, loss_mask)
 
 
