@@ -89,9 +89,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         self.param_names: dict[nn.Parameter, str] = ddp_model.param_names
         self.bucket_shards = [self._build_bucket_shard(buffer, bucket, config.cpu_offload)
                               for buffer in ddp_model.buffers for bucket in buffer.buckets]
-        model_and_main = [(piece.param, main)
-                          for shard in self.bucket_shards
-                          for piece, main in zip(shard.pieces, shard.main_pieces)]
+        model_and_main = [(piece.param, main) for piece, main in self._owned_pieces()]
         inner = build_adamw(weight_decay_groups(model_and_main, config.weight_decay), config)
         super().__init__(config, ddp_model, inner, grads_sharded=True)
         self._pending_gathers: dict[int, Any] = {}  # bucket shard index -> async work
@@ -109,6 +107,14 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             model_grad_shard=model_grad_shard, main_param_shard=main_param_shard,
             main_grad_shard=_fp32_shard(model_grad_shard, cpu_offload), pieces=pieces,
             main_pieces=[main_param_shard[p.shard_start:p.shard_end] for p in pieces])
+
+    def _owned_pieces(self) -> list[tuple[ShardPiece, Tensor]]:
+        """(piece, its fp32 main tensor) over all bucket shards, in one fixed order."""
+        return [(piece, main) for shard in self.bucket_shards
+                for piece, main in zip(shard.pieces, shard.main_pieces)]
+
+    def _param_shapes(self) -> dict[str, list[int]]:
+        return {name: list(param.shape) for param, name in self.param_names.items()}
 
     # ---- Steps 1 and 5 of the recipe in optimizer/optimizer.py ------------------------------
     def _prepare_main_grads(self) -> None:
@@ -180,20 +186,17 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         """This rank's shard: each piece addressed by parameter name and element range."""
         self.finish_param_sync()
         pieces = []
-        for shard in self.bucket_shards:
-            for piece, main in zip(shard.pieces, shard.main_pieces):
-                exp_avg, exp_avg_sq, step = read_adam_state(self.inner, main)
-                pieces.append({"name": piece.name, "start": piece.param_start,
-                               "end": piece.param_end, "step": step,
-                               # clone: saving a view would save the whole param buffer
-                               "main_param": main.detach().clone().cpu(),
-                               "exp_avg": exp_avg.cpu(), "exp_avg_sq": exp_avg_sq.cpu()})
+        for piece, main in self._owned_pieces():
+            exp_avg, exp_avg_sq, step = read_adam_state(self.inner, main)
+            pieces.append({"name": piece.name, "start": piece.param_start,
+                           "end": piece.param_end, "step": step,
+                           # clone: saving a view would save the whole param buffer
+                           "main_param": main.detach().clone().cpu(),
+                           "exp_avg": exp_avg.cpu(), "exp_avg_sq": exp_avg_sq.cpu()})
         return {"format": SHARD_FORMAT, "version": STATE_VERSION, "kind": type(self).__name__,
                 "world_size": self.world_size, "rank": self.rank, "lr": self.get_lr(),
                 "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
-                "param_shapes": {name: list(param.shape)
-                                 for param, name in self.param_names.items()},
-                "pieces": pieces}
+                "param_shapes": self._param_shapes(), "pieces": pieces}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load a shard state cut for exactly this rank (load_checkpoint re-cuts others)."""
@@ -201,8 +204,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         if (state["world_size"], state["rank"]) != (self.world_size, self.rank):
             raise ValueError(f"state is for rank {state['rank']} of {state['world_size']}, this "
                              f"is rank {self.rank} of {self.world_size}; use load_checkpoint")
-        my_pieces = [(piece, main) for shard in self.bucket_shards
-                     for piece, main in zip(shard.pieces, shard.main_pieces)]
+        my_pieces = self._owned_pieces()
         saved_keys = [(s["name"], s["start"], s["end"]) for s in state["pieces"]]
         my_keys = [(p.name, p.param_start, p.param_end) for p, _ in my_pieces]
         if saved_keys != my_keys:
@@ -230,8 +232,6 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
     def load_checkpoint(self, optim_dir: str | Path) -> None:
         """Works whatever the world size of the run that saved (see zero1_checkpoint.py)."""
-        my_pieces = [(p.name, p.param_start, p.param_end)
-                     for shard in self.bucket_shards for p in shard.pieces]
-        param_shapes = {name: list(param.shape) for param, name in self.param_names.items()}
+        my_pieces = [(p.name, p.param_start, p.param_end) for p, _ in self._owned_pieces()]
         self.load_state_dict(load_resharded_state(
-            Path(optim_dir), my_pieces, param_shapes, self.rank, self.world_size))
+            Path(optim_dir), my_pieces, self._param_shapes(), self.rank, self.world_size))
