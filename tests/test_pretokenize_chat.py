@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from data_preprocess.pretokenize_chat import pretokenize_chat_data
+from dataset.chat_store import ChatTokenStore
 from dataset.dataset_dpo import DPOCollator, DPODataset
 from dataset.dataset_sft import SFTCollator, SupervisedDataset
 from tests.megatron_spec_reader import read_by_spec
@@ -167,3 +168,32 @@ def test_collators_pad_and_mask():
     dpo_batch = DPOCollator(pad_token_id=509, pad_to_multiple_of=1)(pairs)
     assert dpo_batch["chosen_input_ids"].shape == dpo_batch["rejected_input_ids"].shape \
         == (5, lengths.max())
+
+
+def test_dpo_truncation_policy(tmp_path, tiny_hf_tokenizer_dir):
+    rng = random.Random()
+    tokenizer = load_tokenizer(tiny_hf_tokenizer_dir)
+    max_seq_len = 40
+    records = [{"prompt": text(rng, 1, 30), "chosen": text(rng, 1, 30),
+                "rejected": text(rng, 1, 30)} for _ in range(30)]
+    write_jsonl(tmp_path / "raw/pairs.jsonl", records)
+    report = pretokenize_chat_data("dpo", tmp_path / "raw", tiny_hf_tokenizer_dir, max_seq_len,
+                                   tmp_path / "out", num_workers=1)
+    kept, dropped, truncated = [], 0, 0
+    for record in records:  # the documented policy, applied by hand
+        user = [{"role": "user", "content": record["prompt"]}]
+        sides = [render_conversation(tokenizer, [*user, {"role": "assistant", "content": reply}])
+                 for reply in (record["chosen"], record["rejected"])]
+        if all(any(mask[1:max_seq_len]) for _, mask in sides):
+            kept.append([ids[:max_seq_len] for ids, _ in sides])
+            truncated += any(len(ids) > max_seq_len for ids, _ in sides)
+        else:
+            dropped += 1
+    assert report["num_documents"] == len(kept) and report["num_truncated"] == truncated
+    assert report["skipped"] == ({"too_long": dropped} if dropped else {})
+    dataset = DPODataset(tmp_path / "out")
+    for index, (chosen, rejected) in enumerate(kept):
+        assert dataset[index]["chosen_input_ids"].tolist() == chosen
+        assert dataset[index]["rejected_input_ids"].tolist() == rejected
+    with pytest.raises(ValueError, match="longer than max_seq_len=32"):
+        DPODataset(ChatTokenStore(tmp_path / "out", "dpo", max_seq_len=32))
