@@ -7,14 +7,15 @@ Long runs die for reasons unrelated to the code: a node reboots, a NCCL collecti
 one rank stops making progress while the others wait forever in an all-reduce. This
 supervisor turns those into a short pause:
 
-1. it starts the command in its own process group (torchrun and every rank it spawns), so one
-   signal reaches all of them and nothing is left behind;
+1. it starts the command in its own process group and keeps track of every process below it
+   (torchrun starts each rank in a session of its own), so that a signal reaches all of them
+   and nothing is left behind;
 2. it watches the exit status and `<run>/heartbeat`, which the trainer rewrites every step. A
    live process whose heartbeat has not changed for `--heartbeat_timeout` seconds is hung.
    Until the first new heartbeat of an attempt, `--startup_timeout` applies instead (loading
    data, building and compiling the model take longer than one step);
-3. on a crash or a hang it kills the whole group (SIGTERM and SIGCONT, so that stopped ranks
-   can act on it; SIGKILL to whatever is left after `--kill_grace` seconds), waits
+3. on a crash or a hang it kills all of them (SIGTERM and SIGCONT, so that stopped ranks can
+   act on it; SIGKILL to whatever is left after `--kill_grace` seconds), waits
    `restart_delay * 2**k` seconds before the k-th relaunch (k = 0, 1, ...; capped by
    `--max_restart_delay`) and relaunches the command with `--resume --out_dir=<run>`. The
    trainer loads its newest valid checkpoint (data order and RNG included) and goes on as if
@@ -256,13 +257,55 @@ def repeats_without_progress(failures: list[Attempt], stuck_after: int) -> bool:
     return len(recent) == stuck_after > 0 and len({failure.step for failure in recent}) == 1
 
 
-def signal_group(pgid: int, signum: int) -> bool:
-    """Send `signum` to every process of group `pgid`; False if the group is gone."""
+def proc_stat(pid: int | str) -> list[str] | None:
+    """Fields 3.. of /proc/<pid>/stat (state, ppid, ..., starttime at [19]); None if gone."""
     try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        return False
-    return True
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces
+
+
+class RunProcesses:
+    """Every process of one attempt: its process group, plus each descendant ever seen.
+
+    The group alone is not enough: torchrun starts each rank in a session of its own, so
+    `killpg` on torchrun's group misses the ranks, and a rank outliving torchrun is re-parented
+    to init, so it must be remembered before that happens. `refresh()` (every poll) records
+    descendants as (pid, start time) from /proc, the start time guarding against pid reuse.
+    Without /proc (not Linux) only the process group is reached.
+    """
+
+    def __init__(self, leader: subprocess.Popen):
+        self.leader = leader
+        self.known: dict[int, str] = {}  # pid -> start time
+
+    def refresh(self) -> None:
+        stats = {int(name): fields for name in os.listdir("/proc") if name.isdigit()
+                 and (fields := proc_stat(name)) is not None} if Path("/proc").is_dir() else {}
+        self.known = {pid: start for pid, start in self.known.items()
+                      if pid in stats and stats[pid][19] == start and stats[pid][0] != "Z"}
+        parents = {self.leader.pid, *self.known}
+        while True:
+            children = {pid for pid, fields in stats.items() if int(fields[1]) in parents
+                        and pid not in parents and fields[0] != "Z"}
+            if not children:
+                break
+            parents |= children
+            self.known.update({pid: stats[pid][19] for pid in children})
+
+    def alive(self) -> bool:
+        self.refresh()
+        return self.leader.poll() is None or bool(self.known)
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.leader.pid, signum)
+        for pid, start in self.known.items():
+            fields = proc_stat(pid)
+            if fields is not None and fields[19] == start:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
 
 
 class Supervisor:
@@ -272,6 +315,7 @@ class Supervisor:
         self.run_dir = run_dir
         self.log = EventLog(run_dir / "monitor.log")
         self.process: subprocess.Popen | None = None
+        self.processes: RunProcesses | None = None
         self.signals_received: list[int] = []
         self.signals_logged = 0
         self.poll_seconds = min(1.0, config.heartbeat_timeout / 10 or 1.0)
@@ -281,9 +325,9 @@ class Supervisor:
     # (os.killpg is safe there); the main loop writes the log line.
     def on_stop_signal(self, signum: int, _frame: object) -> None:
         self.signals_received.append(signum)
-        if self.process is not None and self.process.returncode is None:
+        if self.processes is not None and self.process.returncode is None:
             first = len(self.signals_received) == 1
-            signal_group(self.process.pid, signum if first else signal.SIGKILL)
+            self.processes.signal(signum if first else signal.SIGKILL)
 
     def log_new_signals(self) -> None:
         for signum in self.signals_received[self.signals_logged:]:
@@ -301,25 +345,30 @@ class Supervisor:
         step = heartbeat_step(self.run_dir)
         return step if step is not None else newest_checkpoint_step(self.run_dir)
 
-    def kill_group(self) -> None:
-        """SIGTERM + SIGCONT the group, wait `kill_grace` for its leader, SIGKILL the rest."""
-        pgid = self.process.pid
-        signal_group(pgid, signal.SIGTERM)
-        signal_group(pgid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once resumed
-        try:
-            self.process.wait(timeout=self.config.kill_grace)
-        except subprocess.TimeoutExpired:
-            self.log.event("KILL", f"pgid={pgid} still alive after {self.config.kill_grace}s: "
-                                   "SIGKILL")
-        # Ranks that outlive the leader (or ignore SIGTERM) must not linger holding GPUs/ports.
-        if signal_group(pgid, signal.SIGKILL):
-            self.process.wait()
+    def kill_run(self) -> None:
+        """SIGTERM + SIGCONT every process of the run, wait `kill_grace`, SIGKILL the rest.
+
+        SIGCONT because a stopped process acts on SIGTERM only once resumed. Ranks that
+        outlive the leader (or ignore SIGTERM) must not linger holding GPUs and ports.
+        """
+        self.processes.refresh()
+        self.processes.signal(signal.SIGTERM)
+        self.processes.signal(signal.SIGCONT)
+        deadline = time.monotonic() + self.config.kill_grace
+        while self.processes.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.processes.alive():
+            self.log.event("KILL", f"still alive after {self.config.kill_grace}s: SIGKILL "
+                                   f"pgid={self.process.pid} pids={sorted(self.processes.known)}")
+        self.processes.signal(signal.SIGKILL)
+        self.process.wait()
 
     def run_attempt(self, number: int, command: list[str]) -> Attempt:
         heartbeat = HeartbeatWatch(self.run_dir / "heartbeat", self.config.startup_timeout,
                                    self.config.heartbeat_timeout)
         resumes = ResumeLines(self.run_dir / "metrics.jsonl")
         self.process = subprocess.Popen(command, start_new_session=True)
+        self.processes = RunProcesses(self.process)
         self.log.event("START", f"attempt={number} pid={self.process.pid} "
                                 f"command={shlex.join(command)}")
         hang_seconds = None
@@ -328,6 +377,7 @@ class Supervisor:
                 self.process.wait(timeout=self.poll_seconds)
             self.log_new_signals()
             self.log_resume_lines(resumes, number)
+            self.processes.refresh()
             if self.process.returncode is not None:
                 break
             hang_seconds = heartbeat.overdue_seconds()
@@ -335,7 +385,7 @@ class Supervisor:
         if hang_seconds is not None:
             cause = f"hang (no heartbeat for {hang_seconds:.1f}s)"
             self.log.event("HANG", f"attempt={number} step={step} pgid={self.process.pid}: "
-                                   f"{cause}; killing the process group")
+                                   f"{cause}; killing all its processes")
         else:
             code = self.process.returncode
             if code == 0:
@@ -343,7 +393,7 @@ class Supervisor:
                 return Attempt(number, None, step)
             cause = f"exit code {code}" if code > 0 else f"signal {signal.Signals(-code).name}"
             self.log.event("EXIT", f'attempt={number} cause="{cause}" step={step}')
-        self.kill_group()
+        self.kill_run()
         return Attempt(number, cause, step)
 
     def sleep_unless_stopped(self, seconds: float) -> bool:

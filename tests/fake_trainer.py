@@ -13,9 +13,9 @@ It keeps the run-dir contract of the real trainer (DESIGN §7) and nothing else:
 - SIGTERM: save a checkpoint at the end of the current step, write `sigterm_step`, exit 0;
 - failure knobs: `--crash_at_step N` (exit 3 on reaching step N, in every attempt),
   `--crash_after_steps K` (exit 3 after K steps of each attempt), `--fail_at_start CODE`,
-  `--spawn_rank` (start a second process in the same group, as torchrun's ranks are, that
-  ignores SIGTERM like a rank stuck in a collective; its pid goes to `<out_dir>/rank_pid`;
-  only a finished run stops it itself).
+  `--spawn_rank` (start a second process in a session of its own, as torchrun starts its
+  ranks, that ignores SIGTERM like a rank stuck in a collective; its pid goes to
+  `<out_dir>/rank_pid`; only a finished run stops it itself).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main() -> int:
     sigterm = []
     signal.signal(signal.SIGTERM, lambda signum, frame: sigterm.append(signum))
     if args.spawn_rank:
-        rank = subprocess.Popen([sys.executable, "-c", STUCK_RANK])
+        rank = subprocess.Popen([sys.executable, "-c", STUCK_RANK], start_new_session=True)
         (out_dir / "rank_pid").write_text(str(rank.pid))
 
     step, state = 0, "seed"

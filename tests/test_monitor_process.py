@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAKE_TRAINER = [sys.executable, "-m", "tests.fake_trainer"]
 # Short timings so the file stays fast; the heartbeat timeout is generous except in the hang
 # test, so a slow, busy machine never looks "hung".
-FAST = ["--restart_delay", "0.05", "--max_restart_delay", "0.2", "--kill_grace", "2",
+FAST = ["--restart_delay", "0.05", "--max_restart_delay", "0.2", "--kill_grace", "1",
         "--startup_timeout", "30", "--heartbeat_timeout", "20"]
 
 
