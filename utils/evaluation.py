@@ -92,21 +92,25 @@ def evaluate_with_forward_step(forward_step: Callable, loader: DataLoader,
 
 @torch.no_grad()
 def generate_samples(model: Any, tokenizer: Any, prompts: list[str], chat: bool,
-                     max_new_tokens: int, device: torch.device) -> list[dict[str, str]]:
-    """Greedy completions of `prompts` (chat-formatted for sft/dpo models)."""
-    if chat:
-        stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    else:
-        stop_id = tokenizer.eos_token_id
+                     max_new_tokens: int, device: torch.device,
+                     batch_size: int = 64) -> list[dict[str, str]]:
+    """Greedy completions of `prompts` (as a user turn of the chat template for sft/dpo
+    models), `batch_size` prompts at a time (right-padded, with an attention mask)."""
+    stop_id = (tokenizer.convert_tokens_to_ids("<|im_end|>") if chat
+               else tokenizer.eos_token_id)
     samples = []
-    for prompt in prompts:
-        if chat:
-            prompt_ids = build_generation_prompt(tokenizer, [{"role": "user", "content": prompt}])
-        else:
-            prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        input_ids = torch.tensor([prompt_ids], device=device)
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        encoded = [build_generation_prompt(tokenizer, [{"role": "user", "content": p}]) if chat
+                   else tokenizer.encode(p, add_special_tokens=False) for p in chunk]
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.tensor([ids + [stop_id] * (width - len(ids)) for ids in encoded],
+                                 device=device)
+        attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids))
+                                       for ids in encoded], device=device)
         output = model.generate(input_ids, max_new_tokens=max_new_tokens, temperature=0.0,
-                                eos_token_id=stop_id)
-        new_ids = [t for t in output[0, len(prompt_ids):].tolist() if t != stop_id]
-        samples.append({"prompt": prompt, "completion": tokenizer.decode(new_ids)})
+                                eos_token_id=stop_id, attention_mask=attention_mask)
+        for prompt, row in zip(chunk, output[:, width:].tolist()):
+            new_ids = row[:row.index(stop_id)] if stop_id in row else row
+            samples.append({"prompt": prompt, "completion": tokenizer.decode(new_ids)})
     return samples

@@ -38,8 +38,8 @@ def option(default: Any, help: str) -> Any:  # noqa: A002 - `help` reads best in
 @dataclass
 class DataOptions:
     task_type: Literal["pretrain", "sft", "dpo"] = option("pretrain", "what to train")
-    data_dir: str = option("data/demo_pretok", "pretokenized data (pretrain) or raw/pretok "
-                           "sft/dpo data, as dataset.build.build_datasets expects")
+    data_dir: str = option("data/demo/pretrain_pretok", "pretokenized data (pretrain) or "
+                           "raw/pretok sft/dpo data, as dataset.build.build_datasets expects")
     tokenizer_dir: str = option("tokenizer/demo_hf", "saved tokenizer (AutoTokenizer-loadable)")
     max_seq_len: int = option(256, "tokens per sample")
     num_workers: int = option(0, "DataLoader worker processes per rank")
@@ -111,6 +111,7 @@ class ParallelOptions:
 class EvalOptions:
     eval_interval: int = option(200, "evaluate every N steps (and at the end)")
     eval_iters: int = option(20, "validation batches per evaluation (a fixed set)")
+    eval_at_start: bool = option(True, "evaluate before the first step of a fresh run")
     eval_prompts: list[str] = option(["Once upon a time", "The meaning of"],
                                      "prompts sampled at each evaluation (chat-formatted for "
                                      "sft/dpo)")

@@ -1,0 +1,358 @@
+"""Train a z2all model: pretraining, SFT or DPO, on 1 CPU process or N GPUs, with our own DDP.
+
+    python train_my_ddp.py --task_type=pretrain --data_dir=... --out_dir=out/run1
+    torchrun --nproc_per_node=8 train_my_ddp.py exp_config.py --use_distributed_optimizer
+    python train_my_ddp.py --resume --out_dir=out/run1          # newest valid checkpoint
+    python train_my_ddp.py --help                               # every option, grouped
+
+Reading tour: the options are in utils/train_config.py; this file wires the parts and holds
+the loop. One optimizer step is
+
+    for each of gradient_accumulation_steps micro-batches:   (no_sync() on all but the last,
+        loss = forward_step(batch)                             so gradients are reduced once)
+        backward(loss / accumulation)
+    ddp.finish_grad_sync()       # gradients averaged over ranks (ZeRO-1: reduce-scattered)
+    optimizer.step()             # clip, AdamW (ZeRO-1: on this rank's shard, then all-gather)
+
+Only `forward_step` differs between tasks: pretraining and SFT minimise next-token cross
+entropy (SFT's labels are -100 outside the assistant's answers); DPO compares the policy's and
+a frozen reference model's log-probabilities of a chosen and a rejected answer (utils/dpo.py).
+The effective batch is batch_size × gradient_accumulation_steps × world_size sequences.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from dataset.build import build_datasets
+from dataset.sampler import StatefulDistributedSampler
+from optimizer import OptimizerConfig
+from parallel.distributed_data_parallel import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+)
+from tokenizer import load_tokenizer
+from utils.atomic_io import atomic_write_json
+from utils.checkpoint import CheckpointError, resolve_checkpoint
+from utils.comm_hook_setup import build_optimizer_and_comm_hook
+from utils.distributed_env import (
+    DistributedEnv,
+    all_reduce_sum,
+    broadcast_from_main,
+    init_distributed,
+    shutdown_distributed,
+)
+from utils.dpo import dpo_loss, sequence_log_prob
+from utils.evaluation import (
+    eval_loader,
+    evaluate_language_model,
+    evaluate_with_forward_step,
+    generate_samples,
+    to_device,
+)
+from utils.lr_schedule import LRSchedule
+from utils.metrics import MetricsLogger
+from utils.model_loading import build_model, load_pretrained
+from utils.report import write_report
+from utils.rng_state import restore_rng_state, seed_everything
+from utils.throughput import ThroughputMeter
+from utils.train_config import Config, config_from_argv, save_config
+from utils.training_checkpoint import (
+    load_rank_state,
+    load_trainer_state,
+    save_training_checkpoint,
+)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# --------------------------------------------------------------------------- forward steps
+
+def forward_language_model(model: Any, batch: dict[str, torch.Tensor]
+                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Pretraining and SFT: mean cross entropy over the target tokens (labels != -100)."""
+    output = model(batch["input_ids"], labels=batch["labels"],
+                   attention_mask=batch.get("attention_mask"))
+    return output.loss, {}
+
+
+def forward_dpo(model: Any, batch: dict[str, torch.Tensor], *, reference: torch.nn.Module,
+                beta: float, label_smoothing: float
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """DPO: chosen and rejected go through the policy as one batch of 2B sequences."""
+    pair = {key: torch.cat([batch[f"chosen_{key}"], batch[f"rejected_{key}"]])
+            for key in ("input_ids", "labels", "attention_mask")}
+    policy_logps = sequence_log_prob(model.module.token_log_probs(**pair))
+    with torch.no_grad():
+        reference_logps = sequence_log_prob(reference.token_log_probs(**pair))
+    half = batch["chosen_input_ids"].shape[0]
+    out = dpo_loss(policy_logps[:half], policy_logps[half:], reference_logps[:half],
+                   reference_logps[half:], beta=beta, label_smoothing=label_smoothing)
+    return out.loss, {"rewards/chosen": out.chosen_rewards.mean(),
+                      "rewards/rejected": out.rejected_rewards.mean(),
+                      "rewards/accuracies": out.reward_accuracy,
+                      "rewards/margins": out.reward_margin}
+
+
+# --------------------------------------------------------------------------- stop signals
+
+class StopSignal:
+    """While active, SIGTERM / SIGINT only set a flag: the loop finishes the step, all ranks
+    agree to stop, save a checkpoint and exit with 128 + signal (so a supervisor knows the run
+    is not finished). The previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __enter__(self) -> StopSignal:
+        self.received: int | None = None
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signum
+
+
+def write_heartbeat(run_dir: Path, step: int) -> None:
+    """`monitor_process.py` watches this file to tell a slow run from a hung one."""
+    atomic_write_json(run_dir / "heartbeat", {"step": step, "time": time.time()}, indent=None)
+
+
+# --------------------------------------------------------------------------- the run
+
+def resolve_dtype(cfg: Config, env: DistributedEnv) -> str:
+    if cfg.dtype != "auto":
+        return cfg.dtype
+    if env.device.type == "cpu":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def build_ddp_and_optimizer(cfg: Config, model: torch.nn.Module, dtype_name: str
+                            ) -> tuple[DistributedDataParallel, Any, Any]:
+    """Our DDP around the model, the optimizer, and the comm hook's state (PowerSGD) or None."""
+    ddp = DistributedDataParallel(model, DistributedDataParallelConfig(
+        bucket_size=cfg.bucket_size, overlap_grad_reduce=cfg.overlap_grad_reduce,
+        use_distributed_optimizer=cfg.use_distributed_optimizer,
+        grad_reduce_in_fp32=cfg.grad_reduce_in_fp32, allow_unused_params=False))
+    optimizer_config = OptimizerConfig(
+        lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1,
+        adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, clip_grad=cfg.grad_clip,
+        params_dtype=dtype_name, use_distributed_optimizer=cfg.use_distributed_optimizer,
+        overlap_param_gather=cfg.overlap_param_gather, cpu_offload=cfg.cpu_offload,
+        initial_loss_scale=cfg.initial_loss_scale, min_loss_scale=cfg.min_loss_scale,
+        loss_scale_window=cfg.loss_scale_window, hysteresis=cfg.hysteresis)
+    return ddp, *build_optimizer_and_comm_hook(cfg, ddp, optimizer_config)
+
+
+def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopSignal) -> int:
+    run_dir = Path(cfg.out_dir)
+    dtype_name = resolve_dtype(cfg, env)
+    log = MetricsLogger(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
+
+    # Resume point: rank 0 verifies the checkpoints, every rank loads the one it names.
+    resume_dir = None
+    if cfg.resume:
+        resume_dir, problem = broadcast_from_main(_find_resume_checkpoint(run_dir)
+                                                  if env.is_main else None, env)
+        if problem:
+            raise SystemExit(f"error: --resume: {problem}")
+    if env.is_main:
+        save_config(cfg, run_dir)
+        for note in notes:
+            print(note, flush=True)
+
+    # Data: each rank reads its own disjoint positions of one global, seeded order.
+    tokenizer = load_tokenizer(cfg.tokenizer_dir)
+    train_dataset, valid_dataset, collate_fn = build_datasets(
+        cfg.task_type, cfg.data_dir, cfg.tokenizer_dir, cfg.max_seq_len, seed=cfg.seed)
+    sampler = StatefulDistributedSampler(len(train_dataset), env.rank, env.world_size, cfg.seed)
+    global_batch = cfg.batch_size * cfg.gradient_accumulation_steps * env.world_size
+
+    # Model -> our DDP -> optimizer. All ranks seed alike so they build identical weights.
+    seed_everything(cfg.seed)
+    model = build_model(cfg, len(tokenizer), resume_dir).to(env.device, DTYPES[dtype_name])
+    ddp, optimizer, comm_hook_state = build_ddp_and_optimizer(cfg, model, dtype_name)
+    schedule = LRSchedule(cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters, cfg.lr_schedule)
+
+    forward_step = forward_language_model
+    if cfg.task_type == "dpo":
+        # The reference is the SFT model we started from: always `init_from`, never a copy of
+        # the policy (after a resume the policy has moved on).
+        reference = load_pretrained(cfg.init_from).to(env.device, DTYPES[dtype_name]).eval()
+        reference.requires_grad_(False)
+        forward_step = functools.partial(forward_dpo, reference=reference, beta=cfg.dpo_beta,
+                                         label_smoothing=cfg.dpo_label_smoothing)
+
+    # Counters and state, fresh or from the checkpoint.
+    step, tokens_seen, best_val_loss = 0, 0, None
+    seed_everything(cfg.seed + env.rank)  # dropout differs per rank, reproducibly
+    if resume_dir is not None:
+        state = load_trainer_state(resume_dir)
+        step, tokens_seen = state["step"], state["tokens_seen"]
+        best_val_loss = state["best_val_loss"]
+        optimizer.load_checkpoint(resume_dir / "optim")
+        sampler.load_state_dict(state["sampler"])
+        rank_state = load_rank_state(resume_dir, env, state["world_size"])
+        if rank_state is None:
+            print(f"rank {env.rank}: world size changed ({state['world_size']} -> "
+                  f"{env.world_size}); RNG and comm-hook state restart", flush=True)
+            seed_everything(cfg.seed + env.rank + step)
+        else:
+            restore_rng_state(rank_state["rng"])
+            if comm_hook_state is not None:
+                comm_hook_state.load_state_dict(rank_state["comm_hook"])
+        log.log("resume", step, checkpoint=str(resume_dir))
+    # A dedicated generator: creating a DataLoader iterator draws a seed from it, and that
+    # draw must not shift the global RNG streams between a continuous and a resumed run.
+    train_loader = DataLoader(train_dataset, batch_size=cfg.batch_size, sampler=sampler,
+                              collate_fn=collate_fn, num_workers=cfg.num_workers,
+                              generator=torch.Generator().manual_seed(cfg.seed + step),
+                              pin_memory=env.device.type == "cuda")
+    train_batches = iter(train_loader)
+    valid_batches = eval_loader(valid_dataset, collate_fn, cfg.batch_size, cfg.eval_iters, env)
+    num_params = sum(p.numel() for p in model.parameters())
+    log.log("run", step, quiet=True, effective_batch=global_batch, world_size=env.world_size,
+            dtype=dtype_name, device=str(env.device), num_params=num_params)
+    if env.is_main:
+        print(f"effective batch: {cfg.batch_size} x {cfg.gradient_accumulation_steps} x "
+              f"{env.world_size} = {global_batch} sequences | {dtype_name} on {env.device} | "
+              f"{num_params:,} params", flush=True)
+
+    def evaluate() -> dict[str, Any]:
+        model.eval()
+        if cfg.task_type == "dpo":
+            metrics = evaluate_with_forward_step(functools.partial(forward_step, ddp),
+                                                 valid_batches, env)
+        else:
+            metrics = evaluate_language_model(ddp, valid_batches, tokenizer, env)
+        if env.is_main and cfg.eval_prompts:
+            samples = generate_samples(model, tokenizer, cfg.eval_prompts,
+                                       chat=cfg.task_type != "pretrain",
+                                       max_new_tokens=cfg.max_new_tokens, device=env.device)
+            log.log("samples", step, quiet=True, samples=samples)
+            for sample in samples:
+                print(f"  [sample] {sample['prompt']!r} -> {sample['completion']!r}")
+        model.train()
+        return metrics
+
+    def save(val_loss: float | None) -> Path:
+        return save_training_checkpoint(
+            env, run_dir / "ckpt", step, model=model, optimizer=optimizer,
+            trainer_state={"step": step, "tokens_seen": tokens_seen,
+                           "consumed_samples": step * global_batch,
+                           "sampler": sampler.state_dict_at(step * global_batch),
+                           "lr_schedule": schedule.state_dict(), "best_val_loss": best_val_loss,
+                           "config": cfg.to_dict()},
+            comm_hook_state=comm_hook_state and comm_hook_state.state_dict(),
+            keep_last=cfg.keep_last, val_loss=val_loss)
+
+    # ------------------------------------------------------------------ the training loop
+    stop_step = min(cfg.stop_at_iter or cfg.max_iters, cfg.max_iters)
+    meter = ThroughputMeter(model, cfg.max_seq_len, dtype_name, cfg.peak_flops, env)
+    stop_requested = False
+    if cfg.eval_at_start and resume_dir is None:
+        log.log("eval", step, **evaluate())  # the untrained baseline (about ln(vocab))
+    model.train()
+    if env.is_main:
+        write_heartbeat(run_dir, step)
+    while step < stop_step:
+        meter.start_step()
+        lr = schedule(step)
+        optimizer.set_lr(lr)
+        optimizer.zero_grad()
+        loss_sum = torch.zeros((), device=env.device)
+        extra_sums: dict[str, torch.Tensor] = {}
+        for micro_step in range(cfg.gradient_accumulation_steps):
+            batch = to_device(next(train_batches), env.device)
+            last_micro_step = micro_step == cfg.gradient_accumulation_steps - 1
+            with contextlib.nullcontext() if last_micro_step else ddp.no_sync():
+                loss, extras = forward_step(ddp, batch)
+                optimizer.scale_loss(loss / cfg.gradient_accumulation_steps).backward()
+            loss_sum += loss.detach().float()
+            for key, value in extras.items():
+                extra_sums[key] = extra_sums.get(key, 0.0) + value.detach().float()
+            meter.count_batch(batch)
+        ddp.finish_grad_sync()
+        stepped, grad_norm = optimizer.step()
+        step += 1
+        # One small all-reduce per step: did any rank get a stop signal, and the step's tokens.
+        stop_votes, step_tokens = all_reduce_sum(
+            [float(stop_signal.received is not None), meter.local_step_tokens], env)
+        stop_requested = stop_votes > 0
+        tokens_seen += int(step_tokens)
+        meter.end_step(step_tokens, ddp.comm_bytes_last_step)
+        if env.is_main:
+            write_heartbeat(run_dir, step)
+
+        if step % cfg.log_interval == 0 or step == stop_step or stop_requested:
+            names = ["loss", *extra_sums]
+            averages = all_reduce_sum([float(loss_sum), *map(float, extra_sums.values())], env)
+            per_step = cfg.gradient_accumulation_steps * env.world_size
+            log.log("train", step, lr=lr, grad_norm=grad_norm, skipped=not stepped,
+                    tokens=tokens_seen, **{n: a / per_step for n, a in zip(names, averages)},
+                    **meter.report())
+
+        finished = step == stop_step or stop_requested
+        val_loss = None
+        if step % cfg.eval_interval == 0 or finished:
+            metrics = evaluate()
+            val_loss = metrics["val_loss"]
+            log.log("eval", step, **metrics)
+            if best_val_loss is None or val_loss < best_val_loss:
+                best_val_loss = val_loss
+        if step % cfg.save_interval == 0 or finished:
+            path = save(val_loss)
+            if env.is_main:
+                print(f"saved checkpoint {path}", flush=True)
+        if stop_requested:
+            break
+
+    if env.is_main:
+        environment = {"device": str(env.device), "world_size": env.world_size,
+                       "dtype": dtype_name, "threads_per_rank": torch.get_num_threads()}
+        report = write_report(run_dir, cfg, environment, meter.summary(), tokenizer.fingerprint)
+        print(f"report: {report}", flush=True)
+    log.close()
+    if stop_requested:
+        name = signal.Signals(stop_signal.received or signal.SIGTERM).name
+        print(f"stopped by {name} at step {step} (checkpoint saved)", flush=True)
+        return 128 + (stop_signal.received or signal.SIGTERM)
+    return 0
+
+
+def _find_resume_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
+    """(newest valid checkpoint, None) or (None, why there is none); damaged ones warn."""
+    try:
+        return resolve_checkpoint(run_dir), None
+    except CheckpointError as error:
+        return None, str(error)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, notes = config_from_argv(argv)
+    if cfg.task_type == "dpo" and not cfg.init_from:
+        raise SystemExit("error: --task_type=dpo needs --init_from=<the SFT model>: it is both "
+                         "the starting policy and the frozen reference")
+    env = init_distributed(cfg.device, cfg.num_threads)
+    try:
+        with StopSignal() as stop_signal:
+            return train(cfg, notes, env, stop_signal)
+    finally:
+        shutdown_distributed(env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
