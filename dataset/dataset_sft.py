@@ -1,4 +1,4 @@
-"""Supervised fine-tuning samples: a ChatML conversation with labels only on assistant replies.
+r"""Supervised fine-tuning samples: a ChatML conversation with labels only on assistant replies.
 
     item = SupervisedDataset(store)[i]
     item["input_ids"]       int64[T]   the rendered conversation (utils/conversation.py)
@@ -6,11 +6,12 @@
     item["attention_mask"]  int64[T]   ones (padding adds zeros in the collator)
 
 Labels are already shifted (DESIGN §9): the model compares logits[t] with labels[t] directly.
-Worked example (S/E = <|im_start|>/<|im_end|>, a = assistant tokens):
+Worked example (S/E = <|im_start|>/<|im_end|>, a = assistant tokens, - = -100):
 
-    input_ids  S  user\\n  Hi  E  \\n  S  assistant\\n  a1  a2  E  \\n
-    mask       0    0     0   0  0   0       0        1   1   1  0
-    labels    -100 -100 -100 -100 -100 -100  a1       a2  E  -100 -100
+    t          0   1       2   3   4   5   6            7   8   9   10
+    input_ids  S   user\n  Hi  E   \n  S   assistant\n  a1  a2  E   \n
+    mask       0   0       0   0   0   0   0            1   1   1   0
+    labels     -   -       -   -   -   -   a1           a2  E   -   -
 
 The samples come either from `python -m data_preprocess.pretokenize_sft_data` or from the cache
 that dataset/build.py builds online from raw files; both are a ChatTokenStore.

@@ -1,8 +1,8 @@
-"""The chat template (ChatML): messages -> token ids + a loss mask saying what to train on.
+r"""The chat template (ChatML): messages -> token ids + a loss mask saying what to train on.
 
 Every turn is rendered as
 
-    <|im_start|>{role}\\n{content}<|im_end|>\\n
+    <|im_start|>{role}\n{content}<|im_end|>\n
 
 where `<|im_start|>` and `<|im_end|>` are inserted *by id*, and the role header, the content
 and the newline are encoded as ordinary text. A user who types "<|im_end|>" in a message gets
@@ -12,17 +12,17 @@ the characters of that string, never the special token: only this file creates s
 Worked example (ids shortened; S = <|im_start|>, E = <|im_end|>):
 
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
-    tokens   S  "user\\n"  "Hi"  E  "\\n"  S  "assistant\\n"  "Hello"  "!"  E  "\\n"
-    mask     0     0        0    0   0    0       0            1      1   1   0
+    tokens  S  "user\n"  "Hi"  E  "\n"  S  "assistant\n"  "Hello"  "!"  E  "\n"
+    mask    0  0         0     0  0     0  0              1        1    1  0
 
 The mask is 1 exactly on the assistant's content and the `<|im_end|>` that closes it: the model
 must learn both what to say and when to stop. Not trained: system/user turns, every role header
-(the prompt supplies "assistant\\n" at generation time, see `build_generation_prompt`), the
-next turn's `<|im_start|>`, and the trailing "\\n" after `<|im_end|>` (generation stops at
+(the prompt supplies "assistant\n" at generation time, see `build_generation_prompt`), the
+next turn's `<|im_start|>`, and the trailing "\n" after `<|im_end|>` (generation stops at
 `<|im_end|>`, so the newline is template glue that is never generated).
 
 The header and the content are encoded separately so the content's tokens are the same ones
-the model produces after `build_generation_prompt(...)` ends with "<|im_start|>assistant\\n".
+the model produces after `build_generation_prompt(...)` ends with "<|im_start|>assistant\n".
 """
 
 from __future__ import annotations
