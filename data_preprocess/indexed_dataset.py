@@ -34,6 +34,7 @@ complete (utils/atomic_io), so no reader ever sees a half-written `.bin` or `.id
 
 from __future__ import annotations
 
+import array
 import contextlib
 import struct
 from collections.abc import Sequence
@@ -73,8 +74,9 @@ class IndexedDatasetWriter:
             writer.add_document([[17, 42, 7]])      # one document, one sequence
             writer.add_document([[9], [100, 3]])    # one document, two sequences
 
-    Only the sequence lengths (12 bytes per sequence) stay in memory, never the tokens. If the
-    block raises, neither file appears and whatever was at the final names is left untouched.
+    Only the sequence lengths and document indices (12 bytes per sequence) stay in memory,
+    never the tokens. If the block raises, neither file appears and whatever was at the final
+    names is left untouched.
     """
 
     def __init__(self, prefix: str | Path, dtype: type) -> None:
@@ -82,8 +84,9 @@ class IndexedDatasetWriter:
             raise ValueError(f"dtype {dtype} has no MMIDIDX code; use one of {list(DTYPE_CODES)}")
         self.bin_path, self.idx_path = prefix_paths(prefix)
         self.dtype = dtype
-        self.sequence_lengths: list[int] = []
-        self.document_indices: list[int] = [0]
+        # Compact C arrays, not lists: 12 bytes per sequence instead of ~70 for Python ints.
+        self.sequence_lengths = array.array("i")  # int32
+        self.document_indices = array.array("q", [0])  # int64
         self._files = contextlib.ExitStack()
         self._bin_file: IO[Any] | None = None
 
@@ -101,7 +104,7 @@ class IndexedDatasetWriter:
         """Fast path: many sequences already concatenated into one array of `self.dtype`."""
         assert tokens.dtype == self.dtype and tokens.size == sum(sequence_lengths)
         self._bin_file.write(tokens.tobytes())  # .bin: the ids, back to back, nothing else
-        self.sequence_lengths.extend(int(length) for length in sequence_lengths)
+        self.sequence_lengths.extend(sequence_lengths)
 
     def end_documents(self, sequences_per_document: int) -> None:
         """Close documents over the sequences added since the last boundary, n per document."""
@@ -115,7 +118,7 @@ class IndexedDatasetWriter:
             self._files.__exit__(exc_type, exc, traceback)  # removes the temp .bin
             return
         self._files.close()  # .bin complete: fsync + rename to its final name
-        lengths = np.array(self.sequence_lengths, dtype=np.int32)
+        lengths = np.frombuffer(self.sequence_lengths, dtype=np.int32)
         itemsize = np.dtype(self.dtype).itemsize
         offsets = np.zeros(len(lengths), dtype=np.int64)
         np.cumsum(lengths[:-1], dtype=np.int64, out=offsets[1:])
@@ -128,7 +131,7 @@ class IndexedDatasetWriter:
             idx.write(struct.pack("<Q", len(self.document_indices)))  # uint64: document count
             idx.write(lengths.tobytes())  # int32 per sequence: its length in tokens
             idx.write(offsets.tobytes())  # int64 per sequence: its byte offset in .bin
-            idx.write(np.array(self.document_indices, dtype=np.int64).tobytes())  # int64 each
+            idx.write(np.frombuffer(self.document_indices, np.int64).tobytes())  # int64 each
 
 
 class IndexedDataset:
