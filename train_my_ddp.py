@@ -249,6 +249,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         return metrics
 
     def save(val_loss: float | None) -> Path:
+        if hasattr(optimizer, "finish_param_sync"):  # ZeRO-1 with overlapped param all-gather:
+            optimizer.finish_param_sync()             # the model must hold the updated weights
         return save_training_checkpoint(
             env, run_dir / "ckpt", step, model=model, optimizer=optimizer,
             trainer_state={"step": step, "tokens_seen": tokens_seen,

@@ -80,6 +80,8 @@ def test_dpo_resume_keeps_the_sft_reference(data, tmp_path):
 TWO_RANK_VARIANTS = {
     "ddp": [],
     "zero1": ["--use_distributed_optimizer"],
+    "zero1_overlap": ["--use_distributed_optimizer", "--overlap_param_gather",
+                      "--overlap_grad_reduce", "--bucket_size=5000"],
     "powersgd": ["--comm_hook=powersgd", "--powersgd_warmup_iters=2"],  # compressing from step 3
     "overlap_optim": ["--comm_hook=overlap_optim", "--grad_clip=0"],
 }
