@@ -10,7 +10,7 @@ It keeps the run-dir contract of the real trainer (DESIGN §7) and nothing else:
 - checkpoints `ckpt/step_%06d/` with `state.json` + `manifest.json` (written last), built in a
   temporary dir and renamed; `--resume` loads the newest one whose manifest exists and appends
   `{"kind": "resume", "step", "checkpoint"}` to metrics.jsonl;
-- SIGTERM: save a checkpoint at the end of the current step, write `sigterm_step`, exit 0;
+- SIGTERM/SIGINT: checkpoint at the end of the current step, write `stop_step`, exit 0;
 - failure knobs: `--crash_at_step N` (exit 3 on reaching step N, in every attempt),
   `--crash_after_steps K` (exit 3 after K steps of each attempt), `--fail_at_start CODE`,
   `--spawn_rank` (start a second process in a session of its own, as torchrun starts its
@@ -77,8 +77,9 @@ def main() -> int:
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sigterm = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: sigterm.append(signum))
+    stop_requested = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: stop_requested.append(signum))
     if args.spawn_rank:
         rank = subprocess.Popen([sys.executable, "-c", STUCK_RANK], start_new_session=True)
         (out_dir / "rank_pid").write_text(str(rank.pid))
@@ -99,10 +100,10 @@ def main() -> int:
         if step == args.crash_at_step or steps_this_attempt == args.crash_after_steps:
             return 3
         atomic_write_json(out_dir / "heartbeat", {"step": step, "time": time.time()})
-        if step % args.save_interval == 0 or step == args.max_iters or sigterm:
+        if step % args.save_interval == 0 or step == args.max_iters or stop_requested:
             save_checkpoint(out_dir, step, state)
-        if sigterm:
-            (out_dir / "sigterm_step").write_text(str(step))
+        if stop_requested:
+            (out_dir / "stop_step").write_text(str(step))
             return 0
     atomic_write_json(out_dir / "final_state.json", {"step": step, "state": state})
     if args.spawn_rank:

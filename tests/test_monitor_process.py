@@ -257,16 +257,17 @@ def test_a_hang_is_detected_and_the_whole_group_killed_and_restarted(tmp_path):
             == reference_state(tmp_path, ["--max_iters", "30"]))
 
 
-def test_sigterm_is_forwarded_and_nothing_restarts(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["term", "int"])
+def test_a_stop_signal_is_forwarded_and_nothing_restarts(tmp_path, signum):
     run_dir = tmp_path / "run"
     monitor = start_monitor(run_dir, ["--max_iters", "1000", "--step_time", "0.03"])
     wait_for(lambda: heartbeat(run_dir) >= 3)
-    monitor.send_signal(signal.SIGTERM)
+    monitor.send_signal(signum)
     stderr = finish(monitor)
-    assert monitor.returncode == 128 + signal.SIGTERM
+    assert monitor.returncode == 128 + signum
     # The trainer got the signal, checkpointed the step it was on and exited on its own.
-    stopped_at = int((run_dir / "sigterm_step").read_text())
+    stopped_at = int((run_dir / "stop_step").read_text())
     assert (run_dir / "ckpt" / f"step_{stopped_at:06d}" / "manifest.json").exists()
-    assert "signal=SIGTERM forwarded" in events(run_dir, "STOP")[0]
+    assert f"signal={signal.Signals(signum).name} forwarded" in events(run_dir, "STOP")[0]
     assert len(events(run_dir, "START")) == 1 and events(run_dir, "RESTART") == []
     assert "result=interrupted" in stderr
