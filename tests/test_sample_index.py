@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -90,3 +91,13 @@ def test_changed_token_files_are_refused(tmp_path, change):
             writer.add_document([rng.integers(0, 100, size=77)])
     with pytest.raises(ValueError, match=f"{victim}.bin"):
         PretokDatasetWithIndex(tmp_path, 2, "train")
+
+
+def test_pickling_does_not_copy_the_maps(tmp_path):
+    """DataLoader workers receive the dataset pickled: it must carry paths, not token arrays."""
+    write_token_files(tmp_path, np.random.default_rng(), num_files=2)
+    sample_index.build_sample_index(tmp_path, 2, valid_samples=1)
+    dataset = PretokDatasetWithIndex(tmp_path, 2, "train")
+    first = dataset[0]["input_ids"].tolist()  # opens the maps in this process
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert clone._maps is None and clone[0]["input_ids"].tolist() == first
