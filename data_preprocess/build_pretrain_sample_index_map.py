@@ -133,8 +133,9 @@ def build_sample_index(data_dir: str | Path, max_seq_len: int,
     if num_slots < 2:
         raise ValueError(f"{data_dir}: only {num_slots} samples of {max_seq_len + 1} tokens; "
                          "need at least 2 (train + valid): lower --max_seq_len or add data")
-    if valid_samples is None:  # a ratio: at least one valid sample, never all of them
-        valid_samples = min(max(1, round(valid_ratio * num_slots)), num_slots - 1)
+    if valid_samples is None:  # a ratio > 0: at least one valid sample, never all of them
+        wanted = max(1, round(valid_ratio * num_slots)) if valid_ratio > 0 else 0
+        valid_samples = min(wanted, num_slots - 1)
     if not 0 <= valid_samples < num_slots:
         raise ValueError(f"{data_dir}: {num_slots} samples in total; cannot hold out "
                          f"{valid_samples} for validation")
