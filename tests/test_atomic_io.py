@@ -25,3 +25,12 @@ def test_crash_mid_write_leaves_old_file_and_no_temp(tmp_path):
 def test_read_mode_is_refused(tmp_path):
     with pytest.raises(ValueError), atomic_open(tmp_path / "x", "rb"):
         pass
+
+
+def test_final_file_gets_default_permissions_not_mkstemp_0600(tmp_path):
+    import os
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x")
+    atomic = tmp_path / "atomic"
+    atomic_write_json(atomic, [1])
+    assert os.stat(atomic).st_mode & 0o777 == os.stat(plain).st_mode & 0o777

@@ -19,6 +19,12 @@ from pathlib import Path
 from typing import IO, Any
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def fsync_dir(directory: str | os.PathLike) -> None:
     """Make a rename or file creation inside `directory` durable."""
     fd = os.open(directory, os.O_RDONLY)
@@ -37,6 +43,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     try:
+        # mkstemp creates 0600 files; give the final file the permissions `open` would have.
+        os.chmod(tmp_name, 0o666 & ~_current_umask())
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()
