@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import shlex
 import signal
@@ -68,6 +67,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+from utils.process_tree import RunProcesses
+from utils.run_progress import HeartbeatWatch, ResumeLines, heartbeat_step, newest_checkpoint_step
 
 EXIT_GAVE_UP = 1
 EXIT_STUCK = 3
@@ -134,97 +136,6 @@ def backoff_delay(restart_index: int, base: float, cap: float) -> float:
     return min(base * 2.0 ** restart_index, cap)
 
 
-# ---- what the run dir says ----------------------------------------------------------------------
-
-def read_json_or_none(path: Path) -> dict | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def newest_checkpoint_step(run_dir: Path) -> int | None:
-    """The highest `"step"` among `ckpt/step_*/manifest.json`; a dir without one is unfinished.
-
-    The trainer also verifies sizes and sha256 before loading; this is the supervisor's cheap
-    view for the log, so it only needs the manifest (written last) to exist and parse.
-    """
-    steps = []
-    for manifest_path in run_dir.glob("ckpt/step_*/manifest.json"):
-        manifest = read_json_or_none(manifest_path)
-        if manifest is not None and isinstance(manifest.get("step"), int):
-            steps.append(manifest["step"])
-    return max(steps, default=None)
-
-
-def heartbeat_step(run_dir: Path) -> int | None:
-    beat = read_json_or_none(run_dir / "heartbeat")
-    return beat.get("step") if beat is not None else None
-
-
-class HeartbeatWatch:
-    """Decides "hung" from how long the heartbeat file has not changed, timed on *our* clock.
-
-    Comparing file contents, not the trainer's `time` field, makes clock skew between hosts
-    irrelevant. The file left by an earlier attempt does not count as a beat of this one.
-    """
-
-    def __init__(self, path: Path, startup_timeout: float, heartbeat_timeout: float):
-        self.path = path
-        self.startup_timeout = startup_timeout
-        self.heartbeat_timeout = heartbeat_timeout
-        self.last_content = self._read()
-        self.last_change = time.monotonic()
-        self.seen_beat = False
-
-    def _read(self) -> bytes | None:
-        try:
-            return self.path.read_bytes()
-        except OSError:
-            return None
-
-    def overdue_seconds(self) -> float | None:
-        """Seconds of silence if past the limit (startup or heartbeat), else None."""
-        if self.heartbeat_timeout <= 0:
-            return None
-        content = self._read()
-        if content is not None and content != self.last_content:
-            self.last_content, self.last_change, self.seen_beat = content, time.monotonic(), True
-        silence = time.monotonic() - self.last_change
-        limit = self.heartbeat_timeout if self.seen_beat else self.startup_timeout
-        return silence if silence > limit else None
-
-
-class ResumeLines:
-    """Yields the trainer's `{"kind": "resume"}` lines appended to metrics.jsonl since creation."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
-
-    def new(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as handle:
-                if os.fstat(handle.fileno()).st_size < self.offset:
-                    self.offset = 0  # the file was replaced: read it from the start
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except OSError:
-            return []
-        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
-        self.offset += len(complete)
-        found = []
-        for line in complete.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("kind") == "resume":
-                found.append(record)
-        return found
-
-
 # ---- the event log -----------------------------------------------------------------------------
 
 class EventLog:
@@ -255,57 +166,6 @@ def repeats_without_progress(failures: list[Attempt], stuck_after: int) -> bool:
     """True when the last `stuck_after` failures all ended at the same step (0: never)."""
     recent = failures[-stuck_after:] if stuck_after > 0 else []
     return len(recent) == stuck_after > 0 and len({failure.step for failure in recent}) == 1
-
-
-def proc_stat(pid: int | str) -> list[str] | None:
-    """Fields 3.. of /proc/<pid>/stat (state, ppid, ..., starttime at [19]); None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces
-
-
-class RunProcesses:
-    """Every process of one attempt: its process group, plus each descendant ever seen.
-
-    The group alone is not enough: torchrun starts each rank in a session of its own, so
-    `killpg` on torchrun's group misses the ranks, and a rank outliving torchrun is re-parented
-    to init, so it must be remembered before that happens. `refresh()` (every poll) records
-    descendants as (pid, start time) from /proc, the start time guarding against pid reuse.
-    Without /proc (not Linux) only the process group is reached.
-    """
-
-    def __init__(self, leader: subprocess.Popen):
-        self.leader = leader
-        self.known: dict[int, str] = {}  # pid -> start time
-
-    def refresh(self) -> None:
-        stats = {int(name): fields for name in os.listdir("/proc") if name.isdigit()
-                 and (fields := proc_stat(name)) is not None} if Path("/proc").is_dir() else {}
-        self.known = {pid: start for pid, start in self.known.items()
-                      if pid in stats and stats[pid][19] == start and stats[pid][0] != "Z"}
-        parents = {self.leader.pid, *self.known}
-        while True:
-            children = {pid for pid, fields in stats.items() if int(fields[1]) in parents
-                        and pid not in parents and fields[0] != "Z"}
-            if not children:
-                break
-            parents |= children
-            self.known.update({pid: stats[pid][19] for pid in children})
-
-    def alive(self) -> bool:
-        self.refresh()
-        return self.leader.poll() is None or bool(self.known)
-
-    def signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.leader.pid, signum)
-        for pid, start in self.known.items():
-            fields = proc_stat(pid)
-            if fields is not None and fields[19] == start:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signum)
 
 
 class Supervisor:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import monitor_process as mp
+from utils import run_progress
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_TRAINER = [sys.executable, "-m", "tests.fake_trainer"]
@@ -138,14 +139,14 @@ def test_newest_checkpoint_ignores_dirs_without_manifest(tmp_path):
     unfinished = tmp_path / "ckpt" / f"step_{steps[-1] + 1:06d}"
     unfinished.mkdir()
     (unfinished / "model.safetensors").write_bytes(os.urandom(64))
-    assert mp.newest_checkpoint_step(tmp_path) == steps[-1]
-    assert mp.newest_checkpoint_step(tmp_path / "empty") is None
+    assert run_progress.newest_checkpoint_step(tmp_path) == steps[-1]
+    assert run_progress.newest_checkpoint_step(tmp_path / "empty") is None
 
 
 def test_resume_lines_wait_for_a_complete_line(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps({"kind": "resume", "step": 1}) + "\n")  # an earlier attempt's
-    reader = mp.ResumeLines(metrics)
+    reader = run_progress.ResumeLines(metrics)
     step = random.randint(2, 10**6)
     line = json.dumps({"kind": "resume", "step": step, "checkpoint": "c"}) + "\n"
     with open(metrics, "a") as handle:
@@ -220,7 +221,7 @@ def test_a_run_that_keeps_failing_stops_after_max_restarts(tmp_path, trainer_arg
     assert len(events(run_dir, "RESTART")) == max_restarts
     assert "result=gave_up" in events(run_dir, "SUMMARY")[0]
     # --resume only when there is a checkpoint to resume from (the trainer refuses otherwise).
-    has_checkpoint = mp.newest_checkpoint_step(run_dir) is not None
+    has_checkpoint = run_progress.newest_checkpoint_step(run_dir) is not None
     assert [" --resume" in line for line in events(run_dir, "START")[1:]] \
         == [has_checkpoint] * max_restarts
 

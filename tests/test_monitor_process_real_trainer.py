@@ -27,6 +27,7 @@ from tests.train_helpers import (
     tiny_training_data,
     train_losses,
 )
+from utils import run_progress
 
 REPO = Path(__file__).resolve().parents[1]
 TOTAL_STEPS = 40
@@ -82,9 +83,7 @@ def leader_pids(run_dir: Path) -> list[int]:
 
 
 def heartbeat_step(run_dir: Path) -> int:
-    import monitor_process
-
-    return monitor_process.heartbeat_step(run_dir) or 0
+    return run_progress.heartbeat_step(run_dir) or 0
 
 
 def wait_until(condition, what: str, timeout: float = 240) -> None:
