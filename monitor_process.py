@@ -89,7 +89,7 @@ class MonitorConfig:
     startup_timeout: float = field(default=1800.0, metadata={
         "help": "grace before the first heartbeat of each attempt (start-up, compile)"})
     kill_grace: float = field(default=30.0, metadata={
-        "help": "seconds between SIGTERM and SIGKILL when killing the run's process group"})
+        "help": "seconds between SIGTERM and SIGKILL when killing the run's processes"})
     stuck_after: int = field(default=3, metadata={
         "help": "give up after this many consecutive failures at the same step; 0 disables"})
     remote: str | None = field(default=None, metadata={
@@ -155,6 +155,13 @@ class EventLog:
 
 # ---- the supervisor ----------------------------------------------------------------------------
 
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # e.g. a real-time signal
+        return str(signum)
+
+
 @dataclass
 class Attempt:
     number: int
@@ -182,7 +189,7 @@ class Supervisor:
         self.start = time.monotonic()
 
     # Signal handlers run between two bytecodes of the main loop: they only record and forward
-    # (os.killpg is safe there); the main loop writes the log line.
+    # (os.kill is safe there); the main loop writes the log line, which is not.
     def on_stop_signal(self, signum: int, _frame: object) -> None:
         self.signals_received.append(signum)
         if self.processes is not None and self.process.returncode is None:
@@ -191,8 +198,8 @@ class Supervisor:
 
     def log_new_signals(self) -> None:
         for signum in self.signals_received[self.signals_logged:]:
-            action = ("forwarded to the run's process group; no restart"
-                      if self.signals_logged == 0 else "again: SIGKILL the run's process group")
+            action = ("forwarded to the run's processes; no restart"
+                      if self.signals_logged == 0 else "again: SIGKILL the run's processes")
             self.log.event("STOP", f"signal={signal.Signals(signum).name} {action}")
             self.signals_logged += 1
 
@@ -251,7 +258,7 @@ class Supervisor:
             if code == 0:
                 self.log.event("EXIT", f"attempt={number} code=0 step={step}")
                 return Attempt(number, None, step)
-            cause = f"exit code {code}" if code > 0 else f"signal {signal.Signals(-code).name}"
+            cause = f"exit code {code}" if code > 0 else f"signal {signal_name(-code)}"
             self.log.event("EXIT", f'attempt={number} cause="{cause}" step={step}')
         self.kill_run()
         return Attempt(number, cause, step)
