@@ -30,7 +30,7 @@ from tests.train_helpers import (
 from utils import run_progress
 
 REPO = Path(__file__).resolve().parents[1]
-TOTAL_STEPS = 40
+TOTAL_STEPS = 100  # steps take milliseconds: room for a late kill on a busy machine
 MONITOR_ARGS = ["--restart_delay", "0.05", "--max_restart_delay", "0.1", "--kill_grace", "10",
                 "--startup_timeout", "300"]
 
@@ -42,7 +42,7 @@ def data(tmp_path_factory, tiny_hf_tokenizer_dir):
 
 def trainer_args(data) -> list[str]:
     return [*TINY_ARGS, *data_args(data, "pretrain"), f"--max_iters={TOTAL_STEPS}",
-            "--save_interval=4", "--eval_interval=1000", "--keep_last=3"]
+            "--save_interval=5", "--eval_interval=1000", "--keep_last=3"]
 
 
 def start_monitor(run_dir: Path, monitor_args: list[str], command: list[str]):
@@ -121,7 +121,7 @@ def test_three_sigkills_one_mid_checkpoint_end_byte_identical(data, tmp_path):
     full, run_dir = tmp_path / "full", tmp_path / "supervised"
     assert run_main([*trainer_args(data), f"--out_dir={full}"]) == 0
     rng = random.Random()
-    first_kill = rng.randint(5, 12)  # after the first checkpoint (step 4): a real resume
+    first_kill = rng.randint(6, 20)  # after the first checkpoint (step 5): a real resume
     monitor = start_monitor(run_dir, ["--max_restarts", "5", "--heartbeat_timeout", "120"],
                             [sys.executable, "train_my_ddp.py", *trainer_args(data)])
     try:
@@ -130,14 +130,16 @@ def test_three_sigkills_one_mid_checkpoint_end_byte_identical(data, tmp_path):
         os.kill(leader_pids(run_dir)[0], signal.SIGKILL)
         wait_until(lambda: monitor.poll() is not None or len(leader_pids(run_dir)) == 2,
                    "the first relaunch")
+        assert monitor.poll() is None
         # 2: SIGKILL in the middle of writing a checkpoint.
         torn_step = kill_mid_checkpoint(run_dir, leader_pids(run_dir)[1],
                                         after_step=heartbeat_step(run_dir))
         assert (run_dir / "ckpt" / f".tmp_step_{torn_step:06d}").is_dir()  # left half-written
         wait_until(lambda: monitor.poll() is not None or len(leader_pids(run_dir)) == 3,
                    "the second relaunch")
+        assert monitor.poll() is None
         # 3: SIGKILL at a random later step.
-        last_kill = rng.randint(torn_step + 1, TOTAL_STEPS - 2)
+        last_kill = rng.randint(torn_step + 1, min(torn_step + 20, TOTAL_STEPS - 10))
         wait_until(lambda: heartbeat_step(run_dir) >= last_kill, f"step {last_kill}")
         os.kill(leader_pids(run_dir)[2], signal.SIGKILL)
         output = output_of(monitor, run_dir)
@@ -170,7 +172,7 @@ def rank_pids(leader: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds torchrun's ranks via /proc")
 def test_a_stopped_rank_of_torchrun_is_detected_and_the_run_restarted(data, tmp_path):
-    args = [*trainer_args(data), "--max_iters=12", "--save_interval=3"]
+    args = [*trainer_args(data), "--max_iters=12", "--save_interval=3"]  # later ones win
     full, run_dir = tmp_path / "full", tmp_path / "supervised"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc_per_node=2", "train_my_ddp.py", *args]
