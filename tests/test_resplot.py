@@ -37,7 +37,11 @@ def write_metrics(run_dir: Path, rng: random.Random, steps: int, dpo: bool = Fal
     for step in range(1, steps + 1):
         lines.append(json.dumps(train_record(rng, step, dpo)))
         if step % 5 == 0:
-            lines.append(json.dumps({"kind": "eval", "step": step, "val_loss": rng.uniform(2, 8)}))
+            evaluation = {"kind": "eval", "step": step, "val_loss": rng.uniform(2, 8)}
+            if dpo:
+                evaluation.update({f"val_rewards/{name}": rng.gauss(0, 1)
+                                   for name in resplot.DPO_REWARDS})
+            lines.append(json.dumps(evaluation))
     text = "\n".join(lines) + "\n"
     if torn_tail:  # a crash mid-write leaves half a line
         text += json.dumps(train_record(rng, steps + 1, dpo))[: rng.randint(1, 40)]
@@ -80,6 +84,12 @@ def test_dpo_metrics_add_the_rewards_plot_and_runs_are_overlaid(tmp_path):
     assert resplot.draw_panel(axes, resplot.FIGURES["loss.png"][0], runs)
     labels = {text.get_text() for text in axes.get_legend().get_texts()}
     assert labels == {"pretrain train", "pretrain valid", "dpo train", "dpo valid"}
+    # DPO panels: train and validation rewards of the DPO run only.
+    for panel in resplot.FIGURES["dpo_rewards.png"]:
+        axes = Figure().subplots()
+        assert resplot.draw_panel(axes, panel, runs)
+        assert {text.get_text() for text in axes.get_legend().get_texts()} \
+            == {"dpo train", "dpo valid"}
 
 
 def test_several_runs_need_an_output_dir(tmp_path):

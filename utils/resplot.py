@@ -10,6 +10,7 @@ What is drawn (a figure only when some run has its numbers, e.g. no DPO figure f
     loss_vs_tokens.png   the same vs tokens seen (eval points placed by their step's tokens)
     lr.png, tokens_per_sec.png, grad_norm.png (log scale: spikes stand out)
     dpo_rewards.png      rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies
+                         (train, and validation's val_rewards/* when evaluated)
 
 Each `{"kind": "resume"}` record is a dotted vertical line in its run's colour. Steps that a
 crash made the run repeat are logged twice; the later value (what the resumed run did) wins,
@@ -63,7 +64,9 @@ FIGURES: dict[str, tuple[Panel, ...]] = {
                                  (Curve("train", "tokens_per_sec", "tokens/s"),)),),
     "grad_norm.png": (Panel("gradient norm",
                             (Curve("train", "grad_norm", "grad norm"),), log_y=True),),
-    "dpo_rewards.png": tuple(Panel(f"rewards/{name}", (Curve("train", f"rewards/{name}", name),))
+    "dpo_rewards.png": tuple(Panel(f"rewards/{name}", (Curve("train", f"rewards/{name}", "train"),
+                                                       Curve("eval", f"val_rewards/{name}",
+                                                             "valid", "--")))
                              for name in DPO_REWARDS),
 }
 
