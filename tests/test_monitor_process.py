@@ -272,3 +272,28 @@ def test_a_stop_signal_is_forwarded_and_nothing_restarts(tmp_path, signum):
     assert f"signal={signal.Signals(signum).name} forwarded" in events(run_dir, "STOP")[0]
     assert len(events(run_dir, "START")) == 1 and events(run_dir, "RESTART") == []
     assert "result=interrupted" in stderr
+
+
+def test_remote_mode_runs_through_ssh_and_restarts(tmp_path):
+    """A stand-in `ssh` on PATH runs the remote line locally, checking the options it got."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    ssh = fake_bin / "ssh"
+    ssh.write_text('#!/bin/sh\n[ "$1 $2 $3 $4" = "-tt -o BatchMode=yes me@gpu-node" ] || exit 97\n'
+                   'exec /bin/sh -c "$5"\n')
+    ssh.chmod(0o755)
+    run_dir = tmp_path / "run"
+    trainer_args = ["--max_iters", "20", "--crash_after_steps", "12"]
+    monitor = subprocess.Popen(
+        [sys.executable, str(REPO / "monitor_process.py"), *FAST, "--remote", "me@gpu-node",
+         "--remote_dir", str(REPO), "--", *FAKE_TRAINER, "--out_dir", str(run_dir),
+         *trainer_args], cwd=tmp_path / "bin", stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"})
+    # (cwd is not the repo: the remote side must cd to --remote_dir to find tests.fake_trainer)
+    stderr = finish(monitor)
+    assert monitor.returncode == 0, stderr
+    assert all("command=ssh -tt -o BatchMode=yes me@gpu-node " in line
+               for line in events(run_dir, "START"))
+    assert len(events(run_dir, "RESTART")) == 1
+    assert (json.loads((run_dir / "final_state.json").read_text())
+            == reference_state(tmp_path, ["--max_iters", "20"]))
