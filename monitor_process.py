@@ -337,8 +337,9 @@ def parse_args(argv: list[str]) -> tuple[MonitorConfig, list[str]]:
         usage="python monitor_process.py [options] -- <training command ...>")
     for option in dataclasses.fields(MonitorConfig):
         kind = {"int": int, "float": float}.get(str(option.type), str)
+        default = "" if option.default is None else f" (default: {option.default})"
         parser.add_argument(f"--{option.name}", type=kind, default=option.default,
-                            help=f"{option.metadata['help']} (default: {option.default})")
+                            help=option.metadata["help"] + default)
     if "--" not in argv:
         parser.parse_args(argv)  # answers --help; otherwise falls through to the error below
         parser.error("put the training command after `--`")

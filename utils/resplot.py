@@ -220,7 +220,8 @@ def metrics_signature(run_dirs: list[Path]) -> list[tuple[int, int] | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Plot the metrics.jsonl of one or more runs.")
+    parser = argparse.ArgumentParser(prog="python -m utils.resplot",
+                                     description="Plot the metrics.jsonl of one or more runs.")
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (out/<run>)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write the PNGs (default: <run>/plots; needed for 2+ runs)")
