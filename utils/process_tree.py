@@ -39,7 +39,9 @@ class RunProcesses:
                  and (fields := proc_stat(name)) is not None} if Path("/proc").is_dir() else {}
         self.known = {pid: start for pid, start in self.known.items()
                       if pid in stats and stats[pid][19] == start and stats[pid][0] != "Z"}
-        parents = {self.leader.pid, *self.known}
+        parents = set(self.known)
+        if self.leader.returncode is None:  # once reaped, its pid may belong to someone else
+            parents.add(self.leader.pid)
         while True:
             children = {pid for pid, fields in stats.items() if int(fields[1]) in parents
                         and pid not in parents and fields[0] != "Z"}
@@ -53,10 +55,10 @@ class RunProcesses:
         return self.leader.poll() is None or bool(self.known)
 
     def signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.leader.pid, signum)
         for pid, start in self.known.items():
             fields = proc_stat(pid)
             if fields is not None and fields[19] == start:
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signum)
