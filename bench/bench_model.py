@@ -10,15 +10,19 @@ process's CPU time (the steadier ratio when other jobs compete for the cores). "
 our FLOP/s per CPU-second (6N + 12·L·H·Q·T per token, PaLM appendix B) over the best FLOP/s
 per CPU-second of a 1024^3 matmul in the same dtype: with one thread, CPU time is the time
 the work really ran, so waiting for a shared core does not count against either.
+Without --quick, a last table compares the peak memory of one training step (fresh process
+per measurement; RSS-based, so approximate to ~10%).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -30,12 +34,16 @@ from model.convert_to_hf import export_hf  # noqa: E402
 from model.modeling_z2all import Z2allForCausalLM  # noqa: E402
 
 # name -> (config overrides on the tiny preset, batch size, sequence length)
+_SIZE_25M = dict(vocab_size=8192, hidden_size=512, num_hidden_layers=7, num_attention_heads=8,
+                 num_key_value_heads=4)
 BENCH_MODELS = {
     "tiny 1x64": (dict(), 1, 64),  # latency-bound: per-op overhead dominates
     "tiny 8x256": (dict(), 8, 256),
-    "25M 2x256": (dict(vocab_size=8192, hidden_size=512, num_hidden_layers=7,
-                       num_attention_heads=8, num_key_value_heads=4), 2, 256),
+    "25M 2x256": (_SIZE_25M, 2, 256),
+    # memory only: a 32k vocabulary makes the logits the largest activation
+    "25M/32k-vocab 2x512": ({**_SIZE_25M, "vocab_size": 32000}, 2, 512),
 }
+THROUGHPUT_MODELS = ["tiny 1x64", "tiny 8x256", "25M 2x256"]
 
 
 def matmul_peak_flops(dtype: torch.dtype, size: int = 1024, repeats: int = 5) -> float:
@@ -71,8 +79,9 @@ def make_step(model: torch.nn.Module, is_ours: bool, input_ids: torch.Tensor,
     return step
 
 
-def bench_one(name: str, autocast_dtype: torch.dtype | None, steps: int, rounds: int,
-              profile: bool) -> dict:
+def build_pair(name: str) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor,
+                                   torch.Tensor]:
+    """(our model, HF Llama with the same weights, input_ids, shifted labels)."""
     from transformers import LlamaForCausalLM
 
     overrides, batch_size, seq_len = BENCH_MODELS[name]
@@ -82,11 +91,36 @@ def bench_one(name: str, autocast_dtype: torch.dtype | None, steps: int, rounds:
     with tempfile.TemporaryDirectory() as hf_dir:
         export_hf(ours, hf_dir)
         hf = LlamaForCausalLM.from_pretrained(hf_dir, attn_implementation="sdpa")
-    ours.train()
-    hf.train()
     input_ids = torch.randint(0, ours.config.vocab_size, (batch_size, seq_len))
     labels = torch.roll(input_ids, -1, dims=1)
     labels[:, -1] = -100
+    return ours.train(), hf.train(), input_ids, labels
+
+
+def first_step_peak_memory(name: str, impl: str) -> int:
+    """Bytes of resident memory one fp32 training step adds at its peak (activations, logits,
+    grads and the new AdamW state), measured in a fresh process: Linux's peak-RSS counter
+    (VmHWM) is reset just before the step by writing 5 to /proc/self/clear_refs."""
+    torch.set_num_threads(1)
+    ours, hf, input_ids, labels = build_pair(name)
+    model = ours if impl == "ours" else hf
+    del ours, hf
+    step = make_step(model, impl == "ours", input_ids, labels, None)
+    status = Path("/proc/self/status")
+
+    def status_bytes(field: str) -> int:
+        line = next(ln for ln in status.read_text().splitlines() if ln.startswith(field))
+        return int(line.split()[1]) * 1024
+
+    Path("/proc/self/clear_refs").write_text("5")
+    baseline = status_bytes("VmRSS:")
+    step()
+    return status_bytes("VmHWM:") - baseline
+
+
+def bench_one(name: str, autocast_dtype: torch.dtype | None, steps: int, rounds: int,
+              profile: bool) -> dict:
+    ours, hf, input_ids, labels = build_pair(name)
     steps_by_impl = {"ours": make_step(ours, True, input_ids, labels, autocast_dtype),
                      "hf": make_step(hf, False, input_ids, labels, autocast_dtype)}
     for step in steps_by_impl.values():
@@ -106,7 +140,7 @@ def bench_one(name: str, autocast_dtype: torch.dtype | None, steps: int, rounds:
                 step()
             print(f"--- profile: {name} {impl} ---")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
-    tokens = batch_size * seq_len
+    tokens, seq_len = input_ids.numel(), input_ids.shape[1]
     ours_tps = tokens / statistics.median(wall["ours"])
     hf_tps = tokens / statistics.median(wall["hf"])
     cpu_ratio = statistics.median(cpu["hf"]) / statistics.median(cpu["ours"])
@@ -125,7 +159,7 @@ def main() -> None:
                         help="print where the time goes (torch.profiler) for each run")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    names = ["tiny 1x64", "tiny 8x256"] if args.quick else list(BENCH_MODELS)
+    names = THROUGHPUT_MODELS[:2] if args.quick else THROUGHPUT_MODELS
     steps, rounds = (1, 3) if args.quick else (1, 4)
     rows = []
     for label, autocast_dtype in (("fp32", None), ("bf16 autocast", torch.bfloat16)):
@@ -142,6 +176,23 @@ def main() -> None:
         print(f"{row['model']:<11} {row['precision']:<14} {row['ours_tps']:>11.0f} "
               f"{row['hf_tps']:>10.0f} {row['ours_tps'] / row['hf_tps']:>12.2f}x "
               f"{row['cpu_ratio']:>11.2f}x {row['peak'] / 1e9:>13.1f} {row['mfu']:>8.1%}")
+    if not args.quick and Path("/proc/self/clear_refs").exists():
+        print_memory_table(["25M 2x256", "25M/32k-vocab 2x512"])
+
+
+def _in_fresh_process(context, fn, *args):
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def print_memory_table(names: list[str]) -> None:
+    spawn = multiprocessing.get_context("spawn")
+    print("\npeak memory added by the first fp32 training step (fresh process each)")
+    print(f"{'model':<20} {'ours MiB':>9} {'HF MiB':>8} {'HF/ours':>8}")
+    for name in names:
+        ours, hf = (_in_fresh_process(spawn, first_step_peak_memory, name, impl)
+                    for impl in ("ours", "hf"))
+        print(f"{name:<20} {ours / 2**20:>9.0f} {hf / 2**20:>8.0f} {hf / ours:>7.2f}x")
 
 
 if __name__ == "__main__":
