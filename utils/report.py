@@ -43,7 +43,8 @@ def data_identity(data_dir: str) -> list[str]:
         except (OSError, ValueError):
             continue
         if isinstance(info, dict) and str(info.get("format", "")).startswith("z2all"):
-            keys = ("format", "split", "num_samples", "num_documents", "num_tokens", "tokenizer")
+            keys = ("format", "split", "num_samples", "num_documents", "num_tokens", "tokenizer",
+                    "num_truncated", "skipped")  # skipped: bad records, counted by reason
             lines.append(f"`{sidecar}`: " + ", ".join(f"{k}={info[k]}" for k in keys if k in info))
     return lines or [f"`{data_dir}`"]
 
@@ -73,8 +74,9 @@ def write_report(run_dir: Path, config: Any, environment: dict[str, Any],
              f"- environment: python {platform.python_version()}, torch {torch.__version__}, "
              + ", ".join(f"{k} {v}" for k, v in environment.items()),
              f"- tokenizer: `{config.tokenizer_dir}` (fingerprint {tokenizer_fingerprint})",
-             "- data: " + "; ".join(data_identity(config.data_dir)), "",
-             "## Config (differences from the defaults)", ""]
+             "", "## Data", ""]
+    lines += [f"- {line}" for line in data_identity(config.data_dir)]
+    lines += ["", "## Config (differences from the defaults)", ""]
     lines += _table(config.diff_from_defaults()) + ["", "## Throughput", ""]
     lines += _table({k: v for k, v in throughput.items() if v}) + ["", "## Resume events", ""]
     lines += [f"- step {r['step']} from `{r['checkpoint']}`" for r in resumes] or ["- none"]
