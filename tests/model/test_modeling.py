@@ -191,3 +191,17 @@ def test_low_precision_training_step_tracks_fp32(mode):
         assert grads[name].dtype == param.dtype, name
         scale = expected[name].abs().max()
         assert (grads[name].float() - expected[name]).abs().max() <= 0.1 * scale, name
+
+
+def test_kernel_choice_is_logged_once(caplog, monkeypatch):
+    from model import modeling_z2all
+
+    monkeypatch.setattr(modeling_z2all, "_logged_kernel_choices", set())
+    model = small_model("gqa")
+    input_ids, labels = random_batch(1, 8)
+    with caplog.at_level("INFO", logger="model.modeling_z2all"):
+        model(input_ids, labels=labels)
+        model(input_ids)
+    lines = [r.getMessage() for r in caplog.records if "model kernels" in r.getMessage()]
+    assert lines == ["model kernels on cpu/float32: attention=torch-sdpa, rms_norm=torch, "
+                     "rotary=torch, swiglu=torch, cross_entropy=chunked-torch"]
