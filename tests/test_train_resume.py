@@ -49,6 +49,7 @@ def _assert_identical(full: Path, cut: Path, last_step: int, resumed_at: int) ->
     assert len(train_losses(full)) == last_step
     assert final_weights(cut, last_step) == final_weights(full, last_step)
     assert [r["step"] for r in records(cut, "resume")] == [resumed_at]
+    assert f"- step {resumed_at} from" in (cut / "report.md").read_text()
 
 
 def _three_runs(args: list[str], tmp_path: Path, total: int, stop: int) -> list[list[str]]:
