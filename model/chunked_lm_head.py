@@ -49,8 +49,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         valid = labels != IGNORE_INDEX
         # An all-ignored batch (possible in SFT) gives loss 0 and zero grads, not 0/0 = NaN.
         inv_num_valid = 1.0 / valid.sum().clamp(min=1).float()
-        # Row weight of d(loss)/d(logits): 1/n_valid on trained rows, 0 on ignored ones.
-        row_scale = (valid * inv_num_valid).to(hidden.dtype)[:, None]
+        row_mask = valid.to(hidden.dtype)[:, None]  # 0/1: exact in any dtype
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if compute_grads else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if compute_grads else None
@@ -60,23 +59,25 @@ class _LinearCrossEntropy(torch.autograd.Function):
             log_probs, picked = _picked_log_probs(hidden[rows] @ weight.T, labels[rows])
             loss_sum -= picked.sum()
             if compute_grads:
-                # d(loss)/d(logits) = (softmax - onehot(label)) * row_scale. The row scale is
-                # applied to the narrow [rows, hidden] operands, not the wide [rows, V] one.
-                # exp writes straight into the matmul dtype (no separate fp32->bf16 copy).
+                # d(sum of losses)/d(logits) = softmax - onehot(label) on trained rows. The
+                # row mask is applied to the narrow [rows, hidden] operands, not the wide
+                # [rows, V] one; exp writes straight into the matmul dtype (no extra copy).
                 grad_logits = torch.exp(log_probs, out=torch.empty_like(log_probs,
                                                                         dtype=hidden.dtype))
                 grad_logits.scatter_add_(1, labels[rows].clamp(min=0)[:, None],
                                          torch.full_like(grad_logits[:, :1], -1.0))
-                grad_hidden[rows] = (grad_logits @ weight) * row_scale[rows]
-                grad_weight += (grad_logits.T @ (hidden[rows] * row_scale[rows])).float()
-        ctx.save_for_backward(grad_hidden, grad_weight)
+                grad_hidden[rows] = (grad_logits @ weight) * row_mask[rows]
+                grad_weight += (grad_logits.T @ (hidden[rows] * row_mask[rows])).float()
+        ctx.save_for_backward(grad_hidden, grad_weight, inv_num_valid)
         return loss_sum * inv_num_valid
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
-        grad_hidden, grad_weight = ctx.saved_tensors  # weight has hidden's dtype here
-        return (grad_hidden * grad_loss.to(grad_hidden.dtype),
-                (grad_weight * grad_loss).to(grad_hidden.dtype), None, None)
+        grad_hidden, grad_weight, inv_num_valid = ctx.saved_tensors
+        scale = grad_loss.float() * inv_num_valid  # the mean's 1/n, applied once, in fp32
+        dtype = grad_hidden.dtype  # = weight's dtype: both were cast to the matmul dtype
+        return ((grad_hidden.float() * scale).to(dtype), (grad_weight * scale).to(dtype),
+                None, None)
 
 
 def _matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
