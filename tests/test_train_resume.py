@@ -59,8 +59,9 @@ def _three_runs(args: list[str], tmp_path: Path, total: int, stop: int) -> list[
             [*args, f"--out_dir={cut}", f"--max_iters={total}", "--resume"]]
 
 
-@pytest.mark.parametrize("extra", [[], ["--gradient_accumulation_steps=2", "--dropout=0.1"]],
-                         ids=["plain", "accumulation+dropout"])
+@pytest.mark.parametrize("extra", [[], ["--gradient_accumulation_steps=2", "--dropout=0.1",
+                                    "--num_workers=2"]],
+                         ids=["plain", "accumulation+dropout+workers"])
 def test_single_process_resume_is_bitwise(data, tmp_path, extra):
     for argv in _three_runs(_pretrain_args(data, *extra), tmp_path, total=8, stop=4):
         assert run_main(argv) == 0
