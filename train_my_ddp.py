@@ -88,7 +88,9 @@ def forward_language_model(model: Any, batch: dict[str, torch.Tensor]
 def forward_dpo(model: Any, batch: dict[str, torch.Tensor], *, reference: torch.nn.Module,
                 beta: float, label_smoothing: float
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """DPO: chosen and rejected go through the policy as one batch of 2B sequences."""
+    """DPO: chosen and rejected go through the policy as one batch of 2B sequences (the
+    collator pads both sides to one length). `model.module.token_log_probs` skips DDP's
+    forward, which is a plain pass-through: our DDP hooks the parameters, not the forward."""
     pair = {key: torch.cat([batch[f"chosen_{key}"], batch[f"rejected_{key}"]])
             for key in ("input_ids", "labels", "attention_mask")}
     policy_logps = sequence_log_prob(model.module.token_log_probs(**pair))
