@@ -23,15 +23,17 @@ from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from utils.atomic_io import atomic_write_bytes, atomic_write_json
 
 
-def export_hf(model: Z2allForCausalLM, out_dir: str | os.PathLike) -> None:
-    """Write `config.json` + `model.safetensors` for `LlamaForCausalLM` (each atomically)."""
+def export_hf(model: Z2allForCausalLM, out_dir: str | os.PathLike,
+              eos_token_id: int | None = None) -> None:
+    """Write `config.json` + `model.safetensors` for `LlamaForCausalLM` (each atomically);
+    `eos_token_id` (the tokenizer's `<|endoftext|>`) is recorded as EOS and pad."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     hf_state = state_dict_to_hf(state, model.config)
     atomic_write_bytes(out_dir / WEIGHTS_FILE, save(hf_state, metadata={"format": "pt"}))
     dtype = model.model.embed_tokens.weight.dtype
-    atomic_write_json(out_dir / CONFIG_FILE, config_to_hf(model.config, dtype))
+    atomic_write_json(out_dir / CONFIG_FILE, config_to_hf(model.config, dtype, eos_token_id))
 
 
 def resolve_model_dir(path: str | os.PathLike) -> Path:
@@ -51,15 +53,21 @@ def main(argv: list[str] | None = None) -> None:
                         help="run dir, checkpoint dir or save_pretrained dir")
     parser.add_argument("--out", required=True, help="output directory for the HF model")
     parser.add_argument("--tokenizer_dir", default=None,
-                        help="also copy this tokenizer's files into --out (optional)")
+                        help="copy this tokenizer's files into --out and record its EOS id "
+                             "(recommended: HF's generate then stops at <|endoftext|>)")
     args = parser.parse_args(argv)
     model_dir = resolve_model_dir(args.ckpt)
     model = Z2allForCausalLM.from_pretrained(model_dir)
-    export_hf(model, args.out)
+    eos_token_id = None
     if args.tokenizer_dir:
+        from tokenizer import load_tokenizer  # only this CLI option needs the tokenizer layer
+
+        eos_token_id = load_tokenizer(args.tokenizer_dir).eos_token_id
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         for file in Path(args.tokenizer_dir).iterdir():
             if file.is_file() and file.name not in (CONFIG_FILE, WEIGHTS_FILE):
                 shutil.copy2(file, Path(args.out) / file.name)
+    export_hf(model, args.out, eos_token_id)
     print(f"exported {model_dir} ({model.num_parameters():,} parameters) to {args.out}")
 
 

@@ -27,10 +27,14 @@ _Q = re.compile(r"(.*\.self_attn\.)q_proj\.weight")
 _GATE = re.compile(r"(.*\.mlp\.)gate_proj\.weight")
 
 
-def config_to_hf(config: Z2allConfig, dtype: torch.dtype) -> dict[str, Any]:
+def config_to_hf(config: Z2allConfig, dtype: torch.dtype,
+                 eos_token_id: int | None = None) -> dict[str, Any]:
     """A `config.json` for `LlamaForCausalLM` (transformers 4.x reads rope_theta, 5.x
-    rope_parameters; both are written)."""
+    rope_parameters; both are written). Our tokenizers have no BOS; EOS doubles as padding
+    (unknown to the model itself: pass it from the tokenizer, else HF's default ids 1/2
+    would silently stop `generate` at an ordinary token)."""
     return {
+        "bos_token_id": None, "eos_token_id": eos_token_id, "pad_token_id": eos_token_id,
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,

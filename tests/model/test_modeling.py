@@ -154,16 +154,19 @@ def test_config_presets_padding_and_json(tmp_path):
         Z2allConfig(num_attention_heads=12, num_key_value_heads=5)
 
 
-def test_convert_to_hf_cli_from_a_run_dir(tmp_path):
-    from transformers import LlamaForCausalLM
+def test_convert_to_hf_cli_from_a_run_dir(tmp_path, tiny_hf_tokenizer_dir):
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     from utils.checkpoint import save_checkpoint
 
-    model = small_model("gqa").eval()
+    model = small_model("gqa", vocab_size=512).eval()
     save_checkpoint(tmp_path / "run" / "ckpt", 5, model.save_pretrained)
-    convert_main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
+    convert_main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf"),
+                  "--tokenizer_dir", str(tiny_hf_tokenizer_dir)])
     hf_model = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    input_ids = torch.randint(0, VOCAB, (2, 8))
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True)
+    assert hf_model.config.eos_token_id == tokenizer.eos_token_id == len(tokenizer) - 3
+    input_ids = torch.randint(0, 512, (2, 8))
     with torch.no_grad():
         assert (hf_model(input_ids).logits - model(input_ids).logits).abs().max() <= 1e-5
 
