@@ -51,7 +51,7 @@ from utils.distributed_env import (
     init_distributed,
     shutdown_distributed,
 )
-from utils.dpo import dpo_loss, sequence_log_prob
+from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
 from utils.evaluation import (
     eval_loader,
     evaluate_language_model,
@@ -86,23 +86,26 @@ def forward_language_model(model: Any, batch: dict[str, torch.Tensor]
 
 
 def forward_dpo(model: Any, batch: dict[str, torch.Tensor], *, reference: torch.nn.Module,
-                beta: float, label_smoothing: float
+                beta: float, label_smoothing: float, nll_weight: float
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPO: chosen and rejected go through the policy as one batch of 2B sequences (the
     collator pads both sides to one length). `model.module.token_log_probs` skips DDP's
     forward, which is a plain pass-through: our DDP hooks the parameters, not the forward."""
     pair = {key: torch.cat([batch[f"chosen_{key}"], batch[f"rejected_{key}"]])
             for key in ("input_ids", "labels", "attention_mask")}
-    policy_logps = sequence_log_prob(model.module.token_log_probs(**pair))
+    policy_token_logps = model.module.token_log_probs(**pair)
+    policy_logps = sequence_log_prob(policy_token_logps)
     with torch.no_grad():
         reference_logps = sequence_log_prob(reference.token_log_probs(**pair))
     half = batch["chosen_input_ids"].shape[0]
     out = dpo_loss(policy_logps[:half], policy_logps[half:], reference_logps[:half],
                    reference_logps[half:], beta=beta, label_smoothing=label_smoothing)
-    return out.loss, {"rewards/chosen": out.chosen_rewards.mean(),
-                      "rewards/rejected": out.rejected_rewards.mean(),
-                      "rewards/accuracies": out.reward_accuracy,
-                      "rewards/margins": out.reward_margin}
+    chosen_nll = chosen_answer_nll(policy_token_logps[:half], batch["chosen_labels"])
+    return out.loss + nll_weight * chosen_nll, {
+        "dpo_loss": out.loss, "chosen_nll": chosen_nll,
+        "rewards/chosen": out.chosen_rewards.mean(),
+        "rewards/rejected": out.rejected_rewards.mean(),
+        "rewards/accuracies": out.reward_accuracy, "rewards/margins": out.reward_margin}
 
 
 # --------------------------------------------------------------------------- stop signals
@@ -196,7 +199,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         reference = load_pretrained(cfg.init_from).to(env.device, DTYPES[dtype_name]).eval()
         reference.requires_grad_(False)
         forward_step = functools.partial(forward_dpo, reference=reference, beta=cfg.dpo_beta,
-                                         label_smoothing=cfg.dpo_label_smoothing)
+                                         label_smoothing=cfg.dpo_label_smoothing,
+                                         nll_weight=cfg.dpo_nll_weight)
 
     # Counters and state, fresh or from the checkpoint.
     step, tokens_seen, best_val_loss = 0, 0, None

@@ -12,6 +12,11 @@ labels are flipped, so the loss no longer pushes h to infinity. The implicit rew
 β · (log π − log π_ref) are what we log: their gap ("margin") should grow and the fraction of
 pairs where chosen beats rejected ("accuracy") should rise above 0.5. At π = π_ref, h = 0 and
 the loss is log 2 for every ε.
+
+DPO only asks chosen to beat rejected; both likelihoods may fall together, and with them the
+quality of what the model generates. RPO (Pang et al. 2024, "Iterative Reasoning Preference
+Optimization") adds α × the chosen answers' negative log-likelihood per token to the loss
+(`--dpo_nll_weight=α`), which keeps the chosen answers likely.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ class DPOOutput(NamedTuple):
 def sequence_log_prob(token_log_probs: torch.Tensor) -> torch.Tensor:
     """[B, T] per-token log-probs (0 where not trained) -> [B] log π(answer | prompt)."""
     return token_log_probs.sum(dim=-1)
+
+
+def chosen_answer_nll(token_log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood per trained token (labels != -100) of the chosen answers."""
+    trained = labels != -100
+    return -(token_log_probs * trained).sum() / trained.sum().clamp(min=1)
 
 
 def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,

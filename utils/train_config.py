@@ -122,6 +122,8 @@ class EvalOptions:
 class DPOOptions:
     dpo_beta: float = option(0.1, "DPO temperature β (strength of the KL-like tie to the ref)")
     dpo_label_smoothing: float = option(0.0, "cDPO: assumed fraction of flipped preferences")
+    dpo_nll_weight: float = option(0.0, "RPO: add this x the chosen answers' NLL per token, so "
+                                   "their likelihood does not fall (Pang et al. 2024)")
 
 
 @dataclass
