@@ -44,6 +44,7 @@ import numpy as np
 
 from data_preprocess.indexed_dataset import IndexedDataset
 from utils.atomic_io import atomic_open, atomic_write_json
+from utils.readers import find_data_files
 
 INDEX_FORMAT, INDEX_VERSION = "z2all-sample-index", 1
 CHUNK_SLOTS = 1 << 20  # slots generated per numpy step (16 MiB of int64 pairs)
@@ -59,10 +60,8 @@ def find_token_files(data_dir: str | Path) -> list[dict[str, Any]]:
     """Every `.bin`/`.idx` pair under data_dir (hidden folders skipped), sorted by path."""
     data_dir = Path(data_dir)
     files = []
-    for idx_path in sorted(data_dir.rglob("*.idx")):
+    for idx_path in find_data_files(data_dir, extensions=(".idx",)):
         relative = idx_path.relative_to(data_dir).with_suffix("")
-        if any(part.startswith(".") for part in relative.parts):
-            continue
         num_tokens = IndexedDataset(data_dir / relative).num_tokens
         files.append({"path": relative.as_posix() + ".bin", "num_tokens": num_tokens})
     if not files:

@@ -58,12 +58,9 @@ def cache_key(data_dir: Path, kind: str, fingerprint: str, max_seq_len: int,
 
 def check_pretok_tokenizer(data_dir: Path, fingerprint: str) -> None:
     """Refuse token files made by another tokenizer (their ids would mean other tokens)."""
-    for sidecar_path in sorted(data_dir.rglob("*.json")):
-        if not sidecar_path.with_suffix(".idx").exists():
-            continue  # not a token file's sidecar
-        sidecar = json.loads(sidecar_path.read_text())
-        if sidecar.get("format") == "z2all-pretok" and sidecar["tokenizer"] != fingerprint:
-            raise ValueError(f"{sidecar_path}: made with tokenizer {sidecar['tokenizer']}, but "
+    for prefix, sidecar in find_store_sidecars(data_dir, "pretok"):
+        if sidecar["tokenizer"] != fingerprint:
+            raise ValueError(f"{prefix}.json: made with tokenizer {sidecar['tokenizer']}, but "
                              f"--tokenizer_dir has {fingerprint}; re-run pretokenization")
 
 

@@ -24,17 +24,19 @@ from torch.utils.data import Dataset
 
 from data_preprocess.indexed_dataset import IndexedDataset
 from data_preprocess.pretokenize_chat import MASK_SUFFIX
+from utils.readers import find_data_files
 
 VALID_FILE_PREFIXES = ("valid", "eval")
 
 
 def find_store_sidecars(directory: Path, kind: str) -> list[tuple[Path, dict]]:
-    """(prefix, sidecar) of every `z2all-<kind>` output under directory, sorted by path."""
+    """(prefix, sidecar) of every `z2all-<kind>` output under directory (kind: sft, dpo or
+    pretok), sorted by path; hidden folders such as the online cache are skipped."""
     found = []
-    for idx_path in sorted(Path(directory).rglob("*.idx")):  # only token files have sidecars;
-        path = idx_path.with_suffix(".json")  # never json-parse a (possibly huge) raw .json
-        if not path.exists() or any(part.startswith(".")
-                                    for part in path.relative_to(directory).parts):
+    for idx_path in find_data_files(directory, extensions=(".idx",)):
+        # Only token files have sidecars: never json-parse a (possibly huge) raw .json.
+        path = idx_path.with_suffix(".json")
+        if not path.exists():
             continue
         sidecar = json.loads(path.read_text())
         if isinstance(sidecar, dict) and sidecar.get("format") == f"z2all-{kind}":
