@@ -19,11 +19,11 @@ import fcntl
 import os
 from pathlib import Path
 
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import HF_MODULES_CACHE
 
 
-def load_tokenizer(directory: str | os.PathLike):
+def load_tokenizer(directory: str | os.PathLike) -> PreTrainedTokenizerBase:
     """`AutoTokenizer.from_pretrained(directory, trust_remote_code=True)`, one process at a time.
 
     transformers copies the directory's code into its module cache (~/.cache/huggingface/

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
 from utils.atomic_io import fsync_dir
 from utils.readers import ReadStats, iter_texts_from
 
+from . import load_tokenizer
 from .byte_level_bpe import train_byte_level_bpe
 from .sentencepiece_bpe import train_sentencepiece_bpe
 from .tokenization_z2all_base import SPECIAL_TOKENS, Z2allTokenizerBase
@@ -126,7 +126,9 @@ def build_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, out: str |
 
 
 def check_reloads_identically(directory: Path, tokenizer: Z2allTokenizerBase) -> None:
-    reloaded = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=True)
+    """Load `directory` as users will (AutoTokenizer with remote code, via load_tokenizer's lock
+    on the shared module cache) and compare it with the tokenizer in memory."""
+    reloaded = load_tokenizer(directory)
     same = (len(reloaded) == len(tokenizer)
             and reloaded.encode(PROBE_TEXT) == tokenizer.encode(PROBE_TEXT)
             and reloaded.fingerprint == tokenizer.fingerprint)
