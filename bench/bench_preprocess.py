@@ -72,19 +72,13 @@ def raw_tokens_per_second(texts: list[str], tokenizer: Path, num_workers: int) -
         batches = pipeline.batched(texts, BATCH_SIZE)
         total = sum(pipeline.ordered_map(pool, count_tokens, batches, 4 * num_workers))
     finally:
-        pool.shutdown()
+        if pool is not None:  # --num_workers 0: tokenized in this process
+            pool.shutdown()
     return (total + len(texts)) / (time.perf_counter() - started)  # + EOS, as pretokenize counts
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller corpus, fewer reads")
-    parser.add_argument("--num_workers", type=int, default=2)
-    parser.add_argument("--max_seq_len", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=None, help="runs of each (best kept)")
-    args = parser.parse_args()
-    args.repeats = args.repeats or (2 if args.quick else 3)
-    scratch = Path(tempfile.mkdtemp(prefix="bench_preprocess_"))
+def run(args: argparse.Namespace, scratch: Path) -> None:
+    """Both measurements; every file they write lives under `scratch`."""
     texts = [text for text in corpus_texts() if text.strip()]
     texts *= 1 if args.quick else 3
     tokenizer = tokenizer_dir(texts, scratch)
@@ -128,6 +122,18 @@ def main() -> None:
           f"({samples_per_s * args.max_seq_len:,.0f} tokens/s)")
     print(f"training consumes     {needed:>12,.0f} samples/s (assumed "
           f"{ASSUMED_TRAIN_TOKENS_PER_S:,} tokens/s)   headroom x{samples_per_s / needed:.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller corpus, fewer reads")
+    parser.add_argument("--num_workers", type=int, default=2)
+    parser.add_argument("--max_seq_len", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each (best kept)")
+    args = parser.parse_args()
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    with tempfile.TemporaryDirectory(prefix="bench_preprocess_") as scratch:
+        run(args, Path(scratch))
 
 
 if __name__ == "__main__":
