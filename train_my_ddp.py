@@ -351,9 +351,6 @@ def _find_resume_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, notes = config_from_argv(argv)
-    if cfg.task_type == "dpo" and not cfg.init_from:
-        raise SystemExit("error: --task_type=dpo needs --init_from=<the SFT model>: it is both "
-                         "the starting policy and the frozen reference")
     env = init_distributed(cfg.device, cfg.num_threads)
     try:
         with StopSignal() as stop_signal:

@@ -21,12 +21,12 @@ def test_values_are_parsed_by_the_field_type():
     lr = random.uniform(1e-5, 1e-2)
     cfg, _ = resolve_config([f"--lr={lr!r}", "--batch_size=12", "--use_distributed_optimizer",
                              "--overlap_grad_reduce=false", "--stop_at_iter=7",
-                             "--bucket_size=2e6", "--task_type=dpo",
+                             "--bucket_size=2e6", "--task_type=sft",
                              '--eval_prompts=["x y", "z"]', "--init_from=none"])
     assert cfg.lr == lr and isinstance(cfg.batch_size, int) and cfg.batch_size == 12
     assert cfg.use_distributed_optimizer is True and cfg.overlap_grad_reduce is False
     assert cfg.stop_at_iter == 7 and cfg.bucket_size == 2_000_000
-    assert cfg.task_type == "dpo" and cfg.eval_prompts == ["x y", "z"]
+    assert cfg.task_type == "sft" and cfg.eval_prompts == ["x y", "z"]
     assert cfg.init_from is None
     assert cfg.optimization.lr == cfg.lr  # grouped and flat access agree
 
@@ -38,6 +38,10 @@ def test_values_are_parsed_by_the_field_type():
     ("--resume=maybe", "--resume: expects bool"),
     ("--task_type=rlhf", "expects pretrain | sft | dpo"),
     ("--lr", "--lr needs a value"),
+    ("--task_type=dpo", "needs --init_from"),
+    ("--comm_hook=overlap_optim", "add --grad_clip=0"),
+    ("--stop_at_iter=5000", "beyond --max_iters"),
+    ("--batch_size=0", "--batch_size must be >= 1"),
 ])
 def test_bad_arguments_name_the_key(arg, message):
     with pytest.raises(ValueError, match=message):

@@ -182,6 +182,25 @@ class Config:
         defaults = Config().to_dict()
         return {k: v for k, v in self.to_dict().items() if v != defaults[k]}
 
+    def check(self) -> None:
+        """Combinations that cannot work fail here, before any data or model is built."""
+        problems = []
+        if self.task_type == "dpo" and not self.init_from:
+            problems.append("--task_type=dpo needs --init_from=<the SFT model>: it is both the "
+                            "starting policy and the frozen reference")
+        if self.comm_hook == "overlap_optim" and self.grad_clip > 0:
+            problems.append("--comm_hook=overlap_optim updates each bucket before the others "
+                            "are reduced, so it cannot clip by the global norm: add --grad_clip=0")
+        if self.stop_at_iter is not None and self.stop_at_iter > self.max_iters:
+            problems.append(f"--stop_at_iter={self.stop_at_iter} is beyond "
+                            f"--max_iters={self.max_iters}")
+        for name in ("batch_size", "gradient_accumulation_steps", "max_seq_len", "log_interval",
+                     "eval_interval", "save_interval", "eval_iters"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
 
 _OPTION_GROUP: dict[str, str] = {f.name: group for group, cls in GROUPS.items()
                                  for f in fields(cls)}
@@ -349,7 +368,9 @@ def resolve_config(argv: list[str]) -> tuple[Config, list[str]]:
                 notes.append(f"resume: {name} changed {saved[name]!r} -> {value!r}{breaks}")
                 if breaks:
                     warnings.warn(notes[-1], stacklevel=2)
-    return Config.from_dict(merged), notes
+    cfg = Config.from_dict(merged)
+    cfg.check()
+    return cfg, notes
 
 
 def format_help() -> str:
