@@ -143,13 +143,21 @@ class IndexedDataset:
 
     def __init__(self, prefix: str | Path) -> None:
         self.bin_path, self.idx_path = prefix_paths(prefix)
-        header = self.idx_path.read_bytes()[:HEADER_BYTES] if self.idx_path.exists() else b""
+        header = b""
+        if self.idx_path.exists():
+            with open(self.idx_path, "rb") as handle:  # the header only: .idx can be large
+                header = handle.read(HEADER_BYTES)
         if len(header) < HEADER_BYTES or header[: len(MAGIC)] != MAGIC:
             raise ValueError(f"{self.idx_path}: not an MMIDIDX index (missing or bad magic)")
         version, code, sequence_count, document_count = struct.unpack_from(
             "<QBQQ", header, len(MAGIC))
         if version != VERSION or code not in CODE_DTYPES:
             raise ValueError(f"{self.idx_path}: unsupported version {version} or dtype {code}")
+        expected_idx_bytes = HEADER_BYTES + 12 * sequence_count + 8 * document_count
+        if self.idx_path.stat().st_size != expected_idx_bytes:
+            raise ValueError(f"{self.idx_path}: {self.idx_path.stat().st_size} bytes, but its "
+                             f"header promises {expected_idx_bytes} ({sequence_count} sequences, "
+                             f"{document_count} document indices); the file is damaged")
         self.dtype = CODE_DTYPES[code]
         index = np.memmap(self.idx_path, dtype=np.uint8, mode="r")
         position = HEADER_BYTES

@@ -67,3 +67,17 @@ def test_mismatched_pair_is_refused(tmp_path):
     (tmp_path / "a.bin").write_bytes((tmp_path / "b.bin").read_bytes())
     with pytest.raises(ValueError, match="a.bin"):
         IndexedDataset(tmp_path / "a")
+
+
+@pytest.mark.parametrize("damage", ["cut", "extra"])
+def test_damaged_index_is_refused(tmp_path, damage):
+    """An .idx whose size disagrees with its own header (cut off, or with trailing bytes)."""
+    rng = np.random.default_rng()
+    with IndexedDatasetWriter(tmp_path / "a", np.uint16) as writer:
+        for document in random_documents(rng, 500, 6):
+            writer.add_document(document)
+    idx = (tmp_path / "a.idx").read_bytes()
+    cut = int(rng.integers(1, 9))
+    (tmp_path / "a.idx").write_bytes(idx[:-cut] if damage == "cut" else idx + bytes(cut))
+    with pytest.raises(ValueError, match="a.idx: .* bytes, but its header promises"):
+        IndexedDataset(tmp_path / "a")
