@@ -15,12 +15,15 @@ Per-token log-probabilities (`linear_token_log_probs`, for DPO): the incoming gr
 different number per token, so the closed form cannot be applied in forward; each chunk is
 instead checkpointed and its logits recomputed in backward (one extra matmul per chunk).
 
-Both keep the softmax in fp32 whatever the matmul dtype.
+Both keep the softmax in fp32 whatever the matmul dtype. `LMHead` is the model's output
+layer: an `nn.Linear` whose forward runs the plain projection or one of these two fused paths,
+so that every read of its weight happens inside its own forward (see `LMHead`).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -100
@@ -120,3 +123,27 @@ def linear_token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: t
             chunks.append(checkpoint(chunk_log_probs, hidden[rows], labels[rows],
                                      use_reentrant=False))
     return torch.cat(chunks)
+
+
+class LMHead(nn.Linear):
+    """The output projection hidden -> vocabulary (`lm_head.weight`, HF's name and shape).
+
+    forward(hidden) gives logits; forward(hidden, labels) the fused mean loss;
+    forward(hidden, labels, per_token=True) the per-token log-probs. The fused paths go through
+    this forward too instead of reading `lm_head.weight` from outside: code that hooks modules
+    relies on a parameter being used only inside its own module's forward (ZeRO-1's
+    overlapped all-gather waits for a parameter in that module's forward pre-hook; reading the
+    weight elsewhere could see it half-gathered).
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int) -> None:
+        super().__init__(hidden_size, vocab_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None,
+                per_token: bool = False) -> torch.Tensor:
+        """hidden [N, hidden_size] (or [..., hidden_size] for logits); labels [N]."""
+        if labels is None:
+            return super().forward(hidden)
+        if per_token:
+            return linear_token_log_probs(hidden, self.weight, labels)
+        return linear_cross_entropy(hidden, self.weight, labels)

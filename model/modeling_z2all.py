@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from model import kernels
 from model.attention import Attention, attention_mask_for, position_ids_for
-from model.chunked_lm_head import linear_cross_entropy, linear_token_log_probs
+from model.chunked_lm_head import LMHead
 from model.configuration_z2all import Z2allConfig
 from model.generation import GenerationMixin
 from model.hf_llama_mapping import config_from_hf, state_dict_from_hf
@@ -128,7 +128,7 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
         super().__init__()
         self.config = config
         self.model = Z2allModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
         self.tie_weights()
         self.apply(self._init_weights)
 
@@ -160,17 +160,14 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
         hidden = self.model(input_ids, _key_padding_mask(attention_mask))
         if labels is None:
             return CausalLMOutput(logits=self.lm_head(hidden))
-        loss = linear_cross_entropy(hidden.flatten(0, 1), self.lm_head.weight,
-                                    labels.flatten())
-        return CausalLMOutput(loss=loss)
+        return CausalLMOutput(loss=self.lm_head(hidden.flatten(0, 1), labels.flatten()))
 
     def token_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor,
                         attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """log p(labels[b, t] | tokens <= t) as fp32 [B, T], 0 where labels == -100 (DPO sums
         these over the response)."""
         hidden = self.model(input_ids, _key_padding_mask(attention_mask))
-        log_probs = linear_token_log_probs(hidden.flatten(0, 1), self.lm_head.weight,
-                                           labels.flatten())
+        log_probs = self.lm_head(hidden.flatten(0, 1), labels.flatten(), per_token=True)
         return log_probs.view(labels.shape)
 
     # ---- incremental decoding (used by model/generation.py) ---------------------------------

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from model import kernels, reference_ops
 from model.configuration_z2all import PRESETS, Z2allConfig
@@ -208,3 +209,54 @@ def test_kernel_choice_is_logged_once(caplog, monkeypatch):
     lines = [r.getMessage() for r in caplog.records if "model kernels" in r.getMessage()]
     assert lines == ["model kernels on cpu/float32: attention=torch-sdpa, rms_norm=torch, "
                      "rotary=torch, swiglu=torch, cross_entropy=chunked-torch"]
+
+
+class _ParamReadsOutsideOwner(TorchFunctionMode):
+    """Records every torch op that reads a parameter while none of the modules owning it is
+    inside its forward (forward pre/post hooks keep the stack of running modules)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.owners: dict[torch.nn.Parameter, set[torch.nn.Module]] = {}
+        for module in model.modules():
+            for param in module.parameters(recurse=False):
+                self.owners.setdefault(param, set()).add(module)
+        self.running: list[torch.nn.Module] = []
+        self.outside: set[str] = set()
+        self.names = {param: name for name, param in model.named_parameters()}
+        for module in model.modules():
+            module.register_forward_pre_hook(self._enter)
+            module.register_forward_hook(self._leave, always_call=True)
+
+    def _enter(self, module: torch.nn.Module, args) -> None:
+        self.running.append(module)
+
+    def _leave(self, module: torch.nn.Module, args, output) -> None:
+        self.running.pop()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") != "__get__":  # metadata (.shape, .dtype) is fine
+            for value in (*args, *kwargs.values()):
+                owners = self.owners.get(value) if isinstance(value, torch.nn.Parameter) else None
+                if owners and not owners & set(self.running):
+                    self.outside.add(self.names[value])
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_parameters_are_read_only_inside_their_own_module_forward(tie):
+    """The contract of module hooks (ZeRO-1's overlapped param all-gather waits for a parameter
+    in its module's forward pre-hook): a weight read from outside that forward, like an untied
+    lm_head.weight handed to the fused loss by the parent, could be read half-gathered."""
+    model = small_model("gqa", tie_word_embeddings=tie)
+    input_ids, labels = random_batch(2, 12)
+    mask = torch.ones_like(input_ids)
+    mask[0, -3:] = 0
+    checker = _ParamReadsOutsideOwner(model)
+    with checker:
+        model(input_ids, labels=labels).loss.backward()
+        model(input_ids, attention_mask=mask)
+        model.token_log_probs(input_ids, labels, attention_mask=mask).sum().backward()
+    assert len(checker.owners) == len(list(model.parameters()))
+    assert checker.outside == set(), sorted(checker.outside)
