@@ -93,7 +93,9 @@ def test_record_shapes_agree():
     openai = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user},
                            {"role": "assistant", "content": reply}]}
     alpaca = {"system": system, "instruction": "Translate: chat", "input": "", "output": reply}
-    assert sft_messages(sharegpt) == sft_messages(openai) == sft_messages(alpaca)
+    expected = [{"role": "system", "content": system}, {"role": "user", "content": user},
+                {"role": "assistant", "content": reply}]
+    assert sft_messages(sharegpt) == sft_messages(openai) == sft_messages(alpaca) == expected
     with_input = sft_messages({"instruction": "Translate", "input": "chat", "output": reply})
     assert with_input[0] == {"role": "user", "content": "Translate\n\nchat"}
 
@@ -104,7 +106,9 @@ def test_record_shapes_agree():
     pair_c = dpo_messages({"prompt": [{"role": "user", "content": user}],
                            "chosen": [{"role": "assistant", "content": "good"}],
                            "rejected": [{"role": "assistant", "content": "bad"}]})
-    assert pair_a == pair_b == pair_c
+    assert pair_a == pair_b == pair_c == ([{"role": "user", "content": user}],
+                                          [{"role": "assistant", "content": "good"}],
+                                          [{"role": "assistant", "content": "bad"}])
 
 
 @pytest.mark.parametrize("record, reason", [

@@ -168,6 +168,13 @@ def test_collators_pad_and_mask():
     dpo_batch = DPOCollator(pad_token_id=509, pad_to_multiple_of=1)(pairs)
     assert dpo_batch["chosen_input_ids"].shape == dpo_batch["rejected_input_ids"].shape \
         == (5, lengths.max())
+    for row, pair in enumerate(pairs):  # both sides padded to one width, each with its own item
+        for side in ("chosen_", "rejected_"):
+            length = len(pair[side + "input_ids"])
+            for key, pad in (("input_ids", 509), ("labels", -100), ("attention_mask", 0)):
+                padded = dpo_batch[side + key][row]
+                assert torch.equal(padded[:length], pair[side + key])
+                assert (padded[length:] == pad).all()
 
 
 def test_dpo_truncation_policy(tmp_path, tiny_hf_tokenizer_dir):
