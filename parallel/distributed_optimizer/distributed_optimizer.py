@@ -17,7 +17,10 @@ Communication: reduce-scatter + all-gather move the same bytes as one all-reduce
 Overlapped param gather: Step 5's all-gathers are started asynchronously, one per bucket, and
 each is waited for by a forward pre-hook of the modules that own the bucket's params, so the
 next forward computes early layers while later buckets still arrive. Code that reads params
-outside a forward (saving, eval by hand) calls `finish_param_sync()` first.
+outside a forward (saving, eval by hand) calls `finish_param_sync()` first. This relies on a
+contract of the model: a parameter is read only inside the forward of a module that owns it
+(a parent that hands `child.weight` to a function of its own would read it unwaited). A gather
+that no forward waited for is reported when the next step begins.
 
 CPU offload (ZeRO-Offload, Ren et al. 2021): main params and Adam state of the shard live in
 (pinned) CPU memory and AdamW runs there; each step copies the fp32 grad shard down and the
@@ -26,6 +29,7 @@ updated param shard back up.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +49,8 @@ from .zero1_checkpoint import (
     load_resharded_state,
     shard_file_name,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -93,6 +99,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         inner = build_adamw(weight_decay_groups(model_and_main, config.weight_decay), config)
         super().__init__(config, ddp_model, inner, grads_sharded=True)
         self._pending_gathers: dict[int, Any] = {}  # bucket shard index -> async work
+        self._reported_unwaited_gathers = False
         if config.overlap_param_gather:
             self._register_param_gather_waits()
 
@@ -118,6 +125,8 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
     # ---- Steps 1 and 5 of the recipe in optimizer/optimizer.py ------------------------------
     def _prepare_main_grads(self) -> None:
+        if self._pending_gathers and not self._reported_unwaited_gathers:
+            self._report_unwaited_gathers()
         self.finish_param_sync()  # a gather still in flight must land before params change
         for shard in self.bucket_shards:
             if shard.main_grad_shard is not shard.model_grad_shard:
@@ -165,6 +174,17 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                               if param in shard_of_param})
             if indices:
                 module.register_forward_pre_hook(self._make_wait_hook(indices))
+
+    def _report_unwaited_gathers(self) -> None:
+        """Once: buckets whose gather no forward pre-hook waited for since the last step. Their
+        params were unused, or read outside their own module's forward, maybe half-gathered."""
+        self._reported_unwaited_gathers = True
+        names = [self.param_names.get(param, "?") for index in sorted(self._pending_gathers)
+                 for param in self.bucket_shards[index].bucket.params]
+        logger.warning("overlap_param_gather: no forward waited for the all-gather of %s since "
+                       "the last step. If the model reads these outside their module's forward, "
+                       "it may have used partly updated values; call them through the module.",
+                       ", ".join(names[:5]) + (", ..." if len(names) > 5 else ""))
 
     def _make_wait_hook(self, indices: list[int]):
         def wait_before_forward(module: nn.Module, args: Any) -> None:

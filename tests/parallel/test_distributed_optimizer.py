@@ -9,6 +9,7 @@ each test asserts on its own check's results.
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -190,6 +191,48 @@ def test_overlapped_param_gather_and_cpu_offload_give_identical_parameters(rank_
         assert result == {name: (True, True) for name in ("blocking", "overlap", "offload")}
 
 
+class _ReadsChildWeights(TinyNet):
+    """Breaks the contract overlap_param_gather relies on: the parent reads `out`'s params
+    itself, so `out`'s forward pre-hook (which waits for their gather) never runs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (torch.tanh(self.inp(x)) * self.gain) @ self.out.weight.T + self.out.bias
+
+
+def _unwaited_gather_warnings(rank: int, world_size: int) -> dict[str, list[str]]:
+    """Warnings of the overlapped optimizer over 3 steps, for a model that keeps the contract
+    (TinyNet) and one that does not."""
+    captured: dict[str, list[str]] = {}
+    logger = logging.getLogger("parallel.distributed_optimizer.distributed_optimizer")
+    for name, model_class in (("tiny_net", TinyNet), ("reads_child_weights", _ReadsChildWeights)):
+        torch.manual_seed(0)
+        handler = _ListHandler()
+        logger.addHandler(handler)
+        ddp, optimizer = wrap(model_class(), make_config(overlap_param_gather=True))
+        for batch in random_batches(3, 16, seed=5):
+            train_step(ddp, optimizer, batch, rank, world_size)
+        logger.removeHandler(handler)
+        captured[name] = handler.messages
+    return captured
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_gather_no_forward_waited_for_is_reported_once(rank_results):
+    for warnings in (result["unwaited"] for result in rank_results):
+        assert warnings["tiny_net"] == []
+        assert len(warnings["reads_child_weights"]) == 1
+        assert "out.weight" in warnings["reads_child_weights"][0]
+        assert "inp.weight" not in warnings["reads_child_weights"][0]
+
+
 def _state_bytes_ratios(rank: int, world_size: int) -> dict[str, float]:
     """ZeRO-1's optimizer-state bytes on this rank / the unsharded wrapper's, per dtype."""
     torch.manual_seed(0)
@@ -220,6 +263,7 @@ def _all_checks(rank: int, world_size: int) -> dict:
             "bf16, grads reduced in bf16": _zero1_16bit_vs_replicated(rank, world_size, "bf16",
                                                                       grad_reduce_in_fp32=False),
             "overlap": _overlap_and_offload_equal_blocking(rank, world_size),
+            "unwaited": _unwaited_gather_warnings(rank, world_size),
             "state_bytes": _state_bytes_ratios(rank, world_size)}
 
 
