@@ -140,6 +140,12 @@ def build_sample_index(data_dir: str | Path, max_seq_len: int,
     if not 0 <= valid_samples < num_slots:
         raise ValueError(f"{data_dir}: {num_slots} samples in total; cannot hold out "
                          f"{valid_samples} for validation")
+    # Un-commit any older index first: each sidecar is its split's commit mark (valid's is the
+    # one dataset/build.py waits for), so a crash below never leaves an old sidecar beside a
+    # new .ibin, e.g. a train split drawn with another seed than the valid split it pairs with.
+    for split in ("train", "valid"):
+        path = index_path(data_dir, max_seq_len, split)
+        path.with_name(path.name + ".json").unlink(missing_ok=True)
     rng = np.random.default_rng(seed)
     valid_slots = np.sort(rng.choice(num_slots, size=valid_samples, replace=False))
     counts = {}

@@ -101,3 +101,25 @@ def test_pickling_does_not_copy_the_maps(tmp_path):
     first = dataset[0]["input_ids"].tolist()  # opens the maps in this process
     clone = pickle.loads(pickle.dumps(dataset))
     assert clone._maps is None and clone[0]["input_ids"].tolist() == first
+
+
+def test_interrupted_rebuild_leaves_no_usable_half(tmp_path, monkeypatch):
+    """A rebuild (here with another seed) killed between the two splits: the old valid split
+    (drawn with the old seed, so overlapping the new train split) must no longer load, nor
+    count as done for dataset/build.py."""
+    write_token_files(tmp_path, np.random.default_rng())
+    sample_index.build_sample_index(tmp_path, 2, valid_samples=2, seed=1)
+    real_write_index = sample_index.write_index
+
+    def crash_before_valid(path, chunks, sidecar):
+        if sidecar["split"] == "valid":
+            raise KeyboardInterrupt("killed between the splits")
+        return real_write_index(path, chunks, sidecar)
+
+    monkeypatch.setattr(sample_index, "write_index", crash_before_valid)
+    with pytest.raises(KeyboardInterrupt):
+        sample_index.build_sample_index(tmp_path, 2, valid_samples=2, seed=2)
+    assert not (tmp_path / "valid_L2.ibin.json").exists()  # what dataset/build.py waits for
+    with pytest.raises(FileNotFoundError):
+        PretokDatasetWithIndex(tmp_path, 2, "valid")  # the old seed-1 split is no longer valid
+    assert json.loads((tmp_path / "train_L2.ibin.json").read_text())["seed"] == 2
