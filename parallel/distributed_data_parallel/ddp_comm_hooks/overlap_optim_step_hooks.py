@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from optimizer.adamw import build_adamw, weight_decay_groups
+from optimizer.optimizer_config import OptimizerConfig
 from utils.atomic_io import atomic_open
 
 from ..param_and_grad_buffer import Bucket
@@ -48,9 +50,10 @@ VERSION = 1
 class OverlappedAdamW:
     """AdamW (decoupled weight decay, Loshchilov & Hutter 2019) stepping bucket by bucket.
 
-    One torch.optim.AdamW per bucket, each with two parameter groups: weight decay for matrices,
-    none for parameters with ndim < 2 (biases, norm gains). bf16 parameters get fp32 master
-    copies: AdamW updates the copy, the bf16 parameter receives the rounded result.
+    One AdamW per bucket (`optimizer.adamw.build_adamw`: fused on CUDA), with the same two
+    parameter groups as every other optimizer (`weight_decay_groups`: no decay for ndim < 2).
+    bf16 parameters get fp32 master copies: AdamW updates the copy, the bf16 parameter
+    receives the rounded result.
     """
 
     def __init__(self, ddp_model: Any, lr: float, weight_decay: float = 0.0,
@@ -75,14 +78,13 @@ class OverlappedAdamW:
         self.reduce_hook = reduce_hook
         self.buckets: list[Bucket] = [b for buffer in ddp_model.buffers for b in buffer.buckets]
         self.master_params: dict[torch.nn.Parameter, Tensor] = {}
-        self.bucket_optimizers: list[torch.optim.AdamW] = []
+        self.bucket_optimizers: list[torch.optim.Optimizer] = []
+        adamw_config = OptimizerConfig(lr=lr, weight_decay=weight_decay, adam_beta1=betas[0],
+                                       adam_beta2=betas[1], adam_eps=eps, clip_grad=0.0)
         for bucket in self.buckets:
             masters = [self._master(param) for param in bucket.params]
-            groups = [{"params": [m for m in masters if m.dim() >= 2],
-                       "weight_decay": weight_decay},
-                      {"params": [m for m in masters if m.dim() < 2], "weight_decay": 0.0}]
-            self.bucket_optimizers.append(torch.optim.AdamW(
-                [group for group in groups if group["params"]], lr=lr, betas=betas, eps=eps))
+            groups = weight_decay_groups(list(zip(bucket.params, masters)), weight_decay)
+            self.bucket_optimizers.append(build_adamw(groups, adamw_config))
         self._buckets_stepped = 0
         ddp_model.register_comm_hook(self, overlap_optim_step_hook)
 
