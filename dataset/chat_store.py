@@ -17,6 +17,7 @@ the fly (`Complement`), so memory is O(valid samples) however large the store.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -91,7 +92,7 @@ class ChatTokenStore:
         first, stop = ids.document_indices[document], ids.document_indices[document + 1]
         return [(ids[sequence], mask[sequence]) for sequence in range(first, stop)]
 
-    def samples_of_files(self, is_selected) -> np.ndarray:
+    def samples_of_files(self, is_selected: Callable[[str], bool]) -> np.ndarray:
         """Sorted sample ids of the files whose source path satisfies `is_selected(path)`."""
         ranges = [np.arange(self.first_sample_of_file[i], self.first_sample_of_file[i + 1])
                   for i, source in enumerate(self.sources) if is_selected(source)]
@@ -106,7 +107,8 @@ class ChatSamples(Dataset):
 
     kind = ""
 
-    def __init__(self, store: ChatTokenStore | str | Path, sample_ids=None) -> None:
+    def __init__(self, store: ChatTokenStore | str | Path,
+                 sample_ids: Sequence[int] | np.ndarray | None = None) -> None:
         self.store = (store if isinstance(store, ChatTokenStore)
                       else ChatTokenStore(store, self.kind))
         self.sample_ids = sample_ids if sample_ids is not None else range(len(self.store))

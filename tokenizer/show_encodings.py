@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from transformers import PreTrainedTokenizerBase
+
 from tokenizer import load_tokenizer
 
 SAMPLES = {
@@ -20,7 +22,9 @@ SAMPLES = {
 }
 
 
-def token_texts(tokenizer, ids: list[int]) -> list[str]:
+def token_texts(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[str]:
+    """Each token as the text it decodes to, or its vocabulary piece when that text is only
+    part of a character (decoding one byte of a multi-byte character gives U+FFFD)."""
     texts = []
     for token_id in ids:
         text = tokenizer.decode([token_id])
