@@ -9,7 +9,8 @@ a `.mask` pair and a sidecar. Samples are numbered across files in sorted path o
 Train/valid split (decided here, for SFT and DPO alike):
   * files whose name starts with "valid" or "eval" (e.g. valid.jsonl, eval_set.json) are the
     validation set and every other file is training;
-  * otherwise a seeded random `valid_ratio` of all samples (at least 1) is held out.
+  * otherwise a seeded random `valid_ratio` of all samples is held out (at least 1 when the
+    ratio is above 0; none with `valid_ratio=0`).
 Either way the valid ids are one small sorted array and train is "everything else", computed on
 the fly (`Complement`), so memory is O(valid samples) however large the store.
 """

@@ -69,6 +69,9 @@ def test_seeded_fraction_split_is_disjoint_and_complete(tmp_path, tiny_hf_tokeni
         assert len(train_keys | valid_keys) == 40
         splits.setdefault(seed, []).append(valid_keys)
     assert splits[1][0] == splits[1][1] and splits[1][0] != splits[2][0]
+    train, valid, _ = build_datasets("sft", raw, tiny_hf_tokenizer_dir, 64, valid_ratio=0.0,
+                                     num_workers=1)
+    assert (len(train), len(valid)) == (40, 0)  # ratio 0: no validation samples at all
 
 
 def test_pretrain_builds_index_and_refuses_other_tokenizer(tmp_path, tiny_hf_tokenizer_dir,
