@@ -176,8 +176,10 @@ class DistributedDataParallel(nn.Module):
 
     def finish_grad_sync(self) -> None:
         """Launch what backward did not launch, and wait until every bucket is reduced."""
-        unused = [param for param in self._bucket_of_param if param not in self._params_with_grad]
-        if unused and not self.config.allow_unused_params:
+        some_unused = len(self._params_with_grad) < len(self._bucket_of_param)
+        if some_unused and not self.config.allow_unused_params:  # (name them: the slow path)
+            unused = [param for param in self._bucket_of_param
+                      if param not in self._params_with_grad]
             names = ", ".join(self.param_names.get(p, "?") for p in unused)
             self._reset_step_state()
             raise RuntimeError(
