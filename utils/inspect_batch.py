@@ -69,12 +69,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer_dir", required=True)
     parser.add_argument("--max_seq_len", type=int, default=256)
     parser.add_argument("--split", choices=("train", "valid"), default="train")
+    parser.add_argument("--seed", type=int, default=1337,
+                        help="as given to train_my_ddp.py: it draws the SFT/DPO valid split")
     parser.add_argument("--index", type=int, default=0, help="first sample of the batch")
     parser.add_argument("--batch_size", type=int, default=1)
     parser.add_argument("--max_rows", type=int, default=40, help="positions shown per sample")
     args = parser.parse_args(argv)
     train, valid, collate_fn = build_datasets(args.task_type, args.data_dir, args.tokenizer_dir,
-                                              args.max_seq_len)
+                                              args.max_seq_len, seed=args.seed)
     dataset = train if args.split == "train" else valid
     stop = min(args.index + args.batch_size, len(dataset))
     if not 0 <= args.index < stop:
