@@ -2,7 +2,8 @@
 
     python bench/bench_ddp.py [--quick] [--world_size 2] [--hidden 768] [--layers 8]
 
-Starts `world_size` local gloo ranks itself (1 intra-op thread each). Every rank holds an MLP
+Starts `world_size` local gloo ranks (tests/distributed_helpers.run_on_ranks, 1 intra-op thread
+each). Every rank holds an MLP
 of `layers` square Linear layers; a step is forward + backward + gradient averaging (+ plain
 SGD so weights move). Our DDP and torch's alternate step by step in the same processes, so
 both see the same machine load; the median step time is reported with the ratio ours / torch.
@@ -14,7 +15,6 @@ Timings on a shared CPU are noisy; compare ratios, not absolute numbers.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,7 +38,7 @@ from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (  #
     PowerSGDState,
     powerSGD_hook,
 )
-from tests.distributed_helpers import find_free_port  # noqa: E402
+from tests.distributed_helpers import run_on_ranks  # noqa: E402
 
 
 def make_model(hidden: int, layers: int) -> nn.Sequential:
@@ -79,11 +78,8 @@ def make_step(model: nn.Module, inputs: torch.Tensor, ours: bool) -> Callable[[i
     return step
 
 
-def bench_rank(rank: int, world_size: int, port: int, args: argparse.Namespace,
-               results: mp.Queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+def bench_rank(rank: int, world_size: int, args: argparse.Namespace) -> dict:
+    """Runs on every rank (started by run_on_ranks); returns this rank's timings and bytes."""
     generator = torch.Generator().manual_seed(rank)
     inputs = torch.randn(args.batch_size, args.hidden, generator=generator)
     bucket_size = int(args.bucket_mb * 2**20) // 4  # fp32 elements, same bytes as torch's cap
@@ -117,8 +113,7 @@ def bench_rank(rank: int, world_size: int, port: int, args: argparse.Namespace,
         time_steps(step, args.warmup)
         report["hooks"][name] = (statistics.median(time_steps(step, args.steps)),
                                  model.comm_bytes_last_step)
-    results.put((rank, report))
-    dist.destroy_process_group()
+    return report
 
 
 def main() -> None:
@@ -136,18 +131,7 @@ def main() -> None:
     if args.quick:
         args.hidden, args.layers, args.steps = 384, 4, 10
 
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    port = find_free_port()
-    processes = [context.Process(target=bench_rank,
-                                 args=(rank, args.world_size, port, args, results))
-                 for rank in range(args.world_size)]
-    for process in processes:
-        process.start()
-    reports = dict(results.get(timeout=600) for _ in processes)
-    for process in processes:
-        process.join()
-    report = reports[0]
+    report = run_on_ranks(bench_rank, args, world_size=args.world_size, timeout=600)[0]
 
     params = args.layers * (args.hidden * args.hidden + args.hidden)
     print(f"MLP {args.layers} x Linear({args.hidden}, {args.hidden}) = {params / 1e6:.2f}M "
