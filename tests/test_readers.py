@@ -302,3 +302,6 @@ def test_iter_texts_from_chains_files_and_shares_stats(tmp_path):
     stats = ReadStats()
     assert list(iter_texts_from(tmp_path, skip_bad_records=True, stats=stats)) == expected + ["z"]
     assert stats.records_read == len(expected) + 1 and stats.skipped == {"not_text": 1}
+    # Another key for the record files leaves the .txt lines as they are.
+    (tmp_path / "part3.jsonl").write_text('{"content": "z"}\n{"text": "not this"}\n')
+    assert list(iter_texts_from(tmp_path, ["content"], skip_bad_records=True)) == expected + ["z"]

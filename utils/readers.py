@@ -9,7 +9,8 @@ Formats (DESIGN §2):
               UTF-8 on its own so an invalid byte is reported with its line number.
     .json     a top-level array of objects, streamed element by element with ijson.
     .parquet  read one record batch at a time (pyarrow), only the needed columns for texts.
-    .txt      one document per line: line `n` becomes the record `{"text": line}`.
+    .txt      one document per line: line `n` becomes the record `{"text": line}` (and its text,
+              whatever `text_key` names: the key only selects a field of .jsonl/.json/.parquet).
 
 Numbering: `Record.number` is the 1-based line number for `.jsonl`/`.txt` and the 1-based
 record index for `.json`/`.parquet`.
@@ -278,6 +279,8 @@ def iter_texts(
     if not keys or not all(isinstance(key, str) for key in keys):
         raise TypeError(f"text_key must be a key or a non-empty list of keys; got {text_key!r}")
     path, stats = Path(path), stats if stats is not None else ReadStats()
+    if path.suffix.lower() == ".txt":
+        keys = ["text"]  # a .txt line is its own text, whatever key the record files use
     for item in _raw_items(path, stats, columns=keys):
         text = item if isinstance(item, BadRecordError) else _text_of(item, keys)
         if isinstance(text, BadRecordError):
