@@ -59,7 +59,7 @@ def test_from_hf_logits_match(kind, tie, tmp_path):
         assert (model(input_ids).logits - hf_model(input_ids).logits).abs().max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("kind", ["gqa", "mqa"])
+@pytest.mark.parametrize("kind", sorted(ATTENTION_KINDS))
 def test_padded_batches_match_hf(kind, tmp_path):
     model = small_model(kind).eval()
     hf_model = _export_and_load_hf(model, tmp_path)
@@ -86,7 +86,7 @@ def test_padded_batches_match_hf(kind, tmp_path):
     assert torch.isfinite(ours_left).all()  # pad rows must not produce NaN
 
 
-@pytest.mark.parametrize("kind", ["mha", "gqa"])
+@pytest.mark.parametrize("kind", sorted(ATTENTION_KINDS))
 def test_greedy_generation_matches_hf(kind, tmp_path):
     model = small_model(kind).eval()
     hf_model = _export_and_load_hf(model, tmp_path)
