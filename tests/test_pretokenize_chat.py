@@ -97,6 +97,30 @@ def test_sft_store_labels_and_truncation(tmp_path, tiny_hf_tokenizer_dir):
             assert trained_ids == full_ids[: len(trained_ids)]
 
 
+def test_sft_truncation_keeps_the_system_prompt_and_cuts_the_reply(tmp_path,
+                                                                   tiny_hf_tokenizer_dir):
+    """Reference: the ChatML text written out by hand; a stored sample decodes to a prefix of
+    it that still holds the system and user turns whole (only the reply's end is cut)."""
+    rng = random.Random()
+    tokenizer = load_tokenizer(tiny_hf_tokenizer_dir)
+    system, max_seq_len = "Answer briefly.", 64
+    replies = [" ".join(rng.choice(["model", "data", "x=1", "hello"]) for _ in range(60))
+               for _ in range(6)]
+    write_jsonl(tmp_path / "raw/train.jsonl", [
+        {"messages": [{"role": "user", "content": f"question {i}"},
+                      {"role": "assistant", "content": reply}]} for i, reply in enumerate(replies)])
+    report = pretokenize_chat_data("sft", tmp_path / "raw", tiny_hf_tokenizer_dir, max_seq_len,
+                                   tmp_path / "out", system_prompt=system, num_workers=1)
+    assert report["num_truncated"] == report["num_documents"] == len(replies)
+    stored = read_by_spec(tmp_path / "out/train")["sequences"]
+    for i, (ids, reply) in enumerate(zip(stored, replies)):
+        prompt = (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nquestion {i}"
+                  "<|im_end|>\n<|im_start|>assistant\n")
+        decoded = tokenizer.decode(ids.tolist())
+        assert len(ids) == max_seq_len and decoded.startswith(prompt)
+        assert (prompt + reply + "<|im_end|>\n").startswith(decoded) and decoded != prompt
+
+
 def test_sft_bad_records(tmp_path, tiny_hf_tokenizer_dir):
     good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     bad = {"conversations": [{"from": "human", "value": "no reply"}]}
