@@ -110,7 +110,6 @@ def main(argv: list[str] | None = None) -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = model.to(device=device, dtype=dtype).eval()
     ids, stop_id = prompt_ids(tokenizer, args)
-    torch.manual_seed(args.seed)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     stream = model.stream_generate(
         torch.tensor([ids], device=device), args.max_new_tokens, temperature=args.temperature,
