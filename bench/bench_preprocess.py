@@ -127,8 +127,10 @@ def run(args: argparse.Namespace, scratch: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller corpus, fewer reads")
-    parser.add_argument("--num_workers", type=int, default=2)
-    parser.add_argument("--max_seq_len", type=int, default=256)
+    parser.add_argument("--num_workers", type=int, default=2,
+                        help="tokenizer worker processes, the same for both measurements")
+    parser.add_argument("--max_seq_len", type=int, default=256,
+                        help="sample length for the random-access reads")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each (best kept)")
     args = parser.parse_args()
     args.repeats = args.repeats or (2 if args.quick else 3)

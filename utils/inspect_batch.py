@@ -64,15 +64,20 @@ def format_batch(tokenizer: Any, batch: dict, max_rows: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task_type", choices=TASK_TYPES, required=True)
+    parser.add_argument("--task_type", choices=TASK_TYPES, required=True,
+                        help="which dataset and collator to build, as in train_my_ddp.py")
     parser.add_argument("--data_dir", required=True, help="as given to train_my_ddp.py")
-    parser.add_argument("--tokenizer_dir", required=True)
-    parser.add_argument("--max_seq_len", type=int, default=256)
-    parser.add_argument("--split", choices=("train", "valid"), default="train")
+    parser.add_argument("--tokenizer_dir", required=True,
+                        help="the saved tokenizer the data was (or will be) tokenized with")
+    parser.add_argument("--max_seq_len", type=int, default=256,
+                        help="tokens per sample, as given to train_my_ddp.py")
+    parser.add_argument("--split", choices=("train", "valid"), default="train",
+                        help="show training or validation samples")
     parser.add_argument("--seed", type=int, default=1337,
                         help="as given to train_my_ddp.py: it draws the SFT/DPO valid split")
     parser.add_argument("--index", type=int, default=0, help="first sample of the batch")
-    parser.add_argument("--batch_size", type=int, default=1)
+    parser.add_argument("--batch_size", type=int, default=1,
+                        help="samples collated together (padding shows as 'pad')")
     parser.add_argument("--max_rows", type=int, default=40, help="positions shown per sample")
     args = parser.parse_args(argv)
     train, valid, collate_fn = build_datasets(args.task_type, args.data_dir, args.tokenizer_dir,
