@@ -161,7 +161,12 @@ def build_sample_index(data_dir: str | Path, max_seq_len: int,
 
 def load_index_sidecar(data_dir: str | Path, max_seq_len: int, split: str) -> dict[str, Any]:
     path = index_path(data_dir, max_seq_len, split)
-    sidecar = json.loads(path.with_name(path.name + ".json").read_text())
+    sidecar_path = path.with_name(path.name + ".json")
+    if not sidecar_path.exists():  # never built, or a rebuild did not finish
+        raise FileNotFoundError(f"{sidecar_path} not found: build the index with python -m "
+                                "data_preprocess.build_pretrain_sample_index_map --data_dir "
+                                f"{data_dir} --max_seq_len {max_seq_len}")
+    sidecar = json.loads(sidecar_path.read_text())
     if sidecar.get("format") != INDEX_FORMAT or sidecar.get("version") != INDEX_VERSION:
         raise ValueError(f"{path}.json: not a {INDEX_FORMAT} v{INDEX_VERSION} sidecar")
     if sidecar["seq_len"] != max_seq_len or sidecar["split"] != split:
