@@ -64,11 +64,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if compute_grads:
                 # d(sum of losses)/d(logits) = softmax - onehot(label) on trained rows. The
                 # row mask is applied to the narrow [rows, hidden] operands, not the wide
-                # [rows, V] one; exp writes straight into the matmul dtype (no extra copy).
-                grad_logits = torch.exp(log_probs, out=torch.empty_like(log_probs,
-                                                                        dtype=hidden.dtype))
-                grad_logits.scatter_add_(1, labels[rows].clamp(min=0)[:, None],
-                                         torch.full_like(grad_logits[:, :1], -1.0))
+                # [rows, V] one. Every [rows, V] pass costs (memory-bound), so: exp in place
+                # (log_probs is not needed any more; no new fp32 buffer), one cast to the
+                # matmul dtype, and the -1 at each row's label as an indexed update
+                # (scatter_add_ on bf16 converts the whole tensor to fp32 and back on CPU).
+                grad_logits = log_probs.exp_().to(hidden.dtype)
+                row_ids = torch.arange(grad_logits.shape[0], device=grad_logits.device)
+                grad_logits[row_ids, labels[rows].clamp(min=0)] -= 1.0
                 grad_hidden[rows] = (grad_logits @ weight) * row_mask[rows]
                 grad_weight += (grad_logits.T @ (hidden[rows] * row_mask[rows])).float()
         ctx.save_for_backward(grad_hidden, grad_weight, inv_num_valid)
