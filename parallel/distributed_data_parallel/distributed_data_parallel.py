@@ -137,11 +137,18 @@ class DistributedDataParallel(nn.Module):
 
     def _on_grad_ready(self, param: Parameter) -> None:
         """Autograd calls this once `param.grad` holds this backward's gradient for `param`."""
+        bucket = self._bucket_of_param[param]
+        if bucket.global_index < self._next_bucket_to_launch:
+            # Adding now would race with (or come after) the bucket's collective.
+            raise RuntimeError(
+                f"gradient of {self.param_names.get(param, '?')} arrived after its bucket's "
+                f"reduction started: a second backward in one step needs no_sync() around "
+                f"every backward but the last (gradient accumulation), or "
+                f"finish_grad_sync() and zero_grad_buffer() in between.")
         param.main_grad.add_(param.grad)
         param.grad = None  # the buffer holds the gradient now; free autograd's copy at once
         self._params_with_grad.add(param)
         if self.config.overlap_grad_reduce and self._is_last_microbatch:
-            bucket = self._bucket_of_param[param]
             ready = self._ready_params[bucket.global_index]
             ready.add(param)
             if len(ready) == len(bucket.params):

@@ -158,3 +158,19 @@ def test_a_failing_rank_makes_the_other_fail_clearly(overlap: bool, failure: str
     message = run_on_ranks(_one_rank_fails, overlap, failure, collective_timeout_s=3.0,
                            timeout=60)[0]
     assert "reducing gradient bucket 0" in message and "Another rank" in message
+
+
+def _second_backward_without_no_sync(rank: int, world_size: int) -> str:
+    ddp = DistributedDataParallel(make_mlp(seed=0), DistributedDataParallelConfig(bucket_size=1))
+    inputs, targets = make_batch(rank, 0, 0)
+    mse_loss(ddp, inputs, targets).backward()  # launches every bucket (overlap)
+    try:
+        mse_loss(ddp, inputs, targets).backward()
+    except RuntimeError as error:
+        return str(error)
+    raise AssertionError("a gradient added after its bucket's reduction began must be refused")
+
+
+def test_second_backward_after_buckets_launched_is_refused() -> None:
+    message = run_on_ranks(_second_backward_without_no_sync, world_size=1)[0]
+    assert "arrived after its bucket's reduction started" in message and "no_sync()" in message
