@@ -16,6 +16,8 @@ The price: each bucket is updated before the others are even reduced, so nothing
   every bucket), and
 - fp16 loss scaling (a step is skipped when *any* gradient overflows; bucket 0 would already
   be updated when an inf shows up in bucket 5).
+For the same reason a bf16/fp32 step with an inf/NaN gradient is not skipped here (the other
+optimizers skip it): the buckets reduced before it are already updated.
 `step()` still reports the global gradient norm, computed after the updates, for logging.
 
 Usage (the object behaves like every optimizer of optimizer.get_optimizer):
