@@ -40,7 +40,12 @@ def find_store_sidecars(directory: Path, kind: str) -> list[tuple[Path, dict]]:
         path = idx_path.with_suffix(".json")
         if not path.exists():
             continue
-        sidecar = json.loads(path.read_text())
+        try:
+            sidecar = json.loads(path.read_text())
+        except json.JSONDecodeError as error:  # sidecars are written atomically: not one of ours
+            raise ValueError(f"{path}: not valid JSON ({error}), yet it sits beside the token "
+                             f"file {idx_path.name}; move it away or re-run pretokenization"
+                             ) from error
         if isinstance(sidecar, dict) and sidecar.get("format") == f"z2all-{kind}":
             found.append((path.with_suffix(""), sidecar))
     return found

@@ -1,4 +1,5 @@
-"""build_datasets: splits, the online cache, rank-0 preparation and disjoint samples per rank."""
+"""build_datasets: splits, the online cache, rank-0 preparation, disjoint samples per rank, and
+located errors for damaged store files."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data_preprocess.indexed_dataset import IndexedDatasetWriter
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from dataset.build import CACHE_DIR_NAME, build_datasets
-from dataset.chat_store import Complement
+from dataset.chat_store import ChatTokenStore, Complement
 from dataset.prepare import prepare_once
 from dataset.sampler import StatefulDistributedSampler
 from tests.distributed_helpers import run_on_ranks
@@ -125,3 +127,11 @@ def test_two_ranks_share_one_cache_and_see_disjoint_samples(tmp_path, tiny_hf_to
     assert len(set(all_indices)) == 12  # disjoint across ranks and steps within the epoch
     for result in results:  # every rank reads the same bytes for the same index
         assert result["samples"] == [sample_keys_at(train, i) for i in result["indices"]]
+
+
+def test_a_damaged_sidecar_is_named(tmp_path):
+    with IndexedDatasetWriter(tmp_path / "a", np.uint16) as writer:
+        writer.add_document([np.random.default_rng().integers(0, 500, size=9)])
+    (tmp_path / "a.json").write_text('{"format": "z2all-sft", "tokenizer": ')  # cut off
+    with pytest.raises(ValueError, match=r"a.json: not valid JSON .* beside the token file a.idx"):
+        ChatTokenStore(tmp_path, "sft")
