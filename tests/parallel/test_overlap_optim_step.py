@@ -123,8 +123,13 @@ def test_refuses_clipping_and_fp16_with_the_reason() -> None:
 
 
 def _bf16_params_use_fp32_masters(rank: int, world_size: int) -> None:
+    for grad_reduce_in_fp32 in (True, False):
+        _bf16_params_with_grads_reduced_in(rank, grad_reduce_in_fp32)
+
+
+def _bf16_params_with_grads_reduced_in(rank: int, grad_reduce_in_fp32: bool) -> None:
     model = make_mlp(seed=rank).to(torch.bfloat16)
-    config = DistributedDataParallelConfig(bucket_size=50, grad_reduce_in_fp32=True)
+    config = DistributedDataParallelConfig(bucket_size=50, grad_reduce_in_fp32=grad_reduce_in_fp32)
     overlapped = DistributedDataParallel(copy.deepcopy(model), config)
     optimizer = OverlappedAdamW(overlapped, params_dtype="bf16", **HYPER)
     plain = DistributedDataParallel(copy.deepcopy(model), config)
@@ -141,8 +146,9 @@ def _bf16_params_use_fp32_masters(rank: int, world_size: int) -> None:
             ddp.finish_grad_sync()
         optimizer.step()
         for master, param in zip(masters, params):
-            assert param.main_grad.dtype == torch.float32
-            master.grad = param.main_grad
+            expected_dtype = torch.float32 if grad_reduce_in_fp32 else torch.bfloat16
+            assert param.main_grad.dtype == expected_dtype
+            master.grad = param.main_grad.float()
         reference.step()
         with torch.no_grad():
             for master, param in zip(masters, params):

@@ -109,7 +109,9 @@ class OverlappedAdamW:
     def step_bucket(self, bucket: Bucket) -> None:
         """AdamW on one reduced bucket (its `main_grad`s hold the rank average)."""
         for param in bucket.params:
-            self.master_params[param].grad = param.main_grad
+            master, grad = self.master_params[param], param.main_grad
+            # bf16 grads (grad_reduce_in_fp32=False) need an fp32 copy for the fp32 master.
+            master.grad = grad if grad.dtype == master.dtype else grad.float()
         self.bucket_optimizers[bucket.global_index].step()
         for param in bucket.params:
             master = self.master_params[param]
