@@ -203,10 +203,13 @@ class DistributedDataParallel(nn.Module):
                     handle.wait()
                 except RuntimeError as error:
                     names = ", ".join(self.param_names.get(p, "?") for p in bucket.params[:3])
+                    # The hook's own work (e.g. OverlappedAdamW's step) also runs in wait():
+                    # keep its message, and blame other ranks only for communication errors.
                     raise RuntimeError(
                         f"rank {self.data_parallel_rank}: reducing gradient bucket "
-                        f"{bucket.global_index} ({names}, ...) failed. Another rank probably "
-                        f"crashed, diverged or timed out; look at its log first.") from error
+                        f"{bucket.global_index} ({names}, ...) failed: {error}\nIf this is a "
+                        f"communication error, another rank probably crashed, diverged or "
+                        f"timed out: look at its log first.") from error
             self.comm_bytes_last_step = self._bytes_this_step
         finally:
             self._reset_step_state()

@@ -157,7 +157,7 @@ def _one_rank_fails(rank: int, world_size: int, overlap: bool, failure: str) -> 
 def test_a_failing_rank_makes_the_other_fail_clearly(overlap: bool, failure: str) -> None:
     message = run_on_ranks(_one_rank_fails, overlap, failure, collective_timeout_s=3.0,
                            timeout=60)[0]
-    assert "reducing gradient bucket 0" in message and "Another rank" in message
+    assert "reducing gradient bucket 0" in message and "another rank probably crashed" in message
 
 
 def _second_backward_without_no_sync(rank: int, world_size: int) -> str:
