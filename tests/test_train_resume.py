@@ -93,12 +93,25 @@ def test_two_rank_resume_is_bitwise(data, tmp_path):
     """All variants in one spawn of 2 ranks (starting ranks costs more than these runs)."""
     runs = [argv for name, extra in TWO_RANK_VARIANTS.items()
             for argv in _three_runs(_pretrain_args(data, *extra), tmp_path / name, 6, 3)]
+    zero1_args = _pretrain_args(data, *TWO_RANK_VARIANTS["zero1"], "--max_iters=6")
+    shrink = tmp_path / "zero1_to_one_rank"
+    runs.append([*zero1_args, f"--out_dir={shrink}", "--stop_at_iter=3"])
     assert run_on_two_ranks(*runs) == [0] * len(runs)
     for name in TWO_RANK_VARIANTS:
         _assert_identical(tmp_path / name / "full", tmp_path / name / "cut", 6, 3)
     # ZeRO-1 saved one optimizer shard per rank
     zero1_ckpt = tmp_path / "zero1" / "cut" / "ckpt" / "step_000006" / "optim"
     assert len(list(zero1_ckpt.iterdir())) >= 2
+
+    # Resuming the 2-rank ZeRO-1 run on 1 process with the same global batch (2 x 2 = 1 x 4):
+    # the shards are re-cut and the data continues where it stopped; same steps up to
+    # rounding (the sum over ranks happens in another order), no longer bitwise.
+    with pytest.warns(UserWarning, match="batch_size changed 2 -> 4"):
+        assert run_main([*zero1_args, f"--out_dir={shrink}", "--resume", "--batch_size=4"]) == 0
+    reference = train_losses(tmp_path / "zero1" / "full")
+    resumed = train_losses(shrink)
+    assert sorted(resumed) == sorted(reference)
+    assert resumed == pytest.approx(reference, rel=1e-4)
 
 
 def test_damaged_newest_checkpoint_is_skipped(data, tmp_path):
