@@ -4,7 +4,8 @@ Reference: the same command run straight through to max_iters. Compared: every s
 (exact float equality) and the final model.safetensors (byte equality). Variants: one process
 (with gradient accumulation and dropout), DPO, and 2 ranks with plain DDP, ZeRO-1, PowerSGD
 and the overlapped optimizer step.
-Also: a damaged newest checkpoint is skipped with a warning; --resume without a checkpoint is
+Also: a 2-rank ZeRO-1 run resumed on 1 process continues with the same losses (to rounding);
+a damaged newest checkpoint is skipped with a warning; --resume without a checkpoint is
 a clear error; SIGKILL / SIGTERM mid-run lose at most the steps since the last checkpoint.
 """
 
