@@ -100,16 +100,19 @@ def test_sft_init_from_hf_export_matches_z2all_checkpoint(data, pretrained, tmp_
 
 
 def test_two_ranks(data, pretrained, tmp_path):
-    """One spawn of 2 ranks runs pretrain (vs 1 process × batch 4), then SFT, then DPO."""
+    """One spawn of 2 ranks runs pretrain (vs 1 process × batch 4), then SFT and DPO, which
+    must lower their losses too."""
     common = [*TINY_ARGS, "--max_iters=4", "--eval_interval=4", "--save_interval=4"]
     one, two = tmp_path / "one", tmp_path / "two"
     sft_dir, dpo_dir = tmp_path / "sft", tmp_path / "dpo"
     assert run_main([*common, *data_args(data, "pretrain"), f"--out_dir={one}",
                      "--batch_size=4"]) == 0
+    tuning = [*TINY_ARGS, "--max_iters=12", "--eval_interval=12", "--save_interval=12"]
     assert run_on_two_ranks(
         [*common, *data_args(data, "pretrain"), f"--out_dir={two}", "--batch_size=2"],
-        [*common, *data_args(data, "sft"), f"--out_dir={sft_dir}", f"--init_from={pretrained}"],
-        [*common, *data_args(data, "dpo"), f"--out_dir={dpo_dir}", f"--init_from={sft_dir}"],
+        [*tuning, *data_args(data, "sft"), f"--out_dir={sft_dir}", f"--init_from={pretrained}"],
+        [*tuning, *data_args(data, "dpo"), f"--out_dir={dpo_dir}", f"--init_from={sft_dir}",
+         "--dpo_beta=0.5"],
     ) == [0, 0, 0]
 
     # Same global batch => same steps, only if ranks read disjoint halves of one global order.
@@ -119,6 +122,10 @@ def test_two_ranks(data, pretrained, tmp_path):
     assert run_info["effective_batch"] == 4 and run_info["world_size"] == 2
     assert records(two, "train")[-1]["tokens"] == records(one, "train")[-1]["tokens"] == 4 * 4 * 32
 
-    assert resolve_checkpoint(sft_dir).name == "step_000004"
-    assert records(dpo_dir, "train")[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)
-    assert resolve_checkpoint(dpo_dir).name == "step_000004"
+    sft_losses = list(train_losses(sft_dir).values())
+    assert _mean(sft_losses[-3:]) < _mean(sft_losses[:3])
+    dpo_losses = list(train_losses(dpo_dir).values())
+    assert dpo_losses[0] == pytest.approx(math.log(2), abs=1e-5)
+    dpo_eval = records(dpo_dir, "eval")[-1]  # held-out pairs: chosen now beats rejected
+    assert dpo_eval["val_loss"] < math.log(2) - 0.01 and dpo_eval["val_rewards/margins"] > 0
+    assert resolve_checkpoint(dpo_dir).name == "step_000012"
