@@ -82,4 +82,16 @@ def load_rank_state(ckpt_dir: Path, env: DistributedEnv, saved_world_size: int
     caller reseeds: the run continues correctly but is no longer bitwise reproducible)."""
     if saved_world_size != env.world_size:
         return None
-    return load_torch(_rank_file(ckpt_dir, env.rank))
+    state = load_torch(_rank_file(ckpt_dir, env.rank))
+    # RNG states stay CPU byte tensors (that is what torch's setters take); the comm hook's
+    # tensors (PowerSGD's error feedback and Q) go back to the device the gradients live on.
+    state["comm_hook"] = _to_device(state["comm_hook"], env.device)
+    return state
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: _to_device(item, device) for key, item in value.items()}
+    return value
