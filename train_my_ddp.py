@@ -111,11 +111,12 @@ def forward_dpo(model: Any, batch: dict[str, torch.Tensor], *, reference: torch.
 # --------------------------------------------------------------------------- stop signals
 
 class StopSignal:
-    """While active, SIGTERM / SIGINT only set a flag: the loop finishes the step, all ranks
-    agree to stop, save a checkpoint and exit with 128 + signal (so a supervisor knows the run
-    is not finished). The previous handlers come back on exit."""
+    """While active, SIGTERM / SIGINT / SIGHUP only set a flag: the loop finishes the step, all
+    ranks agree to stop, save a checkpoint and exit with 128 + signal (so a supervisor knows the
+    run is not finished). SIGHUP is what a run started over ssh gets when the connection (or
+    `monitor_process.py --remote`) goes away. The previous handlers come back on exit."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
     def __enter__(self) -> StopSignal:
         self.received: int | None = None
@@ -202,12 +203,15 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
                                          label_smoothing=cfg.dpo_label_smoothing,
                                          nll_weight=cfg.dpo_nll_weight)
 
-    # Counters and state, fresh or from the checkpoint.
-    step, tokens_seen, best_val_loss = 0, 0, None
+    # Counters and state, fresh or from the checkpoint. consumed_samples is counted, not
+    # derived from step x global batch, so a resume with another world size or batch size
+    # continues the data order where it stopped.
+    step, tokens_seen, consumed_samples, best_val_loss = 0, 0, 0, None
     seed_everything(cfg.seed + env.rank)  # dropout differs per rank, reproducibly
     if resume_dir is not None:
         state = load_trainer_state(resume_dir)
         step, tokens_seen = state["step"], state["tokens_seen"]
+        consumed_samples = state["consumed_samples"]
         best_val_loss = state["best_val_loss"]
         optimizer.load_checkpoint(resume_dir / "optim")
         sampler.load_state_dict(state["sampler"])
@@ -260,8 +264,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         return save_training_checkpoint(
             env, run_dir / "ckpt", step, model=model, optimizer=optimizer,
             trainer_state={"step": step, "tokens_seen": tokens_seen,
-                           "consumed_samples": step * global_batch,
-                           "sampler": sampler.state_dict_at(step * global_batch),
+                           "consumed_samples": consumed_samples,
+                           "sampler": sampler.state_dict_at(consumed_samples),
                            "lr_schedule": schedule.state_dict(), "best_val_loss": best_val_loss,
                            "config": cfg.to_dict()},
             comm_hook_state=comm_hook_state and comm_hook_state.state_dict(),
@@ -296,6 +300,7 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         ddp.finish_grad_sync()
         stepped, grad_norm = optimizer.step()
         step += 1
+        consumed_samples += global_batch
         # One small all-reduce per step: did any rank get a stop signal, and the step's tokens.
         stop_votes, step_tokens = all_reduce_sum(
             [float(stop_signal.received is not None), meter.local_step_tokens], env)

@@ -6,7 +6,7 @@ Reference: the same command run straight through to max_iters. Compared: every s
 and the overlapped optimizer step.
 Also: a 2-rank ZeRO-1 run resumed on 1 process continues with the same losses (to rounding);
 a damaged newest checkpoint is skipped with a warning; --resume without a checkpoint is
-a clear error; SIGKILL / SIGTERM mid-run lose at most the steps since the last checkpoint.
+a clear error; SIGKILL / SIGTERM / SIGHUP mid-run lose at most the steps since the last checkpoint.
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ def test_resume_without_checkpoint_is_a_clear_error(data, tmp_path):
         run_main([*_pretrain_args(data), f"--out_dir={tmp_path / 'empty'}", "--resume"])
 
 
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP],
+                         ids=["kill", "term", "hangup"])
 def test_interrupted_process_resumes_from_its_last_checkpoint(data, tmp_path, signum):
     total = 60
     args = _pretrain_args(data, "--save_interval=5", f"--max_iters={total}", "--eval_interval=50")
@@ -151,7 +152,7 @@ def test_interrupted_process_resumes_from_its_last_checkpoint(data, tmp_path, si
     assert returncode in (-signal.SIGKILL, 128 + signum), stderr
     saved_steps = [step for step, _ in list_checkpoints(cut / "ckpt")]
     assert saved_steps and saved_steps[-1] < total
-    if signum == signal.SIGTERM:  # stopped cleanly: a checkpoint at the step it stopped
+    if signum != signal.SIGKILL:  # stopped cleanly: a checkpoint at the step it stopped
         assert saved_steps[-1] == records(cut, "train")[-1]["step"]
 
     assert run_main([*args, f"--out_dir={cut}", "--resume"]) == 0
