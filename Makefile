@@ -23,8 +23,10 @@ test: venv
 lint: venv
 	$(PY) -m ruff check .
 
+# `make bench BENCH_FLAGS=--quick` for a shorter run of every benchmark.
+BENCH_FLAGS ?=
 bench: venv
-	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script $(BENCH_FLAGS) || exit 1; done
 
 clean:
 	rm -rf out data/demo tokenizer/demo_* .pytest_cache .ruff_cache
