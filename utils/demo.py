@@ -14,8 +14,16 @@ out/demo_*/ckpt), so one stage can be re-run alone:
     python -m utils.demo --only sft        # just that stage (its inputs must exist)
     python -m utils.demo --from dpo        # that stage and the ones after it
 
-Sized for 2 CPU cores: a 1.5M-parameter model (preset "tiny", vocabulary 4096), 300
-pretraining + 600 SFT + 100 DPO steps. The summary reports wall time and CPU time per stage
+Sized for 2 CPU cores: a 1.0M-parameter model (preset "tiny" with a 512-token vocabulary),
+300 pretraining + 5000 SFT + 100 DPO steps, in bf16 (fp32 master weights). Measured choices
+(held-out accuracy after SFT): the skills need attention that reads the prompt, and a tiny
+model finds it only after thousands of small-batch steps. 600 steps of batch 32 reach 15%
+(the model answers "11" to every sum); 5000 steps of batch 16 reach 26% (add1 42%, length
+96%), and DPO keeps it (27%). Copying made-up words stays rare at this size (a model SFT-ed
+from a random init starts to copy after ~1500 steps; the pretrained one later). The 512-token
+vocabulary splits those words into letters and short pieces (1200 SFT steps from a random
+init: 18% with it, 9% with 4096) and makes pretraining cheap (~50 s). The whole demo takes
+~1000 CPU s (~9 min on 2 idle cores). The summary reports wall time and CPU time per stage
 (on a busy machine, CPU time / 2 estimates the wall time on 2 dedicated cores).
 """
 
@@ -32,18 +40,19 @@ from pathlib import Path
 DEMO = "data/demo"
 TOKENIZER = "tokenizer/demo_hf"
 OUT = "out"
-# What every training stage shares: the tokenizer, logging, the sample prompts.
-TRAIN_COMMON = [f"--tokenizer_dir={TOKENIZER}", "--log_interval=10", "--num_threads=2",
-                "--keep_last=1", "--max_new_tokens=16"]
+VOCAB = "512"  # small: made-up words split into letters and short pieces (see above)
+# What every training stage shares: the tokenizer, precision, logging, the sample prompts.
+TRAIN_COMMON = [f"--tokenizer_dir={TOKENIZER}", "--dtype=bf16", "--log_interval=10",
+                "--num_threads=2", "--keep_last=1", "--max_new_tokens=16"]
 CHAT_PROMPTS = '--eval_prompts=["What is 3 + 4?", "Reverse the word \\"kato\\".", ' \
                '"Repeat the word \\"mira\\"."]'
 
 STAGES: list[tuple[str, list[str]]] = [
     ("corpus", ["-m", "data.build_demo_corpus", "--out", DEMO]),
     ("tokenizer_bpe", ["-m", "tokenizer.train_tokenizer", "--type", "hf", "--input",
-                       f"{DEMO}/pretrain", "--vocab_size", "4096", "--out", TOKENIZER]),
+                       f"{DEMO}/pretrain", "--vocab_size", VOCAB, "--out", TOKENIZER]),
     ("tokenizer_sp", ["-m", "tokenizer.train_tokenizer", "--type", "sp", "--input",
-                      f"{DEMO}/pretrain", "--vocab_size", "4096", "--out", "tokenizer/demo_sp"]),
+                      f"{DEMO}/pretrain", "--vocab_size", VOCAB, "--out", "tokenizer/demo_sp"]),
     ("encodings", ["-m", "tokenizer.show_encodings", TOKENIZER, "tokenizer/demo_sp"]),
     ("pretokenize", ["-m", "data_preprocess.pretokenize_pretrain_data", "--data_dir",
                      f"{DEMO}/pretrain", "--tokenizer_dir", TOKENIZER, "--out_dir",
@@ -58,10 +67,10 @@ STAGES: list[tuple[str, list[str]]] = [
                   '--eval_prompts=["ROMEO.", "The king"]']),
     ("sft", ["train_my_ddp.py", *TRAIN_COMMON, "--task_type=sft",
              f"--init_from={OUT}/demo_pretrain", f"--data_dir={DEMO}/sft",
-             f"--out_dir={OUT}/demo_sft", "--max_seq_len=128", "--batch_size=32",
-             "--max_iters=600", "--warmup_iters=10", "--lr=3e-3", "--min_lr=3e-4",
-             "--weight_decay=0.0", "--eval_interval=100", "--eval_iters=2",
-             "--save_interval=100", CHAT_PROMPTS]),
+             f"--out_dir={OUT}/demo_sft", "--max_seq_len=128", "--batch_size=16",
+             "--max_iters=5000", "--warmup_iters=30", "--lr=3e-3", "--min_lr=3e-4",
+             "--weight_decay=0.0", "--eval_interval=500", "--eval_iters=4",
+             "--save_interval=500", CHAT_PROMPTS]),
     ("accuracy_sft", ["-m", "utils.demo_eval", "--ckpt", f"{OUT}/demo_sft", "--tokenizer_dir",
                       TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl"]),
     ("dpo", ["train_my_ddp.py", *TRAIN_COMMON, "--task_type=dpo",
