@@ -20,11 +20,12 @@ def test_logger_appends_records_and_reader_skips_a_torn_line(tmp_path):
     for step, value in enumerate(values):
         log.log("train", step, quiet=True, loss=value)
     log.close()
-    with open(tmp_path / "metrics.jsonl", "a") as handle:
-        handle.write('{"kind": "train", "step": 3, "lo')  # a crash mid-line
+    with open(tmp_path / "metrics.jsonl", "ab") as handle:
+        # a crash mid-line, in the middle of a 2-byte UTF-8 character ("é" is C3 A9)
+        handle.write(b'{"kind": "samples", "step": 3, "text": "caf\xc3')
     records = read_metrics(tmp_path)
     assert [r["loss"] for r in records] == values
-    assert all(json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text()
+    assert all(json.loads(line) for line in (tmp_path / "metrics.jsonl").read_bytes()
                .splitlines()[:3])
     silent = MetricsLogger(tmp_path / "rank1", enabled=False)
     silent.log("train", 0, loss=1.0)

@@ -69,15 +69,21 @@ def _short(value: float) -> str:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All records of a run's metrics.jsonl, skipping a torn last line left by a crash."""
+    """All records of a run's metrics.jsonl, skipping a line torn by a crash.
+
+    Read as bytes: a crash can cut a multi-byte UTF-8 character (sample texts are logged with
+    `ensure_ascii=False`) in half, and a text-mode read would then fail on the whole file.
+    """
     records = []
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return records
-    with open(path, encoding="utf-8") as handle:
+    with open(path, "rb") as handle:
         for line in handle:
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = json.loads(line)
+            except ValueError:  # JSONDecodeError and UnicodeDecodeError
                 continue
+            if isinstance(record, dict):
+                records.append(record)
     return records
