@@ -90,11 +90,6 @@ def all_reduce_sum(values: list[float], env: DistributedEnv) -> list[float]:
     return tensor.tolist()
 
 
-def any_rank(flag: bool, env: DistributedEnv) -> bool:
-    """True on every rank if `flag` is true on at least one (e.g. "a stop signal arrived")."""
-    return all_reduce_sum([float(flag)], env)[0] > 0 if env.is_distributed else flag
-
-
 def broadcast_from_main(value: Any, env: DistributedEnv) -> Any:
     """Rank 0's `value` on every rank (any picklable object)."""
     if not env.is_distributed:
