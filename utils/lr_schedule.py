@@ -1,7 +1,8 @@
 """Learning-rate schedule: linear warmup, then cosine | linear | constant decay to `min_lr`.
 
-A pure function of the step: resuming needs no scheduler state beyond the step counter, and
-the checkpoint stores the schedule's parameters only to warn if a resume changes them.
+A pure function of the step: resuming needs no scheduler state beyond the step counter. The
+checkpoint's trainer state records the schedule's parameters for reference; a resume that
+changes them is reported by utils/train_config.py (the saved config.json vs the command line).
 
     lr
     ^      ____
