@@ -30,11 +30,11 @@ def test_matches_closed_form(beta, eps):
     pc, pr, rc, rr = logps
     torch.testing.assert_close(out.chosen_rewards, beta * (pc - rc))
     torch.testing.assert_close(out.rejected_rewards, beta * (pr - rr))
-    accuracy = sum(float(beta * (a - c) > beta * (b - d))
-                   for a, b, c, d in zip(*[t.tolist() for t in logps])) / 16
+    rows = list(zip(*[t.tolist() for t in logps]))
+    accuracy = sum(float(beta * (a - c) > beta * (b - d)) for a, b, c, d in rows) / 16
     assert out.reward_accuracy.item() == pytest.approx(accuracy)
-    assert out.reward_margin.item() == pytest.approx(
-        (out.chosen_rewards - out.rejected_rewards).mean().item())
+    margin = sum(beta * (a - c) - beta * (b - d) for a, b, c, d in rows) / 16
+    assert out.reward_margin.item() == pytest.approx(margin, rel=1e-10)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
