@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -103,10 +104,12 @@ def test_crash_mid_save_leaves_previous_checkpoint_usable(tmp_path):
 
 
 def test_keep_last_and_best(tmp_path):
-    val_losses = {1: 3.0, 2: 1.5, 3: 2.5, 4: 2.0, 5: 2.2}
+    # step 1 diverged: NaN compares false both ways, so min() would keep it if it counted
+    val_losses = {1: float("nan"), 2: 1.5, 3: 2.5, 4: 2.0, 5: 2.2}
     for step, val_loss in val_losses.items():
         _save(tmp_path, step, keep_last=2, val_loss=val_loss)
-    best_step = min(val_losses, key=val_losses.get)
+    best_step = min((step for step, loss in val_losses.items() if math.isfinite(loss)),
+                    key=val_losses.get)
     kept = [step for step, _ in list_checkpoints(tmp_path / "ckpt")]
     assert kept == sorted({best_step, 4, 5})
     assert best_checkpoint(tmp_path / "ckpt").name == f"step_{best_step:06d}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -137,7 +138,7 @@ def _update_best(ckpt_root: Path) -> None:
             val_loss = _read_manifest(ckpt_dir).get("val_loss")
         except (OSError, ValueError):
             continue
-        if val_loss is not None:
+        if val_loss is not None and math.isfinite(val_loss):  # a diverged (NaN) eval never wins
             scored.append((val_loss, -step, ckpt_dir))
     if not scored:
         return
