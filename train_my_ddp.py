@@ -206,13 +206,12 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     # Counters and state, fresh or from the checkpoint. consumed_samples is counted, not
     # derived from step x global batch, so a resume with another world size or batch size
     # continues the data order where it stopped.
-    step, tokens_seen, consumed_samples, best_val_loss = 0, 0, 0, None
+    step, tokens_seen, consumed_samples = 0, 0, 0
     seed_everything(cfg.seed + env.rank)  # dropout differs per rank, reproducibly
     if resume_dir is not None:
         state = load_trainer_state(resume_dir)
         step, tokens_seen = state["step"], state["tokens_seen"]
         consumed_samples = state["consumed_samples"]
-        best_val_loss = state["best_val_loss"]
         optimizer.load_checkpoint(resume_dir / "optim")
         sampler.load_state_dict(state["sampler"])
         rank_state = load_rank_state(resume_dir, env, state["world_size"])
@@ -266,8 +265,7 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
             trainer_state={"step": step, "tokens_seen": tokens_seen,
                            "consumed_samples": consumed_samples,
                            "sampler": sampler.state_dict_at(consumed_samples),
-                           "lr_schedule": schedule.state_dict(), "best_val_loss": best_val_loss,
-                           "config": cfg.to_dict()},
+                           "lr_schedule": schedule.state_dict(), "config": cfg.to_dict()},
             comm_hook_state=comm_hook_state and comm_hook_state.state_dict(),
             keep_last=cfg.keep_last, val_loss=val_loss)
 
@@ -323,9 +321,7 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         if step % cfg.eval_interval == 0 or finished:
             metrics = evaluate()
             val_loss = metrics["val_loss"]
-            log.log("eval", step, **metrics)
-            if best_val_loss is None or val_loss < best_val_loss:
-                best_val_loss = val_loss
+            log.log("eval", step, **metrics)  # `ckpt/best` follows the manifests' val_loss
         if step % cfg.save_interval == 0 or finished:
             path = save(val_loss)
             if env.is_main:

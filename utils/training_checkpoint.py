@@ -4,7 +4,7 @@
       config.json, model.safetensors   the model (rank 0; `Z2allForCausalLM.from_pretrained`)
       optim/                           the optimizer (ZeRO-1: one shard file per rank)
       trainer_state.pt                 step, consumed samples, tokens, sampler state, LR
-                                       schedule, best val loss, run config (rank 0)
+                                       schedule, run config (rank 0)
       ranks/rank_00000.pt ...          per rank: every RNG state, comm-hook state (PowerSGD's
                                        error feedback and Q matrices differ on each rank)
       manifest.json                    written last (utils.checkpoint)
