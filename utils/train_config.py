@@ -84,7 +84,8 @@ class SystemOptions:
     device: str = option("auto", "auto | cpu | cuda (auto: cuda if available)")
     num_threads: int | None = option(None, "CPU threads per rank (default: cores // local ranks)")
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = option(
-        "auto", "parameter/compute dtype (auto: bf16 on CUDA if supported, else fp32)")
+        "auto", "parameter/compute dtype (auto: fp32 on CPU; on CUDA bf16 if supported, "
+        "else fp16)")
     peak_flops: float | None = option(None, "peak FLOP/s of one device for MFU (auto: known GPUs, "
                                       "else MFU is not reported)")
     initial_loss_scale: float = option(2.0 ** 16, "fp16 dynamic loss scale: start")
@@ -132,7 +133,8 @@ class RunOptions:
     resume: bool = option(False, "continue from the newest valid checkpoint in out_dir")
     log_interval: int = option(10, "log training metrics every N steps")
     save_interval: int = option(500, "checkpoint every N steps (and at the end)")
-    keep_last: int = option(2, "checkpoints kept (plus the best by validation loss)")
+    keep_last: int = option(2, "checkpoints kept (plus the best by validation loss); "
+                            "0 keeps all")
     tensorboard: bool = option(True, "also log to TensorBoard if it is installed")
 
 
