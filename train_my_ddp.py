@@ -228,7 +228,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
             seed_everything(cfg.seed + env.rank + step)
         else:
             restore_rng_state(rank_state["rng"])
-            if comm_hook_state is not None:
+            # None when the run began with another --comm_hook: the hook then starts fresh
+            if comm_hook_state is not None and rank_state["comm_hook"] is not None:
                 comm_hook_state.load_state_dict(rank_state["comm_hook"])
         log.log("resume", step, checkpoint=str(resume_dir))
     # A dedicated generator: creating a DataLoader iterator draws a seed from it, and that

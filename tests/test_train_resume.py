@@ -6,7 +6,8 @@ Reference: the same command run straight through to max_iters. Compared: every s
 and the overlapped optimizer step.
 Also: a 2-rank ZeRO-1 run resumed on 1 process continues with the same losses (to rounding);
 a damaged newest checkpoint is skipped with a warning; --resume without a checkpoint is
-a clear error; SIGKILL / SIGTERM / SIGHUP mid-run lose at most the steps since the last checkpoint.
+a clear error; SIGKILL / SIGTERM / SIGHUP mid-run lose at most the steps since the last checkpoint;
+a resume that switches to PowerSGD starts its state fresh.
 """
 
 from __future__ import annotations
@@ -158,3 +159,13 @@ def test_interrupted_process_resumes_from_its_last_checkpoint(data, tmp_path, si
     assert run_main([*args, f"--out_dir={cut}", "--resume"]) == 0
     assert run_main([*args, f"--out_dir={tmp_path / 'full'}"]) == 0
     _assert_identical(tmp_path / "full", cut, total, saved_steps[-1])
+
+
+def test_resume_with_another_comm_hook_starts_the_hook_fresh(data, tmp_path):
+    """The checkpoint holds no PowerSGD state when the run began with plain all-reduce."""
+    args = _pretrain_args(data, "--max_iters=4", "--powersgd_warmup_iters=0")
+    run = tmp_path / "run"
+    assert run_main([*args, f"--out_dir={run}", "--stop_at_iter=2"]) == 0
+    with pytest.warns(UserWarning, match="comm_hook changed"):
+        assert run_main([*args, f"--out_dir={run}", "--resume", "--comm_hook=powersgd"]) == 0
+    assert sorted(train_losses(run)) == [1, 2, 3, 4]
