@@ -11,7 +11,12 @@ import torch.nn.functional as F
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
 from utils.distributed_env import DistributedEnv
-from utils.evaluation import eval_loader, evaluate_language_model, fixed_eval_indices
+from utils.evaluation import (
+    eval_loader,
+    evaluate_language_model,
+    evaluate_with_forward_step,
+    fixed_eval_indices,
+)
 
 
 def _env(rank=0, world_size=1):
@@ -74,3 +79,19 @@ def test_val_loss_and_bits_per_byte_match_an_independent_computation():
     assert metrics["val_loss"] == pytest.approx(nll / tokens, rel=1e-5)
     assert metrics["val_bpb"] == pytest.approx(nll / (math.log(2) * num_bytes), rel=1e-5)
     assert metrics["val_ppl"] == pytest.approx(math.exp(nll / tokens), rel=1e-5)
+
+
+def test_forward_step_metrics_are_means_over_samples_not_batches():
+    """11 samples in batches of 4, 4, 3: a plain mean of batch means would weight the last
+    batch's samples more. Reference: per-sample means in Python floats."""
+    values = torch.randn(11, dtype=torch.float64)
+    loader = torch.utils.data.DataLoader([{"x": v} for v in values], batch_size=4)
+
+    def forward_step(batch):
+        return batch["x"].mean(), {"square": (batch["x"] ** 2).mean()}
+
+    metrics = evaluate_with_forward_step(forward_step, loader, _env())
+    assert set(metrics) == {"val_loss", "val_square"}
+    assert metrics["val_loss"] == pytest.approx(sum(values.tolist()) / 11, rel=1e-12)
+    assert metrics["val_square"] == pytest.approx(sum(v * v for v in values.tolist()) / 11,
+                                                  rel=1e-12)
