@@ -274,7 +274,7 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
             trainer_state={"step": step, "tokens_seen": tokens_seen,
                            "consumed_samples": consumed_samples,
                            "sampler": sampler.state_dict_at(consumed_samples),
-                           "lr_schedule": schedule.state_dict(), "config": cfg.to_dict()},
+                           "config": cfg.to_dict()},
             comm_hook_state=comm_hook_state and comm_hook_state.state_dict(),
             keep_last=cfg.keep_last, val_loss=val_loss)
 

@@ -20,7 +20,7 @@ first update is already non-zero and step warmup_iters−1 reaches the peak.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 ScheduleKind = Literal["cosine", "linear", "constant"]
@@ -56,6 +56,3 @@ class LRSchedule:
         else:
             factor = 1.0 - progress
         return self.min_lr + factor * (self.lr - self.min_lr)
-
-    def state_dict(self) -> dict:
-        return asdict(self)
