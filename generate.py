@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from model.convert_to_hf import resolve_model_dir
-from model.modeling_z2all import Z2allForCausalLM
+from model.loading import load_model
+from tokenizer import load_tokenizer
+from utils.conversation import build_generation_prompt
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,16 +45,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_model(path: str | Path) -> tuple[Z2allForCausalLM, Path]:
-    """(model, the directory its weights came from) for any kind of `--ckpt`."""
-    path = Path(path)
-    config_file = path / "config.json"
-    if config_file.is_file() and json.loads(config_file.read_text()).get("model_type") == "llama":
-        return Z2allForCausalLM.from_hf(path), path
-    model_dir = resolve_model_dir(path)
-    return Z2allForCausalLM.from_pretrained(model_dir), model_dir
-
-
 def default_tokenizer_dir(ckpt: Path, model_dir: Path) -> Path:
     """The run's tokenizer: `tokenizer_dir` in out/<run>/config.json (given the run dir or one
     of its checkpoints), or a tokenizer stored next to the weights (an exported HF dir)."""
@@ -71,10 +62,6 @@ def prompt_ids(tokenizer, args: argparse.Namespace) -> tuple[list[int], int]:
     """(prompt token ids, the id that ends generation)."""
     if not args.chat:
         return [tokenizer.eos_token_id, *tokenizer.encode(args.prompt)], tokenizer.eos_token_id
-    try:
-        from utils.conversation import build_generation_prompt
-    except ImportError as error:
-        raise SystemExit(f"--chat needs utils/conversation.py ({error})") from error
     messages = [{"role": "user", "content": args.prompt}]
     ids = build_generation_prompt(tokenizer, messages, system=args.system)
     return ids, tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -100,8 +87,6 @@ def print_streaming(tokenizer, new_tokens: Iterable[int], stop_id: int) -> list[
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from tokenizer import load_tokenizer  # keeps `--help` fast
-
     model, model_dir = load_model(args.ckpt)
     tokenizer_dir = args.tokenizer_dir or default_tokenizer_dir(Path(args.ckpt), model_dir)
     tokenizer = load_tokenizer(tokenizer_dir)

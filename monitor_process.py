@@ -68,8 +68,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from utils.process_tree import RunProcesses
-from utils.run_progress import HeartbeatWatch, ResumeLines, heartbeat_step, newest_checkpoint_step
+from monitor.process_tree import RunProcesses
+from monitor.run_progress import HeartbeatWatch, ResumeLines, heartbeat_step, newest_checkpoint_step
 
 EXIT_GAVE_UP = 1
 EXIT_STUCK = 3

@@ -5,8 +5,8 @@
     python train_my_ddp.py --resume --out_dir=out/run1          # newest valid checkpoint
     python train_my_ddp.py --help                               # every option, grouped
 
-Reading tour: the options are in utils/train_config.py; this file wires the parts and holds
-the loop. One optimizer step is
+Reading tour: the trainer's parts are in trainer/ (its __init__ gives the order; the options
+are in trainer/config.py); this file wires them and holds the loop. One optimizer step is
 
     for each of gradient_accumulation_steps micro-batches:   (no_sync() on all but the last,
         loss = forward_step(batch)                             so gradients are reduced once)
@@ -37,41 +37,36 @@ from torch.utils.data import DataLoader
 
 from dataset.build import build_datasets
 from dataset.sampler import StatefulDistributedSampler
-from optimizer import OptimizerConfig
-from parallel.distributed_data_parallel import (
-    DistributedDataParallel,
-    DistributedDataParallelConfig,
-)
+from model.loading import load_model
 from tokenizer import load_tokenizer
-from utils.checkpoint import CheckpointError, resolve_checkpoint
-from utils.comm_hook_setup import build_optimizer_and_comm_hook
-from utils.distributed_env import (
+from trainer.config import Config, config_from_argv, save_config
+from trainer.distributed_env import (
     DistributedEnv,
     all_reduce_sum,
     broadcast_from_main,
     init_distributed,
     shutdown_distributed,
 )
-from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
-from utils.evaluation import (
+from trainer.evaluation import (
     eval_loader,
     evaluate_language_model,
     evaluate_with_forward_step,
     generate_samples,
     to_device,
 )
-from utils.lr_schedule import LRSchedule
-from utils.metrics import MetricsLogger
-from utils.model_loading import build_model, load_pretrained
-from utils.report import write_report
-from utils.rng_state import restore_rng_state, seed_everything
-from utils.throughput import ThroughputMeter
-from utils.train_config import Config, config_from_argv, save_config
-from utils.training_checkpoint import (
-    load_rank_state,
-    load_trainer_state,
+from trainer.lr_schedule import LRSchedule
+from trainer.metrics import MetricsLogger
+from trainer.model_setup import build_model
+from trainer.optimizer_setup import build_ddp_and_optimizer
+from trainer.report import write_report
+from trainer.rng_state import seed_everything
+from trainer.throughput import ThroughputMeter
+from trainer.training_checkpoint import (
+    restore_training_checkpoint,
     save_training_checkpoint,
 )
+from utils.checkpoint import CheckpointError, resolve_checkpoint
+from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -154,23 +149,6 @@ def resolve_dtype(cfg: Config, env: DistributedEnv) -> str:
     return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
 
-def build_ddp_and_optimizer(cfg: Config, model: torch.nn.Module, dtype_name: str
-                            ) -> tuple[DistributedDataParallel, Any, Any]:
-    """Our DDP around the model, the optimizer, and the comm hook's state (PowerSGD) or None."""
-    ddp = DistributedDataParallel(model, DistributedDataParallelConfig(
-        bucket_size=cfg.bucket_size, overlap_grad_reduce=cfg.overlap_grad_reduce,
-        use_distributed_optimizer=cfg.use_distributed_optimizer,
-        grad_reduce_in_fp32=cfg.grad_reduce_in_fp32, allow_unused_params=False))
-    optimizer_config = OptimizerConfig(
-        lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1,
-        adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, clip_grad=cfg.grad_clip,
-        params_dtype=dtype_name, use_distributed_optimizer=cfg.use_distributed_optimizer,
-        overlap_param_gather=cfg.overlap_param_gather, cpu_offload=cfg.cpu_offload,
-        initial_loss_scale=cfg.initial_loss_scale, min_loss_scale=cfg.min_loss_scale,
-        loss_scale_window=cfg.loss_scale_window, hysteresis=cfg.hysteresis)
-    return ddp, *build_optimizer_and_comm_hook(cfg, ddp, optimizer_config)
-
-
 def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopSignal) -> int:
     run_dir = Path(cfg.out_dir)
     dtype_name = resolve_dtype(cfg, env)
@@ -205,7 +183,7 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     if cfg.task_type == "dpo":
         # The reference is the SFT model we started from: always `init_from`, never a copy of
         # the policy (after a resume the policy has moved on).
-        reference = load_pretrained(cfg.init_from).to(env.device, DTYPES[dtype_name]).eval()
+        reference = load_model(cfg.init_from)[0].to(env.device, DTYPES[dtype_name]).eval()
         reference.requires_grad_(False)
         forward_step = functools.partial(forward_dpo, reference=reference, beta=cfg.dpo_beta,
                                          label_smoothing=cfg.dpo_label_smoothing,
@@ -217,21 +195,11 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     step, tokens_seen, consumed_samples = 0, 0, 0
     seed_everything(cfg.seed + env.rank)  # dropout differs per rank, reproducibly
     if resume_dir is not None:
-        state = load_trainer_state(resume_dir)
+        state = restore_training_checkpoint(resume_dir, env, optimizer=optimizer,
+                                            sampler=sampler, comm_hook_state=comm_hook_state,
+                                            seed=cfg.seed)
         step, tokens_seen = state["step"], state["tokens_seen"]
         consumed_samples = state["consumed_samples"]
-        optimizer.load_checkpoint(resume_dir / "optim")
-        sampler.load_state_dict(state["sampler"])
-        rank_state = load_rank_state(resume_dir, env, state["world_size"])
-        if rank_state is None:
-            print(f"rank {env.rank}: world size changed ({state['world_size']} -> "
-                  f"{env.world_size}); RNG and comm-hook state restart", flush=True)
-            seed_everything(cfg.seed + env.rank + step)
-        else:
-            restore_rng_state(rank_state["rng"])
-            # None when the run began with another --comm_hook: the hook then starts fresh
-            if comm_hook_state is not None and rank_state["comm_hook"] is not None:
-                comm_hook_state.load_state_dict(rank_state["comm_hook"])
         log.log("resume", step, checkpoint=str(resume_dir))
     # A dedicated generator: creating a DataLoader iterator draws a seed from it, and that
     # draw must not shift the global RNG streams between a continuous and a resumed run.
@@ -267,8 +235,7 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         return metrics
 
     def save(val_loss: float | None) -> Path:
-        if hasattr(optimizer, "finish_param_sync"):  # ZeRO-1 with overlapped param all-gather:
-            optimizer.finish_param_sync()             # the model must hold the updated weights
+        optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
         return save_training_checkpoint(
             env, run_dir / "ckpt", step, model=model, optimizer=optimizer,
             trainer_state={"step": step, "tokens_seen": tokens_seen,

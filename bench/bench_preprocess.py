@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from data_preprocess import pipeline  # noqa: E402
+from data_preprocess import worker_pool  # noqa: E402
 from data_preprocess.build_pretrain_sample_index_map import build_sample_index  # noqa: E402
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data  # noqa: E402
 from utils.readers import iter_texts_from  # noqa: E402
@@ -62,15 +62,15 @@ def tokenizer_dir(texts: list[str], scratch: Path) -> Path:
 
 def count_tokens(texts: list[str]) -> int:
     """In a worker: the bare encode_batch call, returning only a count (nothing to transfer)."""
-    return sum(len(ids) for ids in pipeline.WORKER["tokenizer"].encode_batch(texts))
+    return sum(len(ids) for ids in worker_pool.worker_state()["tokenizer"].encode_batch(texts))
 
 
 def raw_tokens_per_second(texts: list[str], tokenizer: Path, num_workers: int) -> float:
     started = time.perf_counter()
-    pool = pipeline.make_worker_pool(num_workers, tokenizer, {})
+    pool = worker_pool.make_worker_pool(num_workers, tokenizer, {})
     try:
-        batches = pipeline.batched(texts, BATCH_SIZE)
-        total = sum(pipeline.ordered_map(pool, count_tokens, batches, 4 * num_workers))
+        batches = worker_pool.batched(texts, BATCH_SIZE)
+        total = sum(worker_pool.ordered_map(pool, count_tokens, batches, 4 * num_workers))
     finally:
         if pool is not None:  # --num_workers 0: tokenized in this process
             pool.shutdown()

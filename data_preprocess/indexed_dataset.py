@@ -57,7 +57,8 @@ HEADER_BYTES = len(MAGIC) + 8 + 1 + 8 + 8  # magic, version, dtype code, two cou
 
 
 def token_dtype(vocab_size: int) -> type:
-    """uint16 halves the disk and page-cache footprint; it holds ids below 65500 (DESIGN §4)."""
+    """uint16 halves the disk and page-cache footprint; it holds ids below 65500
+    (docs/design.md §2.3)."""
     return np.uint16 if vocab_size < 65500 else np.int32
 
 

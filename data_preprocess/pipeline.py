@@ -1,5 +1,5 @@
 """What every pretokenize entry point shares: one output per input file, skip what is done,
-tokenize in an ordered pool of worker processes, and report what happened.
+tokenize in an ordered pool of worker processes (worker_pool.py), and report what happened.
 
 The life of one input file `D/sub/a.jsonl` with `--out_dir O`:
 1. `plan_file_jobs` maps it to the output prefix `O/sub/a` (relative paths are mirrored).
@@ -18,13 +18,11 @@ import argparse
 import collections
 import contextlib
 import json
-import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data_preprocess.indexed_dataset import IndexedDatasetWriter, prefix_paths, token_dtype
+from data_preprocess.worker_pool import batched, make_worker_pool, ordered_map
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
 from utils.readers import ReadStats, find_data_files
@@ -107,80 +106,6 @@ def finished_sidecar(job: FileJob, expected: dict[str, Any]) -> dict[str, Any] |
         if not all(path.exists() for path in prefix_paths(job.prefix.with_name(name))):
             return None
     return sidecar
-
-
-def batched(items: Iterable[Any], batch_size: int) -> Iterator[list[Any]]:
-    iterator = iter(items)
-    while batch := list(islice(iterator, batch_size)):
-        yield batch
-
-
-WORKER: dict[str, Any] = {}  # a pool worker's state: its tokenizer and settings, set once
-
-
-def init_worker(tokenizer_dir: str, settings: dict[str, Any]) -> None:
-    """Runs once in each worker: load the tokenizer there (one per process, never per batch)."""
-    # One thread per worker: the worker count is the parallelism knob, not Rust's thread pool.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    WORKER.update(settings, tokenizer=load_tokenizer(tokenizer_dir))
-
-
-def worker_context() -> multiprocessing.context.BaseContext:
-    """`forkserver`: workers fork from a clean server process that already imported this module.
-
-    Safe even when the caller runs torch/CUDA threads (plain `fork` is not), and cheap: the
-    server starts once per program and pays the imports once, so each new worker starts in
-    milliseconds instead of re-importing transformers the way `spawn` would.
-    """
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    return context
-
-
-def make_worker_pool(num_workers: int, tokenizer_dir: str | Path,
-                     settings: dict[str, Any]) -> ProcessPoolExecutor | None:
-    """A pool whose workers each load the tokenizer once, before their first batch.
-
-    A worker that raises fails its future; a worker that dies (OOM killer, SIGKILL) breaks the
-    pool and every pending future raises BrokenProcessPool: either way the run fails loudly.
-    `num_workers=0` (or a daemonic caller, which may not have children) tokenizes in this
-    process instead: returns None, and `ordered_map` then calls the function directly.
-    """
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-    if num_workers > 0 and multiprocessing.current_process().daemon:
-        print("note: daemonic process cannot start workers; tokenizing in-process", flush=True)
-        num_workers = 0
-    if num_workers == 0:
-        init_worker(str(tokenizer_dir), settings)
-        return None
-    return ProcessPoolExecutor(max_workers=num_workers, initializer=init_worker,
-                               initargs=(str(tokenizer_dir), settings),
-                               mp_context=worker_context())
-
-
-def ordered_map(pool: ProcessPoolExecutor | None, function: Callable, batches: Iterable[Any],
-                max_in_flight: int) -> Iterator[Any]:
-    """`function(batch)` for each batch on the pool (here if None), yielded in input order.
-
-    At most `max_in_flight` batches are queued or running, so memory stays bounded however
-    large the file; results are taken oldest-first, which is what keeps the output order equal
-    to the source order for any number of workers.
-    """
-    if pool is None:
-        yield from map(function, batches)
-        return
-    pending: collections.deque[Future] = collections.deque()
-    try:
-        for batch in batches:
-            pending.append(pool.submit(function, batch))
-            if len(pending) >= max_in_flight:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for future in pending:
-            future.cancel()
 
 
 @dataclass

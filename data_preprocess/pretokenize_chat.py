@@ -3,7 +3,7 @@
 Shared by `pretokenize_sft_data`, `pretokenize_dpo_data` and the datasets' online cache
 (dataset/build.py), so offline and online preparation produce the same bytes.
 
-For each input file `<prefix>` (mirrored under the output dir, DESIGN §4):
+For each input file `<prefix>` (mirrored under the output dir, docs/design.md §2.3):
     <prefix>.bin/.idx        token ids (uint16 or int32), one sequence per rendered conversation
     <prefix>.mask.bin/.idx   uint8 loss mask, the same lengths: 1 = train on predicting this token
     <prefix>.json            sidecar {"format": "z2all-sft" | "z2all-dpo", ...}
@@ -30,6 +30,7 @@ import numpy as np
 from data_preprocess import pipeline
 from data_preprocess.chat_records import RecordFormatError, dpo_messages, sft_messages
 from data_preprocess.indexed_dataset import IndexedDatasetWriter
+from data_preprocess.worker_pool import worker_state
 from utils.conversation import render_conversations
 from utils.readers import BadRecordError, ReadStats, iter_records
 
@@ -57,7 +58,7 @@ def conversations_of(kind: str, data: dict[str, Any]) -> list[list[dict[str, str
 
 def encode_chat_records(records: list[tuple[int, dict[str, Any]]]) -> EncodedChats:
     """In a worker: (record number, record) pairs -> rendered, truncated ids and masks."""
-    kind, max_seq_len = pipeline.WORKER["kind"], pipeline.WORKER["max_seq_len"]
+    kind, max_seq_len = worker_state()["kind"], worker_state()["max_seq_len"]
     conversations, numbers, bad = [], [], []
     for number, data in records:
         try:
@@ -65,8 +66,8 @@ def encode_chat_records(records: list[tuple[int, dict[str, Any]]]) -> EncodedCha
             numbers.append(number)
         except RecordFormatError as error:
             bad.append((number, error.reason, error.detail))
-    rendered = render_conversations(pipeline.WORKER["tokenizer"], conversations,
-                                    pipeline.WORKER["system_prompt"])
+    rendered = render_conversations(worker_state()["tokenizer"], conversations,
+                                    worker_state()["system_prompt"])
     per_sample = KINDS[kind]
     tokens: list[int] = []
     mask: list[int] = []
@@ -82,7 +83,7 @@ def encode_chat_records(records: list[tuple[int, dict[str, Any]]]) -> EncodedCha
             tokens += ids
             mask += loss_mask
             lengths.append(len(ids))
-    return EncodedChats(np.array(tokens, dtype=pipeline.WORKER["dtype"]),
+    return EncodedChats(np.array(tokens, dtype=worker_state()["dtype"]),
                         np.array(mask, dtype=np.uint8), lengths, bad, too_long, truncated)
 
 

@@ -1,4 +1,4 @@
-"""Raw text -> Megatron `.bin`/`.idx` token files, one pair per input file (DESIGN §4).
+"""Raw text -> Megatron `.bin`/`.idx` token files, one pair per input file (docs/design.md §2.3).
 
     python -m data_preprocess.pretokenize_pretrain_data --data_dir data/demo/pretrain \\
         --tokenizer_dir tokenizer/demo_hf --out_dir data/demo/pretok_hf --num_workers 2
@@ -26,6 +26,7 @@ import numpy as np
 
 from data_preprocess import pipeline
 from data_preprocess.indexed_dataset import IndexedDatasetWriter
+from data_preprocess.worker_pool import worker_state
 from utils.readers import ReadStats, iter_texts
 
 DEFAULT_BATCH_SIZE = 512  # texts per task: large enough to amortise inter-process transfer
@@ -33,14 +34,14 @@ DEFAULT_BATCH_SIZE = 512  # texts per task: large enough to amortise inter-proce
 
 def encode_documents(texts: list[str]) -> tuple[np.ndarray, list[int]]:
     """In a worker: texts -> (their ids, each followed by EOS, as one flat array; lengths)."""
-    tokenizer = pipeline.WORKER["tokenizer"]
+    tokenizer = worker_state()["tokenizer"]
     flat: list[int] = []
     lengths = []
     for ids in tokenizer.encode_batch(texts):
         flat.extend(ids)
         flat.append(tokenizer.eos_token_id)
         lengths.append(len(ids) + 1)
-    return np.array(flat, dtype=pipeline.WORKER["dtype"]), lengths
+    return np.array(flat, dtype=worker_state()["dtype"]), lengths
 
 
 def non_empty_texts(job: pipeline.FileJob, stats: ReadStats, counts: pipeline.FileCounts, *,

@@ -5,7 +5,7 @@
 
 `.ibin` row i = (file_index, token_offset): sample i is the L + 1 tokens of file `file_index`
 starting at `token_offset` (data_preprocess/build_pretrain_sample_index_map.py shows the tiling);
-input = the first L, labels = the last L, i.e. already shifted for the model (DESIGN §9).
+input = the first L, labels = the last L, i.e. already shifted for the model (docs/design.md §5).
 
 Memory: the index and every `.bin` are memory-mapped, so a sample costs one small read; nothing
 proportional to the corpus is loaded. The maps are opened lazily in each process (and dropped

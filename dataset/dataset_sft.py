@@ -5,7 +5,7 @@ r"""Supervised fine-tuning samples: a ChatML conversation with labels only on as
     item["labels"]          int64[T]   labels[t] = input_ids[t+1] if mask[t+1] else -100; last -100
     item["attention_mask"]  int64[T]   ones (padding adds zeros in the collator)
 
-Labels are already shifted (DESIGN §9): the model compares logits[t] with labels[t] directly.
+Labels are already shifted (design.md §5): the model compares logits[t] with labels[t] directly.
 Worked example (S/E = <|im_start|>/<|im_end|>, a = assistant tokens, - = -100):
 
     t          0   1       2   3   4   5   6            7   8   9   10
@@ -25,8 +25,7 @@ import numpy as np
 import torch
 
 from dataset.chat_store import ChatSamples
-
-IGNORE_INDEX = -100  # labels with this value are not trained on (cross_entropy's ignore_index)
+from utils.labels import IGNORE_INDEX
 
 
 def shifted_labels(ids: np.ndarray, loss_mask: np.ndarray) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""A distributed sampler whose position can be saved and restored exactly (DESIGN §6).
+"""A distributed sampler whose position can be saved and restored exactly (docs/design.md §3).
 
 The data order is a pure function of (seed, epoch, global position), never of history:
 

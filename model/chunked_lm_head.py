@@ -26,7 +26,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-IGNORE_INDEX = -100
+from utils.labels import IGNORE_INDEX
+
 CHUNK_LOGIT_ELEMENTS = 2**24
 """Logits per chunk: 16M fp32 numbers = 64 MiB (e.g. 512 rows of a 32768-token vocabulary)."""
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from safetensors.torch import save
 
 from model.hf_llama_mapping import config_to_hf, state_dict_to_hf
+from model.loading import load_model
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
+from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_bytes, atomic_write_json
 
 
@@ -36,17 +38,6 @@ def export_hf(model: Z2allForCausalLM, out_dir: str | os.PathLike,
     atomic_write_json(out_dir / CONFIG_FILE, config_to_hf(model.config, dtype, eos_token_id))
 
 
-def resolve_model_dir(path: str | os.PathLike) -> Path:
-    """A dir that holds weights directly, else a run/checkpoint dir resolved to its newest
-    valid checkpoint (`utils.checkpoint.resolve_checkpoint`)."""
-    path = Path(path)
-    if (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file():
-        return path
-    from utils.checkpoint import resolve_checkpoint  # the trainer's layer; only needed here
-
-    return resolve_checkpoint(path)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt", required=True,
@@ -56,12 +47,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="copy this tokenizer's files into --out and record its EOS id "
                              "(recommended: HF's generate then stops at <|endoftext|>)")
     args = parser.parse_args(argv)
-    model_dir = resolve_model_dir(args.ckpt)
-    model = Z2allForCausalLM.from_pretrained(model_dir)
+    model, model_dir = load_model(args.ckpt)
     eos_token_id = None
     if args.tokenizer_dir:
-        from tokenizer import load_tokenizer  # only this CLI option needs the tokenizer layer
-
         eos_token_id = load_tokenizer(args.tokenizer_dir).eos_token_id
         Path(args.out).mkdir(parents=True, exist_ok=True)
         for file in Path(args.tokenizer_dir).iterdir():

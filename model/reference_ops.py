@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from utils.labels import IGNORE_INDEX
+
 
 def attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         allowed: torch.Tensor | None) -> torch.Tensor:
@@ -63,6 +65,6 @@ def cross_entropy_reference(hidden: torch.Tensor, weight: torch.Tensor,
     """Mean over labels != -100 of -log softmax(hidden @ weight^T)[label], full logits at once."""
     logits = (hidden @ weight.T).double()
     log_probs = logits - logits.logsumexp(dim=-1, keepdim=True)
-    valid = labels != -100
+    valid = labels != IGNORE_INDEX
     picked = log_probs.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
     return (-(picked * valid).sum() / valid.sum()).to(torch.float32)

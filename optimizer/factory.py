@@ -1,17 +1,23 @@
-"""`get_optimizer(config, ddp_model)`: the one place that picks an optimizer wrapper.
+"""`get_optimizer(config, ddp_model)`: the one place that picks an optimizer.
 
-    use_distributed_optimizer  params_dtype   wrapper
-    True                       any            DistributedOptimizer (ZeRO-1, fp32 main shard)
-    False                      fp32           FP32Optimizer (updates the params in place)
-    False                      bf16 / fp16    Float16OptimizerWithFloat16Params (fp32 copies)
+    overlap_step  use_distributed_optimizer  params_dtype  optimizer
+    True          False                      fp32 / bf16   OverlappedAdamW (steps per bucket)
+    False         True                       any           DistributedOptimizer (ZeRO-1)
+    False         False                      fp32          FP32Optimizer (updates params in place)
+    False         False                      bf16 / fp16   Float16OptimizerWithFloat16Params
+
+Whatever it returns, the trainer sees only `TrainingOptimizer`: the methods it calls.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 
+from optimizer.distributed_optimizer import DistributedOptimizer
 from optimizer.optimizer import (
     Float16OptimizerWithFloat16Params,
     FP32Optimizer,
@@ -19,11 +25,25 @@ from optimizer.optimizer import (
     trainable_params,
 )
 from optimizer.optimizer_config import OptimizerConfig
+from optimizer.overlapped_adamw import OverlappedAdamW
 
 PARAMS_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def get_optimizer(config: OptimizerConfig, ddp_model: Any) -> MixedPrecisionOptimizer:
+class TrainingOptimizer(Protocol):
+    """What the training loop and its checkpoints call, in the order a step calls them."""
+
+    def set_lr(self, lr: float) -> None: ...
+    def zero_grad(self) -> None: ...            # zeros DDP's grad buffers
+    def scale_loss(self, loss: Tensor) -> Tensor: ...   # fp16 loss scaling, else identity
+    def step(self) -> tuple[bool, float]: ...   # (stepped, global grad norm)
+    def finish_param_sync(self) -> None: ...    # the model holds the updated weights after it
+    def save_checkpoint(self, optim_dir: str | Path) -> None: ...
+    def load_checkpoint(self, optim_dir: str | Path) -> None: ...
+
+
+def get_optimizer(config: OptimizerConfig, ddp_model: Any
+                  ) -> MixedPrecisionOptimizer | OverlappedAdamW:
     """Build the optimizer for a model wrapped in our DistributedDataParallel."""
     expected_dtype = PARAMS_DTYPES[config.params_dtype]
     wrong = {str(p.dtype) for p in trainable_params(ddp_model) if p.dtype != expected_dtype}
@@ -36,11 +56,9 @@ def get_optimizer(config: OptimizerConfig, ddp_model: Any) -> MixedPrecisionOpti
             f"OptimizerConfig.use_distributed_optimizer={config.use_distributed_optimizer} but "
             f"the DDP wrapper was built with use_distributed_optimizer={ddp_shards_grads}: "
             "ZeRO-1 needs DDP's reduce-scatter and param buffer, the others need all-reduce")
+    if config.overlap_step:
+        return OverlappedAdamW.from_config(config, ddp_model)
     if config.use_distributed_optimizer:
-        # Imported here: the distributed optimizer builds on optimizer.optimizer, so importing
-        # it at the top would make the two packages import each other.
-        from parallel.distributed_optimizer import DistributedOptimizer
-
         return DistributedOptimizer(config, ddp_model)
     if config.params_dtype == "fp32":
         return FP32Optimizer(config, ddp_model)

@@ -14,7 +14,7 @@ away in 16-bit; in fp32 they accumulate. One `step()` is the same recipe for eve
 The wrappers differ only in Steps 1 and 5, which subclasses implement:
 - `FP32Optimizer`: the model params are fp32 already and *are* the main params;
 - `Float16OptimizerWithFloat16Params`: bf16/fp16 model params + a full fp32 copy on every rank;
-- `parallel.distributed_optimizer.DistributedOptimizer` (ZeRO-1): fp32 copies of 1/W of it.
+- `optimizer.distributed_optimizer.DistributedOptimizer` (ZeRO-1): fp32 copies of 1/W of it.
 """
 
 from __future__ import annotations

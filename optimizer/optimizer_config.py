@@ -38,6 +38,9 @@ class OptimizerConfig:
     cpu_offload: bool = False
     """ZeRO-1 only: keep fp32 master params + Adam state in (pinned) CPU memory and run the
     AdamW update there (the ZeRO-Offload idea); costs host<->device copies every step."""
+    overlap_step: bool = False
+    """Step AdamW bucket by bucket as each bucket's gradients are reduced (OverlappedAdamW: the
+    optimizer becomes DDP's comm hook). Needs clip_grad=0, no fp16 and no ZeRO-1."""
     initial_loss_scale: float = 2.0**16
     """fp16 only: starting value of the dynamic loss scale."""
     min_loss_scale: float = 1.0

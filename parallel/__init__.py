@@ -1,1 +1,2 @@
-"""Data parallelism built from scratch: our DDP, comm hooks and the ZeRO-1 optimizer."""
+"""Data parallelism built from scratch: our DDP (bucketed gradient buffers, overlapped
+reduction) and its comm hooks (all-reduce, bf16 compression, PowerSGD)."""

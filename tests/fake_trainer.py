@@ -2,7 +2,7 @@
 
 Run as `python -m tests.fake_trainer --out_dir DIR ...` from the repo root.
 
-It keeps the run-dir contract of the real trainer (DESIGN §7) and nothing else:
+It keeps the run-dir contract of the real trainer (docs/design.md §2.7) and nothing else:
 - "training" is a hash chain, `state = H(state, step)`, so a skipped, repeated or reordered
   step changes the final state: a resumed run matches an uninterrupted one only if it
   restarted exactly where its checkpoint left off;

@@ -1,4 +1,5 @@
-"""An independent reader of Megatron's MMIDIDX `.idx`/`.bin` pair, written from DESIGN §4 alone.
+"""An independent reader of Megatron's MMIDIDX `.idx`/`.bin` pair, written from the format
+description in docs/design.md §2.3 alone.
 
 Deliberately shares no code with data_preprocess/indexed_dataset.py: tests compare the two, so
 a misunderstanding of the format in our writer cannot hide behind the same misunderstanding

@@ -119,7 +119,7 @@ def test_two_ranks_share_one_cache_and_see_disjoint_samples(tmp_path, tiny_hf_to
                            timeout=240)
     assert results[0]["caches"] == results[1]["caches"] and len(results[0]["caches"]) == 1
     train, _, _ = build_datasets("sft", raw, tiny_hf_tokenizer_dir, 64, num_workers=1)
-    stream = np.random.default_rng([3, 0]).permutation(len(train))[:12].tolist()  # DESIGN §6
+    stream = np.random.default_rng([3, 0]).permutation(len(train))[:12].tolist()  # design.md §3
     for step in range(6):  # global batch of step k = stream positions 2k, 2k+1
         batch = [results[0]["indices"][step], results[1]["indices"][step]]
         assert batch == stream[2 * step: 2 * step + 2]

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data_preprocess import pipeline
+from data_preprocess import worker_pool
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from tests.megatron_spec_reader import read_by_spec
 from tokenizer import load_tokenizer
@@ -189,6 +190,6 @@ def die_on_seven(batch: list[int]) -> list[int]:
 @pytest.mark.parametrize("function, error", [(fail_on_seven, RuntimeError),
                                              (die_on_seven, BrokenProcessPool)])
 def test_worker_failure_fails_the_run(function, error):
-    pool = pipeline.ProcessPoolExecutor(2, mp_context=pipeline.worker_context())
+    pool = ProcessPoolExecutor(2, mp_context=worker_pool.worker_context())
     with pool, pytest.raises(error):
-        list(pipeline.ordered_map(pool, function, ([i] for i in range(20)), max_in_flight=4))
+        list(worker_pool.ordered_map(pool, function, ([i] for i in range(20)), max_in_flight=4))

@@ -30,7 +30,7 @@ def write_token_files(directory, rng, num_files=3) -> dict[str, np.ndarray]:
 
 
 def read_pairs(path) -> np.ndarray:
-    """Independent .ibin reader from DESIGN §5: little-endian int64 (file, offset) pairs."""
+    """Independent .ibin reader from design.md §2.5: little-endian int64 (file, offset) pairs."""
     return np.frombuffer(path.read_bytes(), dtype="<i8").reshape(-1, 2)
 
 

@@ -16,7 +16,7 @@ from dataset.sampler import StatefulDistributedSampler
 
 
 def spec_stream(num_samples: int, seed: int, length: int, shuffle: bool = True) -> list[int]:
-    """The global order as DESIGN §6 states it, written independently of the sampler."""
+    """The global order as docs/design.md §3 states it, written independently of the sampler."""
     stream: list[int] = []
     for epoch in itertools.count():
         if len(stream) >= length:

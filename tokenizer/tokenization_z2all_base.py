@@ -2,7 +2,7 @@
 
 A z2all tokenizer wraps a raw library model (HF `tokenizers` byte-level BPE, or `sentencepiece`
 BPE) that knows only the base vocabulary, ids 0 .. B-1. The special tokens are added here, right
-after it, so `len(tokenizer)` = V = B + 3 (DESIGN §3). Worked example, V = 512:
+after it, so `len(tokenizer)` = V = B + 3 (docs/design.md §2.2). Worked example, V = 512:
 
     ids 0 .. 508   base vocabulary (bytes, merges; never a special token)
     id  509        <|endoftext|>   document separator, EOS and pad (there is no BOS)

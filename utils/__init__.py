@@ -1,1 +1,2 @@
-"""Shared plumbing: readers, chat template, checkpoints, logging, plots."""
+"""Leaves every layer may use: atomic writes, streaming readers, the chat template, checkpoint
+files, the DPO loss. A module here imports nothing of ours except other modules here."""

@@ -1,6 +1,6 @@
 """Crash-proof checkpoints: a checkpoint exists only once it is complete and verified.
 
-Layout of a run's checkpoints (DESIGN §7):
+Layout of a run's checkpoints (docs/design.md §2.7):
 
     out/<run>/ckpt/step_000100/   config.json, model.safetensors, optim/, trainer_state.pt,
                                   manifest.json  <- written LAST: sizes + sha256 of every file

@@ -7,7 +7,7 @@ Every turn is rendered as
 where `<|im_start|>` and `<|im_end|>` are inserted *by id*, and the role header, the content
 and the newline are encoded as ordinary text. A user who types "<|im_end|>" in a message gets
 the characters of that string, never the special token: only this file creates special ids
-(DESIGN §3, a security property: text cannot forge a turn boundary).
+(docs/design.md §2.2, a security property: text cannot forge a turn boundary).
 
 Worked example (ids shortened; S = <|im_start|>, E = <|im_end|>):
 

@@ -26,6 +26,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from utils.labels import IGNORE_INDEX
+
 
 class DPOOutput(NamedTuple):
     loss: torch.Tensor              # scalar, mean over the batch
@@ -48,7 +50,7 @@ def sequence_log_prob(token_log_probs: torch.Tensor) -> torch.Tensor:
 
 def chosen_answer_nll(token_log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean negative log-likelihood per trained token (labels != -100) of the chosen answers."""
-    trained = labels != -100
+    trained = labels != IGNORE_INDEX
     return -(token_log_probs * trained).sum() / trained.sum().clamp(min=1)
 
 

@@ -4,7 +4,7 @@ Every tool that reads a user's raw data (tokenizer training, pretokenization, SF
 preprocessing) goes through this file, so all of them accept the same formats, stream in
 constant memory, and fail the same way on bad input.
 
-Formats (DESIGN §2):
+Formats (docs/design.md §2.1):
     .jsonl    one JSON object per line; read in binary, line by line, each line decoded as strict
               UTF-8 on its own so an invalid byte is reported with its line number.
     .json     a top-level array of objects, streamed element by element with ijson.

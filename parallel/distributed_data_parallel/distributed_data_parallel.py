@@ -50,8 +50,8 @@ class DistributedDataParallel(nn.Module):
     `use_distributed_optimizer` (reduce-scatter) only inside this rank's shard of each bucket.
     Parameters keep `param.grad = None`: optimizers read `param.main_grad`.
 
-    `.buffers` is the list of ParamAndGradBuffer (one per parameter dtype), as in Megatron-LM; it
-    shadows `nn.Module.buffers()`, so use `ddp.module.buffers()` for the model's own buffers.
+    `.param_and_grad_buffers` is the list of ParamAndGradBuffer (one per parameter dtype);
+    Megatron-LM calls it `buffers`, which would shadow `nn.Module.buffers()` here.
     """
 
     def __init__(self, module: nn.Module, config: DistributedDataParallelConfig,
@@ -68,9 +68,9 @@ class DistributedDataParallel(nn.Module):
         params = [param for param in module.parameters() if param.requires_grad]
         if not params:
             raise ValueError("DistributedDataParallel: the module has no trainable parameters")
-        self.buffers = self._build_buffers(params)
+        self.param_and_grad_buffers = self._build_buffers(params)
         # Launch order: buffer by buffer, each in its reverse-registration bucket order.
-        self._buckets: list[Bucket] = [bucket for buffer in self.buffers
+        self._buckets: list[Bucket] = [bucket for buffer in self.param_and_grad_buffers
                                        for bucket in buffer.buckets]
         for global_index, bucket in enumerate(self._buckets):
             bucket.global_index = global_index
@@ -79,7 +79,8 @@ class DistributedDataParallel(nn.Module):
                                  for param in bucket.params}
         if self.data_parallel_rank == 0:
             names = self.param_names
-            logger.info("\n".join(buffer.describe(names) for buffer in self.buffers))
+            logger.info("\n".join(buffer.describe(names)
+                                   for buffer in self.param_and_grad_buffers))
 
         # ZeRO-1 only needs this rank's shard reduced, so it gets reduce-scatter by default.
         self._comm_hook: CommHook = (reduce_scatter_hook if config.use_distributed_optimizer
@@ -216,7 +217,7 @@ class DistributedDataParallel(nn.Module):
 
     def zero_grad_buffer(self) -> None:
         """Zero all gradient buffers (start of a step) and forget any half-done step."""
-        for buffer in self.buffers:
+        for buffer in self.param_and_grad_buffers:
             buffer.grad_data.zero_()
         self._reset_step_state()
 

@@ -31,7 +31,7 @@ def _flat_reference(ddp: DistributedDataParallel, rank: int, world_size: int,
     inputs, targets = make_batch(rank, 0, 0)
     mse_loss(exact, inputs, targets).backward()
     mse_loss(local, inputs, targets).backward()
-    buffer = ddp.buffers[0]
+    buffer = ddp.param_and_grad_buffers[0]
     exact_flat = torch.zeros_like(buffer.grad_data)
     abs_sum_flat = torch.zeros_like(buffer.grad_data)
     for name, param in module.named_parameters():
@@ -54,17 +54,17 @@ def _reduce_with(rank: int, world_size: int, hook, use_distributed_optimizer: bo
     mse_loss(ddp, inputs, targets).backward()
     ddp.finish_grad_sync()
     if not use_distributed_optimizer:
-        return ddp.buffers[0].grad_data, exact, abs_sum, ddp.comm_bytes_last_step
+        return ddp.param_and_grad_buffers[0].grad_data, exact, abs_sum, ddp.comm_bytes_last_step
     # Only this rank's shard of every bucket is reduced: compare those slices.
     shards = [bucket.offset + rank * bucket.grad_data.numel() // world_size
-              for bucket in ddp.buffers[0].buckets]
+              for bucket in ddp.param_and_grad_buffers[0].buckets]
     mine = torch.cat([bucket.grad_data.view(world_size, -1)[rank]
-                      for bucket in ddp.buffers[0].buckets])
+                      for bucket in ddp.param_and_grad_buffers[0].buckets])
     indices = torch.cat([torch.arange(start, start + bucket.grad_data.numel() // world_size)
-                         for start, bucket in zip(shards, ddp.buffers[0].buckets)])
+                         for start, bucket in zip(shards, ddp.param_and_grad_buffers[0].buckets)])
     for param in ddp.module.parameters():  # ZeRO-1 parameters live in param_data
-        start, _, _ = ddp.buffers[0].param_index_map[param]
-        assert param.data_ptr() == ddp.buffers[0].param_data[start:].data_ptr()
+        start, _, _ = ddp.param_and_grad_buffers[0].param_index_map[param]
+        assert param.data_ptr() == ddp.param_and_grad_buffers[0].param_data[start:].data_ptr()
     return mine, exact[indices], abs_sum[indices], ddp.comm_bytes_last_step
 
 

@@ -87,16 +87,16 @@ def _error_feedback(rank: int, world_size: int, use_error_feedback: bool) -> flo
     ours, state = _ours(model, matrix_approximation_rank=1, start_powerSGD_iter=0,
                         use_error_feedback=use_error_feedback)
     exact = nn.parallel.DistributedDataParallel(copy.deepcopy(model))
-    applied_sum = torch.zeros_like(ours.buffers[0].grad_data)
+    applied_sum = torch.zeros_like(ours.param_and_grad_buffers[0].grad_data)
     for step in range(12):
         _backward(ours, rank, step)
         _backward(exact, rank, step)  # accumulates: exact.grad is the running sum
         ours.finish_grad_sync()
-        applied_sum += ours.buffers[0].grad_data
+        applied_sum += ours.param_and_grad_buffers[0].grad_data
         ours.zero_grad_buffer()
     exact_sum = torch.zeros_like(applied_sum)
     for param in exact.module.parameters():
-        start, end, _ = ours.buffers[0].param_index_map[ours.module.get_parameter(
+        start, end, _ = ours.param_and_grad_buffers[0].param_index_map[ours.module.get_parameter(
             next(n for n, p in exact.module.named_parameters() if p is param))]
         exact_sum[start:end] = param.grad.flatten()
     if use_error_feedback:
@@ -182,7 +182,7 @@ def _resume(rank: int, world_size: int) -> None:
     for step in range(6):
         _backward(uninterrupted, rank, step)
         uninterrupted.finish_grad_sync()
-        expected.append(uninterrupted.buffers[0].grad_data.clone())
+        expected.append(uninterrupted.param_and_grad_buffers[0].grad_data.clone())
         uninterrupted.zero_grad_buffer()
     for step in range(3):
         _backward(first_half, rank, step)
@@ -196,7 +196,7 @@ def _resume(rank: int, world_size: int) -> None:
     for step in range(3, 6):
         _backward(resumed, rank, step)
         resumed.finish_grad_sync()
-        assert torch.equal(resumed.buffers[0].grad_data, expected[step]), step
+        assert torch.equal(resumed.param_and_grad_buffers[0].grad_data, expected[step]), step
         resumed.zero_grad_buffer()
 
 

@@ -6,9 +6,12 @@ Optimization", NeurIPS 2019 (https://arxiv.org/abs/1905.13727), Algorithms 1 and
 Every gradient tensor is viewed as a matrix M (n x m = shape[0] x the rest). With a rank r and
 a matrix Q (m x r) kept from the previous step ("warm start"), each rank w computes:
 
-    Step I:   P = M_w Q,   all-reduce P (sum over ranks),  orthonormalise P's columns
-    Step II:  Q = M_w^T P, all-reduce Q (sum over ranks)
+    Step I:   orthonormalise Q's columns, P = M_w Q, all-reduce P (sum over ranks)
+    Step II:  orthonormalise P's columns, Q = M_w^T P, all-reduce Q (sum over ranks)
     Step III: M_w <- P Q^T / W  (= P P^T mean_w(M_w): the average projected onto span(P))
+
+(The paper orthonormalises only P; orthonormalising the warm-started Q too keeps its span and
+bounds P's magnitude, so a Q that grew over many steps cannot overflow a bf16/fp16 P.)
 
 Each rank sends (n + m) r numbers instead of n m. Step III is the same on every rank because
 P and Q are sums over ranks and every map above is linear in M. One step of this is one step
@@ -97,10 +100,11 @@ def _should_compress(num_rows: int, num_cols: int, rank: int, min_compression_ra
 def orthonormalize_columns_(matrix: Tensor) -> None:
     """Replace `matrix`'s columns, in place, by an orthonormal basis of their span.
 
-    Gram-Schmidt does this column by column: subtract from column i its projections on columns
-    0..i-1, then divide by its norm. A QR factorisation (Householder) gives the same basis up to
-    column signs, which cancel in P P^T, and stays orthonormal even when columns are (nearly)
-    dependent, e.g. a gradient of lower rank than r. QR has no fp16/bf16 kernels: fp32 inside.
+    We take Q of a QR factorisation (Householder reflections). The paper describes Gram-Schmidt
+    (subtract from column i its projections on columns 0..i-1, then normalise), which gives the
+    same basis up to column signs, and those cancel in P P^T; Householder QR stays orthonormal
+    even when columns are (nearly) dependent, e.g. a gradient of lower rank than r, where
+    Gram-Schmidt divides by ~0. QR has no fp16/bf16 kernels, so it runs in fp32.
     """
     matrix.copy_(torch.linalg.qr(matrix.float(), mode="reduced").Q)
 

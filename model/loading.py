@@ -1,0 +1,47 @@
+"""Where a model comes from: the one resolver behind every `--ckpt` and `--init_from`.
+
+    what the path is                                   what is loaded
+    an HF Llama dir (config.json: model_type "llama")  Z2allForCausalLM.from_hf(path)
+    one checkpoint dir (has manifest.json / step_N)    that checkpoint, after its manifest verifies
+    a run dir or its ckpt/ dir                         the newest checkpoint whose manifest verifies
+    a bare `save_pretrained` dir (no manifest)         as it is: nothing to verify it against
+
+`generate.py`, `model.convert_to_hf`, the trainer's `--init_from` and the DPO reference, and
+`tools.demo_eval` all call `load_model`, so a damaged checkpoint is refused the same way
+everywhere (never loaded because the caller named its folder directly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
+from utils.checkpoint import MANIFEST, resolve_checkpoint
+
+
+def is_hf_llama_dir(path: Path) -> bool:
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        return False
+    with open(config_file, encoding="utf-8") as handle:
+        return json.load(handle).get("model_type") == "llama"
+
+
+def resolve_model_dir(path: str | os.PathLike) -> Path:
+    """The directory whose weights `load_model(path)` reads (see the module docstring)."""
+    path = Path(path)
+    is_bare_save = ((path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file()
+                    and not (path / MANIFEST).exists())
+    if is_hf_llama_dir(path) or is_bare_save:
+        return path
+    return resolve_checkpoint(path)  # verifies; raises CheckpointError with the reason
+
+
+def load_model(path: str | os.PathLike) -> tuple[Z2allForCausalLM, Path]:
+    """(the model, the directory its weights came from) for any kind of path above."""
+    model_dir = resolve_model_dir(path)
+    if is_hf_llama_dir(model_dir):
+        return Z2allForCausalLM.from_hf(model_dir), model_dir
+    return Z2allForCausalLM.from_pretrained(model_dir), model_dir

@@ -1,0 +1,200 @@
+"""Overlap the optimizer step with communication: update each bucket as soon as it is reduced.
+
+Plain data parallelism runs: backward (bucket reductions start along the way) -> wait for all
+buckets -> optimizer step over all parameters. Here the wait and the step are interleaved:
+
+    finish_grad_sync():  wait bucket 0 -> AdamW on bucket 0's params   (buckets 1.. still in flight)
+                         wait bucket 1 -> AdamW on bucket 1's params   (buckets 2.. still in flight)
+                         ...
+
+so by the time the last bucket arrives, most of the update is done. (On CUDA, NCCL's wait() only
+orders streams, so updates are queued right behind each bucket's collective.)
+
+The price: each bucket is updated before the others are even reduced, so nothing that needs
+*all* gradients first is possible. Hence refused, with a clear error:
+- gradient clipping (scale every gradient by max_norm / global_norm: the global norm needs
+  every bucket), and
+- fp16 loss scaling (a step is skipped when *any* gradient overflows; bucket 0 would already
+  be updated when an inf shows up in bucket 5).
+For the same reason a bf16/fp32 step with an inf/NaN gradient is not skipped here (the other
+optimizers skip it): the buckets reduced before it are already updated.
+`step()` still reports the global gradient norm, computed after the updates, for logging.
+
+Usage (the object behaves like every optimizer of optimizer.get_optimizer):
+
+    optimizer = OverlappedAdamW(ddp_model, lr=3e-4, weight_decay=0.1)
+    ...backward...; ddp_model.finish_grad_sync()   # runs the per-bucket updates
+    stepped, grad_norm = optimizer.step()          # finishes anything left, reports the norm
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from optimizer.adamw import build_adamw, weight_decay_groups
+from optimizer.optimizer_config import OptimizerConfig
+from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
+    CommHandle,
+    CommHook,
+    allreduce_hook,
+)
+from parallel.distributed_data_parallel.param_and_grad_buffer import Bucket
+from utils.atomic_io import atomic_open
+
+CHECKPOINT_FILE = "overlapped_adamw.pt"
+FORMAT = "z2all-overlapped-adamw"
+VERSION = 1
+
+
+class OverlappedAdamW:
+    """AdamW (decoupled weight decay, Loshchilov & Hutter 2019) stepping bucket by bucket.
+
+    One AdamW per bucket (`optimizer.adamw.build_adamw`: fused on CUDA), with the same two
+    parameter groups as every other optimizer (`weight_decay_groups`: no decay for ndim < 2).
+    bf16 parameters get fp32 master copies: AdamW updates the copy, the bf16 parameter
+    receives the rounded result.
+    """
+
+    def __init__(self, ddp_model: Any, lr: float, weight_decay: float = 0.0,
+                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 clip_grad: float = 0.0, params_dtype: str = "fp32",
+                 reduce_hook: CommHook = allreduce_hook) -> None:
+        if clip_grad > 0:
+            raise ValueError(
+                f"overlap_optim_step cannot clip gradients (clip_grad={clip_grad}): clipping "
+                f"scales by the global norm over all buckets, but this mode updates each bucket "
+                f"as soon as it is reduced, before the others arrive. Set clip_grad=0 or use the "
+                f"regular optimizer.")
+        if params_dtype == "fp16":
+            raise ValueError(
+                "overlap_optim_step does not support fp16: fp16 loss scaling must skip the whole "
+                "step when any gradient overflows, which is known only after every bucket is "
+                "reduced, and earlier buckets would already be updated. Use bf16 or fp32.")
+        if ddp_model.config.use_distributed_optimizer:
+            raise ValueError("overlap_optim_step needs full gradients on every rank (all-reduce);"
+                             " ZeRO-1 (use_distributed_optimizer) has its own optimizer")
+        self.ddp_model = ddp_model
+        self.reduce_hook = reduce_hook
+        self.buckets: list[Bucket] = [bucket for buffer in ddp_model.param_and_grad_buffers
+                                      for bucket in buffer.buckets]
+        self.master_params: dict[torch.nn.Parameter, Tensor] = {}
+        self.bucket_optimizers: list[torch.optim.Optimizer] = []
+        adamw_config = OptimizerConfig(lr=lr, weight_decay=weight_decay, adam_beta1=betas[0],
+                                       adam_beta2=betas[1], adam_eps=eps, clip_grad=0.0)
+        for bucket in self.buckets:
+            masters = [self._master(param) for param in bucket.params]
+            groups = weight_decay_groups(list(zip(bucket.params, masters)), weight_decay)
+            self.bucket_optimizers.append(build_adamw(groups, adamw_config))
+        self._buckets_stepped = 0
+        ddp_model.register_comm_hook(self, overlap_optim_step_hook)
+
+    @classmethod
+    def from_config(cls, config: Any, ddp_model: Any) -> OverlappedAdamW:
+        """Build from an optimizer.optimizer_config.OptimizerConfig (read by attribute name)."""
+        return cls(ddp_model, lr=config.lr, weight_decay=config.weight_decay,
+                   betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+                   clip_grad=config.clip_grad, params_dtype=config.params_dtype)
+
+    def _master(self, param: torch.nn.Parameter) -> Tensor:
+        """The fp32 tensor AdamW updates: the parameter itself, or an fp32 copy of it."""
+        master = param if param.dtype == torch.float32 else param.detach().float()
+        self.master_params[param] = master
+        return master
+
+    # ---- called by the comm hook ---------------------------------------------------------
+
+    @torch.no_grad()
+    def step_bucket(self, bucket: Bucket) -> None:
+        """AdamW on one reduced bucket (its `main_grad`s hold the rank average)."""
+        for param in bucket.params:
+            master, grad = self.master_params[param], param.main_grad
+            # bf16 grads (grad_reduce_in_fp32=False) need an fp32 copy for the fp32 master.
+            master.grad = grad if grad.dtype == master.dtype else grad.float()
+        self.bucket_optimizers[bucket.global_index].step()
+        for param in bucket.params:
+            master = self.master_params[param]
+            master.grad = None
+            if master is not param:
+                param.copy_(master)
+        self._buckets_stepped += 1
+
+    # ---- the optimizer interface ---------------------------------------------------------
+
+    def step(self) -> tuple[bool, float]:
+        """Finish the step (reduce + update what is left); return (True, global grad norm)."""
+        if self._buckets_stepped < len(self.buckets):
+            self.ddp_model.finish_grad_sync()
+        assert self._buckets_stepped == len(self.buckets), "every bucket steps once per step"
+        self._buckets_stepped = 0
+        squares = sum(torch.linalg.vector_norm(buffer.grad_data, dtype=torch.float32) ** 2
+                      for buffer in self.ddp_model.param_and_grad_buffers)
+        return True, float(squares) ** 0.5
+
+    def zero_grad(self) -> None:
+        self.ddp_model.zero_grad_buffer()
+
+    def finish_param_sync(self) -> None:
+        """Nothing to wait for: each bucket's params were updated in place when it stepped."""
+
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        return loss  # no loss scaling: fp16 is refused
+
+    def set_lr(self, lr: float) -> None:
+        for optimizer in self.bucket_optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+    def get_lr(self) -> float:
+        return self.bucket_optimizers[0].param_groups[0]["lr"]
+
+    def _layout(self) -> list[list[str]]:
+        names = self.ddp_model.param_names
+        return [[names.get(param, "?") for param in bucket.params] for bucket in self.buckets]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "layout": self._layout(),
+                "bucket_optimizers": [opt.state_dict() for opt in self.bucket_optimizers],
+                "master_params": [self.master_params[p].detach().clone()
+                                  for bucket in self.buckets for p in bucket.params
+                                  if self.master_params[p] is not p]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format") != FORMAT or state.get("version") != VERSION:
+            raise ValueError(f"not a {FORMAT} v{VERSION} state: {state.get('format')!r} "
+                             f"v{state.get('version')!r}")
+        if state["layout"] != self._layout():
+            raise ValueError("optimizer state was saved with a different bucket layout (model "
+                             "or bucket_size changed); it cannot be mapped onto this one")
+        for optimizer, optimizer_state in zip(self.bucket_optimizers, state["bucket_optimizers"]):
+            optimizer.load_state_dict(optimizer_state)
+        copies = [self.master_params[p] for bucket in self.buckets for p in bucket.params
+                  if self.master_params[p] is not p]
+        for master, saved in zip(copies, state["master_params"], strict=True):
+            master.copy_(saved)
+
+    def save_checkpoint(self, optim_dir: str | os.PathLike) -> None:
+        """The state is identical on every rank: rank 0 writes one file, atomically."""
+        if dist.get_rank() == 0:
+            Path(optim_dir).mkdir(parents=True, exist_ok=True)
+            with atomic_open(Path(optim_dir) / CHECKPOINT_FILE, "wb") as file:
+                torch.save(self.state_dict(), file)
+
+    def load_checkpoint(self, optim_dir: str | os.PathLike) -> None:
+        path = Path(optim_dir) / CHECKPOINT_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no overlapped-AdamW optimizer state here")
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def overlap_optim_step_hook(optimizer: OverlappedAdamW, bucket: Bucket) -> CommHandle:
+    """Reduce `bucket` with the optimizer's reduce hook; once it is done, update its params."""
+    reduction = optimizer.reduce_hook(optimizer.ddp_model.process_group, bucket)
+    return CommHandle([reduction], getattr(reduction, "bytes_sent", 0),
+                      on_complete=lambda: optimizer.step_bucket(bucket))

@@ -1,0 +1,106 @@
+"""Config parsing: types, unknown keys, precedence, resume merge, exp_config.py round trip."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from trainer.config import (
+    Config,
+    format_help,
+    load_config_file,
+    parse_command_line,
+    resolve_config,
+    save_config,
+)
+
+
+def test_values_are_parsed_by_the_field_type():
+    lr = random.uniform(1e-5, 1e-2)
+    cfg, _ = resolve_config([f"--lr={lr!r}", "--batch_size=12", "--use_distributed_optimizer",
+                             "--overlap_grad_reduce=false", "--stop_at_iter=7",
+                             "--bucket_size=2e6", "--task_type=sft",
+                             '--eval_prompts=["x y", "z"]', "--init_from=none"])
+    assert cfg.lr == lr and isinstance(cfg.batch_size, int) and cfg.batch_size == 12
+    assert cfg.use_distributed_optimizer is True and cfg.overlap_grad_reduce is False
+    assert cfg.stop_at_iter == 7 and cfg.bucket_size == 2_000_000
+    assert cfg.task_type == "sft" and cfg.eval_prompts == ["x y", "z"]
+    assert cfg.init_from is None
+    assert cfg.optimization.lr == cfg.lr  # grouped and flat access agree
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("--min_lrr=1", "did you mean --min_lr"),
+    ("--batchsize=3", "did you mean --batch_size"),
+    ("--batch_size=three", "--batch_size: expects int"),
+    ("--resume=maybe", "--resume: expects bool"),
+    ("--task_type=rlhf", "expects pretrain | sft | dpo"),
+    ("--lr", "--lr needs a value"),
+    ("--task_type=dpo", "needs --init_from"),
+    ("--comm_hook=overlap_optim", "add --grad_clip=0"),
+    ("--stop_at_iter=5000", "beyond --max_iters"),
+    ("--batch_size=0", "--batch_size must be >= 1"),
+])
+def test_bad_arguments_name_the_key(arg, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_config([arg])
+
+
+def test_file_then_command_line_precedence(tmp_path):
+    lr, warmup = random.uniform(1e-4, 1e-3), random.randint(2, 50)
+    (tmp_path / "exp.py").write_text(f'"""doc"""\nlr = {lr!r}\nwarmup_iters = {warmup}\n'
+                                     "max_iters = 77\n")
+    cfg, _ = resolve_config([str(tmp_path / "exp.py"), "--max_iters=99"])
+    assert (cfg.lr, cfg.warmup_iters, cfg.max_iters) == (lr, warmup, 99)
+    (tmp_path / "c.json").write_text(json.dumps({"min_lr": 1e-6, "seed": 5}))
+    cfg, _ = resolve_config([str(tmp_path / "c.json"), "--seed=6"])
+    assert (cfg.min_lr, cfg.seed) == (1e-6, 6)
+
+
+def test_bad_config_files_name_file_and_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("lr = 1e-3\nimport os\n")
+    with pytest.raises(ValueError, match="bad.py:2"):
+        load_config_file(bad)
+    bad.write_text("lr = 1e-3\nbatch_size = 'big'\n")
+    with pytest.raises(ValueError, match="'batch_size' expects int"):
+        resolve_config([str(bad)])
+    bad.write_text("lrr = 1.0\n")
+    with pytest.raises(ValueError, match="did you mean --lr"):
+        load_config_file(bad)
+
+
+def test_exp_config_round_trip(tmp_path):
+    cfg, _ = resolve_config(["--lr=0.00123", "--comm_hook=powersgd", "--dropout=0.1",
+                             '--eval_prompts=["a \\"quoted\\" prompt"]', "--resume=false"])
+    save_config(cfg, tmp_path)
+    again, _ = resolve_config([str(tmp_path / "exp_config.py")])
+    from_json = Config.from_dict(json.loads((tmp_path / "config.json").read_text()))
+    assert again.to_dict() == cfg.to_dict() == from_json.to_dict()
+
+
+def test_resume_uses_saved_config_plus_explicit_overrides(tmp_path):
+    run = tmp_path / "run"
+    original, _ = resolve_config([f"--out_dir={run}", "--lr=0.002", "--max_iters=40",
+                                  "--stop_at_iter=20"])
+    save_config(original, run)
+    with pytest.warns(UserWarning, match="max_iters changed 40 -> 50.*reproducibility"):
+        resumed, notes = resolve_config([f"--out_dir={run}", "--resume", "--max_iters=50",
+                                         "--stop_at_iter=30"])
+    assert resumed.lr == 0.002 and resumed.max_iters == 50 and resumed.stop_at_iter == 30
+    assert any("max_iters" in n for n in notes)
+    again, _ = resolve_config([f"--out_dir={run}", "--resume"])
+    assert again.stop_at_iter is None and again.max_iters == 40  # per-invocation: not inherited
+
+
+def test_help_lists_every_option_grouped():
+    text = format_help()
+    for name in Config().to_dict():
+        assert f"--{name} " in text
+    assert "optimization:" in text and "parallel:" in text
+
+
+def test_flag_without_value_only_for_booleans():
+    assert parse_command_line(["--resume"])[1] == {"resume": True}

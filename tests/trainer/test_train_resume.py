@@ -1,0 +1,171 @@
+"""Resuming is exact: a run stopped (or killed) and resumed equals the uninterrupted run.
+
+Reference: the same command run straight through to max_iters. Compared: every step's loss
+(exact float equality) and the final model.safetensors (byte equality). Variants: one process
+(with gradient accumulation and dropout), DPO, and 2 ranks with plain DDP, ZeRO-1, PowerSGD
+and the overlapped optimizer step.
+Also: a 2-rank ZeRO-1 run resumed on 1 process continues with the same losses (to rounding);
+a damaged newest checkpoint is skipped with a warning; --resume without a checkpoint is
+a clear error; SIGKILL / SIGTERM / SIGHUP mid-run lose at most the steps since the last checkpoint;
+a resume that switches to PowerSGD starts its state fresh.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.train_helpers import (
+    TINY_ARGS,
+    data_args,
+    final_weights,
+    records,
+    run_main,
+    run_on_two_ranks,
+    tiny_training_data,
+    train_losses,
+)
+from utils.checkpoint import DamagedCheckpointWarning, list_checkpoints
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, tiny_hf_tokenizer_dir):
+    return tiny_training_data(tmp_path_factory.getbasetemp(), tiny_hf_tokenizer_dir)
+
+
+def _pretrain_args(data, *extra):
+    # eval at step 3 (not a checkpoint step) checks that evaluating never perturbs training
+    return [*TINY_ARGS, *data_args(data, "pretrain"), "--eval_interval=3", "--save_interval=100",
+            *extra]
+
+
+def _assert_identical(full: Path, cut: Path, last_step: int, resumed_at: int) -> None:
+    assert train_losses(cut) == train_losses(full)
+    assert len(train_losses(full)) == last_step
+    assert final_weights(cut, last_step) == final_weights(full, last_step)
+    assert [r["step"] for r in records(cut, "resume")] == [resumed_at]
+    assert f"- step {resumed_at} from" in (cut / "report.md").read_text()
+
+
+def _three_runs(args: list[str], tmp_path: Path, total: int, stop: int) -> list[list[str]]:
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    return [[*args, f"--out_dir={full}", f"--max_iters={total}"],
+            [*args, f"--out_dir={cut}", f"--max_iters={total}", f"--stop_at_iter={stop}"],
+            [*args, f"--out_dir={cut}", f"--max_iters={total}", "--resume"]]
+
+
+@pytest.mark.parametrize("extra", [[], ["--gradient_accumulation_steps=2", "--dropout=0.1",
+                                    "--num_workers=2"]],
+                         ids=["plain", "accumulation+dropout+workers"])
+def test_single_process_resume_is_bitwise(data, tmp_path, extra):
+    for argv in _three_runs(_pretrain_args(data, *extra), tmp_path, total=8, stop=4):
+        assert run_main(argv) == 0
+    _assert_identical(tmp_path / "full", tmp_path / "cut", 8, 4)
+
+
+def test_dpo_resume_keeps_the_sft_reference(data, tmp_path):
+    """If a resumed DPO run took its reference from the resumed policy, losses would differ."""
+    init = tmp_path / "init"
+    assert run_main([*_pretrain_args(data), f"--out_dir={init}", "--max_iters=4"]) == 0
+    args = [*TINY_ARGS, *data_args(data, "dpo"), f"--init_from={init}", "--eval_interval=3",
+            "--save_interval=100", "--lr=1e-2"]
+    for argv in _three_runs(args, tmp_path, total=6, stop=3):
+        assert run_main(argv) == 0
+    _assert_identical(tmp_path / "full", tmp_path / "cut", 6, 3)
+
+
+TWO_RANK_VARIANTS = {
+    "ddp": [],
+    "zero1": ["--use_distributed_optimizer"],
+    "zero1_overlap": ["--use_distributed_optimizer", "--overlap_param_gather",
+                      "--overlap_grad_reduce", "--bucket_size=5000"],
+    "powersgd": ["--comm_hook=powersgd", "--powersgd_warmup_iters=2"],  # compressing from step 3
+    "overlap_optim": ["--comm_hook=overlap_optim", "--grad_clip=0"],
+}
+
+
+def test_two_rank_resume_is_bitwise(data, tmp_path):
+    """All variants in one spawn of 2 ranks (starting ranks costs more than these runs)."""
+    runs = [argv for name, extra in TWO_RANK_VARIANTS.items()
+            for argv in _three_runs(_pretrain_args(data, *extra), tmp_path / name, 6, 3)]
+    zero1_args = _pretrain_args(data, *TWO_RANK_VARIANTS["zero1"], "--max_iters=6")
+    shrink = tmp_path / "zero1_to_one_rank"
+    runs.append([*zero1_args, f"--out_dir={shrink}", "--stop_at_iter=3"])
+    assert run_on_two_ranks(*runs) == [0] * len(runs)
+    for name in TWO_RANK_VARIANTS:
+        _assert_identical(tmp_path / name / "full", tmp_path / name / "cut", 6, 3)
+    # ZeRO-1 saved one optimizer shard per rank
+    zero1_ckpt = tmp_path / "zero1" / "cut" / "ckpt" / "step_000006" / "optim"
+    assert len(list(zero1_ckpt.iterdir())) >= 2
+
+    # Resuming the 2-rank ZeRO-1 run on 1 process with the same global batch (2 x 2 = 1 x 4):
+    # the shards are re-cut and the data continues where it stopped; same steps up to
+    # rounding (the sum over ranks happens in another order), no longer bitwise.
+    with pytest.warns(UserWarning, match="batch_size changed 2 -> 4"):
+        assert run_main([*zero1_args, f"--out_dir={shrink}", "--resume", "--batch_size=4"]) == 0
+    reference = train_losses(tmp_path / "zero1" / "full")
+    resumed = train_losses(shrink)
+    assert sorted(resumed) == sorted(reference)
+    assert resumed == pytest.approx(reference, rel=1e-4)
+
+
+def test_damaged_newest_checkpoint_is_skipped(data, tmp_path):
+    args = _pretrain_args(data, "--save_interval=2", "--keep_last=5")
+    assert run_main([*args, f"--out_dir={tmp_path / 'full'}", "--max_iters=8"]) == 0
+    cut = tmp_path / "cut"
+    assert run_main([*args, f"--out_dir={cut}", "--max_iters=8", "--stop_at_iter=6"]) == 0
+    weights = cut / "ckpt" / "step_000006" / "model.safetensors"
+    damaged = bytearray(weights.read_bytes())
+    damaged[-3] ^= 0x55
+    weights.write_bytes(bytes(damaged))
+    with pytest.warns(DamagedCheckpointWarning, match="step_000006.*sha256"):
+        assert run_main([*args, f"--out_dir={cut}", "--max_iters=8", "--resume"]) == 0
+    _assert_identical(tmp_path / "full", cut, 8, 4)
+
+
+def test_resume_without_checkpoint_is_a_clear_error(data, tmp_path):
+    with pytest.raises(SystemExit, match="no checkpoint found"):
+        run_main([*_pretrain_args(data), f"--out_dir={tmp_path / 'empty'}", "--resume"])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP],
+                         ids=["kill", "term", "hangup"])
+def test_interrupted_process_resumes_from_its_last_checkpoint(data, tmp_path, signum):
+    total = 60
+    args = _pretrain_args(data, "--save_interval=5", f"--max_iters={total}", "--eval_interval=50")
+    cut = tmp_path / "cut"
+    process = subprocess.Popen([sys.executable, "train_my_ddp.py", *args, f"--out_dir={cut}"],
+                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(cut / "ckpt") and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    process.send_signal(signum)
+    returncode = process.wait(timeout=60)
+    stderr = process.stderr.read().decode()
+    assert returncode in (-signal.SIGKILL, 128 + signum), stderr
+    saved_steps = [step for step, _ in list_checkpoints(cut / "ckpt")]
+    assert saved_steps and saved_steps[-1] < total
+    if signum != signal.SIGKILL:  # stopped cleanly: a checkpoint at the step it stopped
+        assert saved_steps[-1] == records(cut, "train")[-1]["step"]
+
+    assert run_main([*args, f"--out_dir={cut}", "--resume"]) == 0
+    assert run_main([*args, f"--out_dir={tmp_path / 'full'}"]) == 0
+    _assert_identical(tmp_path / "full", cut, total, saved_steps[-1])
+
+
+def test_resume_with_another_comm_hook_starts_the_hook_fresh(data, tmp_path):
+    """The checkpoint holds no PowerSGD state when the run began with plain all-reduce."""
+    args = _pretrain_args(data, "--max_iters=4", "--powersgd_warmup_iters=0")
+    run = tmp_path / "run"
+    assert run_main([*args, f"--out_dir={run}", "--stop_at_iter=2"]) == 0
+    with pytest.warns(UserWarning, match="comm_hook changed"):
+        assert run_main([*args, f"--out_dir={run}", "--resume", "--comm_hook=powersgd"]) == 0
+    assert sorted(train_losses(run)) == [1, 2, 3, 4]

@@ -1,0 +1,66 @@
+"""Task accuracy of a chat model on the demo's held-out prompts (by generation, greedy).
+
+    python -m tools.demo_eval --ckpt out/demo_sft --tokenizer_dir tokenizer/demo_hf \\
+        --tasks data/demo/eval/tasks.jsonl
+
+Each line of the tasks file is `{"task", "prompt", "answer"}`; the prompt goes in as a user
+turn, and `data.demo_tasks.is_correct` grades the reply (it recomputes the answer from the
+prompt). Prints accuracy per task and overall, and writes them, with a few examples, to
+`<run dir>/task_accuracy.json` for the demo's summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data.demo_tasks import is_correct
+from model.loading import load_model
+from tokenizer import load_tokenizer
+from trainer.evaluation import generate_samples
+from utils.atomic_io import atomic_write_json
+
+
+def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path, tasks_file: str | Path,
+                  max_new_tokens: int = 12) -> dict[str, Any]:
+    model = load_model(ckpt)[0].eval()
+    tokenizer = load_tokenizer(tokenizer_dir)
+    with open(tasks_file, encoding="utf-8") as handle:
+        items = [json.loads(line) for line in handle if line.strip()]
+    samples = generate_samples(model, tokenizer, [item["prompt"] for item in items], chat=True,
+                               max_new_tokens=max_new_tokens, device=torch.device("cpu"))
+    correct, total = Counter(), Counter()
+    for item, sample in zip(items, samples):
+        total[item["task"]] += 1
+        correct[item["task"]] += is_correct(item["task"], item["prompt"], sample["completion"])
+    return {"checkpoint": str(ckpt),
+            "accuracy": sum(correct.values()) / max(sum(total.values()), 1),
+            "per_task": {task: correct[task] / total[task] for task in sorted(total)},
+            "examples": samples[:8]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ckpt", required=True, help="run dir or checkpoint dir")
+    parser.add_argument("--tokenizer_dir", required=True)
+    parser.add_argument("--tasks", default="data/demo/eval/tasks.jsonl")
+    parser.add_argument("--max_new_tokens", type=int, default=12)
+    args = parser.parse_args(argv)
+    result = task_accuracy(args.ckpt, args.tokenizer_dir, args.tasks, args.max_new_tokens)
+    print(f"task accuracy of {result['checkpoint']}: {result['accuracy']:.1%}")
+    for task, accuracy in result["per_task"].items():
+        print(f"  {task:<8s} {accuracy:6.1%}")
+    for example in result["examples"][:4]:
+        print(f"  {example['prompt']!r} -> {example['completion']!r}")
+    run_dir = Path(args.ckpt)
+    if (run_dir / "ckpt").is_dir():
+        atomic_write_json(run_dir / "task_accuracy.json", result)
+
+
+if __name__ == "__main__":
+    main()

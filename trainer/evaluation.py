@@ -1,0 +1,115 @@
+"""Validation during training: a fixed set of held-out batches, and greedy sample generations.
+
+The evaluation set is the same at every evaluation (evenly spaced samples of the valid split,
+split over ranks), so successive val losses are comparable and independent of where training
+is in its data order. Nothing here touches a random generator: evaluating (or not) between two
+steps cannot change training, which keeps resumed runs bitwise identical.
+
+Bits per byte makes runs with different tokenizers comparable: the summed loss in nats over the
+target tokens, divided by ln 2 times the UTF-8 bytes those targets decode to
+(bpb = Σ nll / (ln 2 · bytes); the tokenizer-free yardstick of e.g. the Pile / GPT-NeoX papers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from trainer.distributed_env import DistributedEnv, all_reduce_sum
+from utils.conversation import build_generation_prompt
+from utils.labels import IGNORE_INDEX
+
+
+def fixed_eval_indices(num_samples: int, num_wanted: int, env: DistributedEnv) -> list[int]:
+    """This rank's share of `num_wanted` samples spread evenly over the valid split.
+
+    Example: 10 samples, 4 wanted, 2 ranks -> positions [0, 2, 5, 7]; rank 0 [0, 5], rank 1
+    [2, 7].
+    """
+    total = min(num_samples, num_wanted)
+    positions = [i * num_samples // total for i in range(total)]
+    return positions[env.rank::env.world_size]
+
+
+def eval_loader(dataset: Dataset, collate_fn: Callable, batch_size: int, eval_iters: int,
+                env: DistributedEnv) -> DataLoader:
+    indices = fixed_eval_indices(len(dataset), eval_iters * batch_size * env.world_size, env)
+    # Its own generator: each `iter(loader)` draws a seed, and drawing it from the global
+    # generator would make evaluating change the training run's dropout stream.
+    return DataLoader(Subset(dataset, indices), batch_size=batch_size, shuffle=False,
+                      collate_fn=collate_fn, generator=torch.Generator().manual_seed(0))
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+
+
+@torch.no_grad()
+def evaluate_language_model(model: torch.nn.Module, loader: DataLoader, tokenizer: Any,
+                            env: DistributedEnv) -> dict[str, float]:
+    """val_loss (nats/token), val_ppl and val_bpb over the fixed eval set, all ranks together."""
+    nll_sum = token_count = byte_count = 0.0
+    for batch in loader:
+        batch = to_device(batch, env.device)
+        labels = batch["labels"]
+        output = model(batch["input_ids"], labels=labels,
+                       attention_mask=batch.get("attention_mask"))
+        targets = labels != IGNORE_INDEX
+        num_targets = int(targets.sum())
+        nll_sum += output.loss.float().item() * num_targets  # loss is the mean over targets
+        token_count += num_targets
+        for row, keep in zip(labels.tolist(), targets.tolist()):
+            text = tokenizer.decode([t for t, k in zip(row, keep) if k])
+            byte_count += len(text.encode("utf-8"))
+    nll_sum, token_count, byte_count = all_reduce_sum([nll_sum, token_count, byte_count], env)
+    val_loss = nll_sum / max(token_count, 1)
+    return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0)),
+            "val_bpb": nll_sum / (math.log(2) * max(byte_count, 1)), "val_tokens": token_count}
+
+
+@torch.no_grad()
+def evaluate_with_forward_step(forward_step: Callable, loader: DataLoader,
+                               env: DistributedEnv) -> dict[str, float]:
+    """Batch-weighted means of a forward step's loss and metrics (used for DPO pairs)."""
+    sums: dict[str, float] = {}
+    pairs = 0.0
+    for batch in loader:
+        batch = to_device(batch, env.device)
+        loss, extras = forward_step(batch)
+        size = next(iter(batch.values())).shape[0]
+        pairs += size
+        for key, value in {"loss": loss, **extras}.items():
+            sums[key] = sums.get(key, 0.0) + float(value) * size
+    keys = sorted(sums)
+    totals = all_reduce_sum([sums[k] for k in keys] + [pairs], env)
+    return {f"val_{k}": total / max(totals[-1], 1) for k, total in zip(keys, totals[:-1])}
+
+
+@torch.no_grad()
+def generate_samples(model: Any, tokenizer: Any, prompts: list[str], chat: bool,
+                     max_new_tokens: int, device: torch.device,
+                     batch_size: int = 64) -> list[dict[str, str]]:
+    """Greedy completions of `prompts` (as a user turn of the chat template for sft/dpo
+    models), `batch_size` prompts at a time (right-padded, with an attention mask)."""
+    stop_id = (tokenizer.convert_tokens_to_ids("<|im_end|>") if chat
+               else tokenizer.eos_token_id)
+    samples = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        encoded = [build_generation_prompt(tokenizer, [{"role": "user", "content": p}]) if chat
+                   else tokenizer.encode(p, add_special_tokens=False) for p in chunk]
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.tensor([ids + [stop_id] * (width - len(ids)) for ids in encoded],
+                                 device=device)
+        attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids))
+                                       for ids in encoded], device=device)
+        output = model.generate(input_ids, max_new_tokens=max_new_tokens, temperature=0.0,
+                                eos_token_id=stop_id, attention_mask=attention_mask)
+        for prompt, row in zip(chunk, output[:, width:].tolist()):
+            new_ids = row[:row.index(stop_id)] if stop_id in row else row
+            samples.append({"prompt": prompt, "completion": tokenizer.decode(new_ids)})
+    return samples

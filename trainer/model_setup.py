@@ -1,0 +1,38 @@
+"""Where the trainer's model comes from: a checkpoint to resume, an init to fine-tune, or a
+fresh preset (with the command line's overrides)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from model.configuration_z2all import Z2allConfig
+from model.loading import load_model
+from model.modeling_z2all import Z2allForCausalLM
+
+# Options of the trainer that override fields of the model preset when set.
+MODEL_OVERRIDES = ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                   "num_key_value_heads", "intermediate_size", "dropout")
+
+
+def build_model(cfg: Any, tokenizer_size: int, resume_dir: Path | None) -> Z2allForCausalLM:
+    """The model to train: resumed > init_from > a fresh `model_preset` sized for the data."""
+    if resume_dir is not None:
+        model = Z2allForCausalLM.from_pretrained(resume_dir)
+    elif cfg.init_from:
+        model, _ = load_model(cfg.init_from)
+    else:
+        overrides = {name: getattr(cfg, name) for name in MODEL_OVERRIDES
+                     if getattr(cfg, name) is not None}
+        config = Z2allConfig.from_preset(cfg.model_preset, vocab_size=tokenizer_size,
+                                         max_position_embeddings=cfg.max_seq_len, **overrides)
+        config.activation_checkpointing = cfg.activation_checkpointing
+        return Z2allForCausalLM(config)
+    if model.config.vocab_size < tokenizer_size:
+        raise ValueError(f"the model's vocabulary ({model.config.vocab_size}) is smaller than the "
+                         f"tokenizer's ({tokenizer_size}): wrong --tokenizer_dir for this model?")
+    if model.config.max_position_embeddings < cfg.max_seq_len:
+        raise ValueError(f"--max_seq_len={cfg.max_seq_len} exceeds the model's "
+                         f"max_position_embeddings={model.config.max_position_embeddings}")
+    model.config.activation_checkpointing = cfg.activation_checkpointing
+    return model

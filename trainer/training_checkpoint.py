@@ -1,0 +1,111 @@
+"""What a training checkpoint holds and how all ranks write and read it together.
+
+    ckpt/step_000200/
+      config.json, model.safetensors   the model (rank 0; `Z2allForCausalLM.from_pretrained`)
+      optim/                           the optimizer (ZeRO-1: one shard file per rank)
+      trainer_state.pt                 step, consumed samples, tokens, sampler state, run
+                                       config (rank 0); the LR is a function of the step
+      ranks/rank_00000.pt ...          per rank: every RNG state, comm-hook state (PowerSGD's
+                                       error feedback and Q matrices differ on each rank)
+      manifest.json                    written last (utils.checkpoint)
+
+The protocol: rank 0 creates the temp dir; barrier; every rank writes its files; barrier;
+rank 0 seals it (manifest, rename); barrier, so no rank runs ahead and e.g. exits while the
+checkpoint is still a temp dir. Everything is loaded with `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.distributed_env import DistributedEnv, barrier
+from trainer.rng_state import capture_rng_state, restore_rng_state, seed_everything
+from utils.atomic_io import atomic_open
+from utils.checkpoint import (
+    TRAINER_STATE,
+    begin_checkpoint,
+    finish_checkpoint,
+    load_torch,
+    step_dir_name,
+)
+
+RANKS_DIR = "ranks"
+TRAINER_STATE_FORMAT = "z2all-trainer-state"
+
+
+def _rank_file(ckpt_dir: Path, rank: int) -> Path:
+    return ckpt_dir / RANKS_DIR / f"rank_{rank:05d}.pt"
+
+
+def _save_torch(obj: Any, path: Path) -> None:
+    with atomic_open(path, "wb") as handle:
+        torch.save(obj, handle)
+
+
+def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *, model: Any,
+                             optimizer: Any, trainer_state: dict[str, Any],
+                             comm_hook_state: dict[str, Any] | None, keep_last: int,
+                             val_loss: float | None) -> Path:
+    """Collective: every rank must call it at the same step. Returns the checkpoint dir."""
+    if env.is_main:
+        begin_checkpoint(ckpt_root, step)
+    barrier(env)
+    tmp_dir = ckpt_root / f".tmp_{step_dir_name(step)}"
+    optimizer.save_checkpoint(tmp_dir / "optim")
+    _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state},
+                _rank_file(tmp_dir, env.rank))
+    if env.is_main:
+        model.save_pretrained(tmp_dir)
+        _save_torch({"format": TRAINER_STATE_FORMAT, "version": 1, **trainer_state,
+                     "world_size": env.world_size}, tmp_dir / TRAINER_STATE)
+    barrier(env)
+    final_dir = ckpt_root / step_dir_name(step)
+    if env.is_main:
+        finish_checkpoint(tmp_dir, step, keep_last=keep_last, val_loss=val_loss)
+    barrier(env)
+    return final_dir
+
+
+def _load_trainer_state(ckpt_dir: Path) -> dict[str, Any]:
+    state = load_torch(ckpt_dir / TRAINER_STATE)
+    if state.get("format") != TRAINER_STATE_FORMAT or state.get("version") != 1:
+        raise ValueError(f"{ckpt_dir / TRAINER_STATE}: not a z2all trainer state (v1)")
+    return state
+
+
+def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *, optimizer: Any,
+                                sampler: Any, comm_hook_state: Any, seed: int
+                                ) -> dict[str, Any]:
+    """The twin of `save_training_checkpoint`: put the optimizer, the sampler, this rank's RNG
+    streams and comm-hook state back; return the trainer state (step, tokens_seen, ...).
+
+    With another world size than the saved one, the per-rank files do not map onto the new
+    ranks: RNG streams are reseeded and the comm hook starts fresh, so the run continues
+    correctly but is no longer bitwise identical to an uninterrupted one."""
+    state = _load_trainer_state(ckpt_dir)
+    optimizer.load_checkpoint(ckpt_dir / "optim")
+    sampler.load_state_dict(state["sampler"])
+    if state["world_size"] != env.world_size:
+        print(f"rank {env.rank}: world size changed ({state['world_size']} -> "
+              f"{env.world_size}); RNG and comm-hook state restart", flush=True)
+        seed_everything(seed + env.rank + state["step"])
+        return state
+    rank_state = load_torch(_rank_file(ckpt_dir, env.rank))
+    restore_rng_state(rank_state["rng"])
+    # None when the run began with another --comm_hook: the hook then starts fresh.
+    if comm_hook_state is not None and rank_state["comm_hook"] is not None:
+        # RNG states stay CPU byte tensors (what torch's setters take); the hook's tensors
+        # (PowerSGD's error feedback and Q) go back to the device the gradients live on.
+        comm_hook_state.load_state_dict(_to_device(rank_state["comm_hook"], env.device))
+    return state
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: _to_device(item, device) for key, item in value.items()}
+    return value
