@@ -23,6 +23,7 @@ import torch
 
 from model.convert_to_hf import resolve_model_dir
 from model.modeling_z2all import Z2allForCausalLM
+from utils.log_setup import configure_logging
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,6 +101,7 @@ def print_streaming(tokenizer, new_tokens: Iterable[int], stop_id: int) -> list[
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    configure_logging()
     from tokenizer import load_tokenizer  # keeps `--help` fast
 
     model, model_dir = load_model(args.ckpt)

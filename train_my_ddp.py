@@ -37,7 +37,9 @@ from torch.utils.data import DataLoader
 
 from dataset.build import build_datasets
 from dataset.sampler import StatefulDistributedSampler
+from model.kernels import kernel_choices
 from optimizer import OptimizerConfig
+from optimizer.adamw import adamw_implementation
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
@@ -60,6 +62,7 @@ from utils.evaluation import (
     generate_samples,
     to_device,
 )
+from utils.log_setup import configure_logging
 from utils.lr_schedule import LRSchedule
 from utils.metrics import MetricsLogger
 from utils.model_loading import build_model, load_pretrained
@@ -154,6 +157,16 @@ def resolve_dtype(cfg: Config, env: DistributedEnv) -> str:
     return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
 
+def kernel_line(cfg: Config, model: torch.nn.Module, env: DistributedEnv, dtype_name: str
+                ) -> str:
+    """Which implementation runs each hot op and the optimizer, and why not a faster one."""
+    choices = kernel_choices(env.device, DTYPES[dtype_name], model.config.head_dim)
+    optimizer_device = torch.device("cpu") if cfg.cpu_offload else env.device
+    choices["adamw"] = adamw_implementation(optimizer_device)
+    choices["torch.compile"] = "on" if cfg.compile else "off"
+    return "kernels: " + ", ".join(f"{op}={impl}" for op, impl in choices.items())
+
+
 def build_ddp_and_optimizer(cfg: Config, model: torch.nn.Module, dtype_name: str
                             ) -> tuple[DistributedDataParallel, Any, Any]:
     """Our DDP around the model, the optimizer, and the comm hook's state (PowerSGD) or None."""
@@ -198,6 +211,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     # Model -> our DDP -> optimizer. All ranks seed alike so they build identical weights.
     seed_everything(cfg.seed)
     model = build_model(cfg, len(tokenizer), resume_dir).to(env.device, DTYPES[dtype_name])
+    if cfg.compile:
+        model.compile_blocks()
     ddp, optimizer, comm_hook_state = build_ddp_and_optimizer(cfg, model, dtype_name)
     schedule = LRSchedule(cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters, cfg.lr_schedule)
 
@@ -242,12 +257,14 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     train_batches = iter(train_loader)
     valid_batches = eval_loader(valid_dataset, collate_fn, cfg.batch_size, cfg.eval_iters, env)
     num_params = sum(p.numel() for p in model.parameters())
+    kernels = kernel_line(cfg, model, env, dtype_name)
     log.log("run", step, quiet=True, effective_batch=global_batch, world_size=env.world_size,
-            dtype=dtype_name, device=str(env.device), num_params=num_params)
+            dtype=dtype_name, device=str(env.device), num_params=num_params, kernels=kernels)
     if env.is_main:
         print(f"effective batch: {cfg.batch_size} x {cfg.gradient_accumulation_steps} x "
               f"{env.world_size} = {global_batch} sequences | {dtype_name} on {env.device} | "
               f"{num_params:,} params", flush=True)
+        print(kernels, flush=True)
 
     def evaluate() -> dict[str, Any]:
         model.eval()
@@ -340,7 +357,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
 
     if env.is_main:
         environment = {"device": str(env.device), "world_size": env.world_size,
-                       "dtype": dtype_name, "threads_per_rank": torch.get_num_threads()}
+                       "dtype": dtype_name, "threads_per_rank": torch.get_num_threads(),
+                       "kernels": kernels.removeprefix("kernels: ")}
         report = write_report(run_dir, cfg, environment, meter.summary(), tokenizer.fingerprint)
         print(f"report: {report}", flush=True)
     log.close()
@@ -361,7 +379,8 @@ def _find_resume_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, notes = config_from_argv(argv)
-    env = init_distributed(cfg.device, cfg.num_threads)
+    env = init_distributed(cfg.device, cfg.num_threads, timeout_s=60 * cfg.dist_timeout)
+    configure_logging(cfg.verbose, env.is_main)
     try:
         with StopSignal() as stop_signal:
             return train(cfg, notes, env, stop_signal)

@@ -21,6 +21,7 @@ from safetensors.torch import save
 from model.hf_llama_mapping import config_to_hf, state_dict_to_hf
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from utils.atomic_io import atomic_write_bytes, atomic_write_json
+from utils.log_setup import configure_logging
 
 
 def export_hf(model: Z2allForCausalLM, out_dir: str | os.PathLike,
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="copy this tokenizer's files into --out and record its EOS id "
                              "(recommended: HF's generate then stops at <|endoftext|>)")
     args = parser.parse_args(argv)
+    configure_logging()
     model_dir = resolve_model_dir(args.ckpt)
     model = Z2allForCausalLM.from_pretrained(model_dir)
     eos_token_id = None

@@ -184,6 +184,13 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
         hidden = self.model(input_ids, _key_padding_mask(key_padding_mask), kv_cache)
         return self.lm_head(hidden[:, -1]).float()
 
+    def compile_blocks(self) -> None:
+        """torch.compile each decoder block in place (parameter names unchanged). Per block, as
+        torchtitan does: every block has the same code and shapes, so one compiled graph is
+        reused N times and compile time does not grow with depth."""
+        for layer in self.model.layers:
+            layer.compile()
+
     # ---- size and cost ----------------------------------------------------------------------
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

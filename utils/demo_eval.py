@@ -23,6 +23,7 @@ from data.demo_tasks import is_correct
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
 from utils.evaluation import generate_samples
+from utils.log_setup import configure_logging
 from utils.model_loading import load_pretrained
 
 
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", default="data/demo/eval/tasks.jsonl")
     parser.add_argument("--max_new_tokens", type=int, default=12)
     args = parser.parse_args(argv)
+    configure_logging()
     result = task_accuracy(args.ckpt, args.tokenizer_dir, args.tasks, args.max_new_tokens)
     print(f"task accuracy of {result['checkpoint']}: {result['accuracy']:.1%}")
     for task, accuracy in result["per_task"].items():

@@ -79,7 +79,7 @@ class DistributedDataParallel(nn.Module):
                                  for param in bucket.params}
         if self.data_parallel_rank == 0:
             names = self.param_names
-            logger.info("\n".join(buffer.describe(names) for buffer in self.buffers))
+            logger.debug("\n".join(buffer.describe(names) for buffer in self.buffers))
 
         # ZeRO-1 only needs this rank's shard reduced, so it gets reduce-scatter by default.
         self._comm_hook: CommHook = (reduce_scatter_hook if config.use_distributed_optimizer

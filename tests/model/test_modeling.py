@@ -267,3 +267,16 @@ def test_parameters_are_read_only_inside_their_own_module_forward(tie):
         model.token_log_probs(input_ids, labels, attention_mask=mask).sum().backward()
     assert len(checker.owners) == len(list(model.parameters()))
     assert checker.outside == set(), sorted(checker.outside)
+
+
+def test_compiled_blocks_give_the_eager_loss_and_grads():
+    """`--compile`: torch.compile per decoder block changes speed, not results (and not the
+    parameter names a checkpoint stores)."""
+    eager, compiled = small_model("gqa", num_hidden_layers=1), small_model("gqa",
+                                                                          num_hidden_layers=1)
+    compiled.compile_blocks()
+    input_ids, labels = random_batch(2, 8)
+    expected, got = _grads(eager, input_ids, labels), _grads(compiled, input_ids, labels)
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    for name, grad in got.items():
+        assert torch.allclose(grad, expected[name], atol=1e-5), name
