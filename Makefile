@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench clean gpu-check
 
 venv: $(STAMP)
 
@@ -19,6 +19,11 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest
+
+# The real CUDA kernels, NCCL, PowerSGD's side stream, ZeRO-1 offload (needs a GPU; the
+# emulated flash-attn/apex tests run in `make test` everywhere).
+gpu-check: venv
+	$(PY) -m pytest -m cuda -v -rs tests/test_gpu_check.py
 
 lint: venv
 	$(PY) -m ruff check .

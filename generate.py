@@ -24,6 +24,7 @@ import torch
 from model.loading import load_model
 from tokenizer import load_tokenizer
 from utils.conversation import build_generation_prompt
+from utils.log_setup import configure_logging
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -87,6 +88,7 @@ def print_streaming(tokenizer, new_tokens: Iterable[int], stop_id: int) -> list[
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    configure_logging()
     model, model_dir = load_model(args.ckpt)
     tokenizer_dir = args.tokenizer_dir or default_tokenizer_dir(Path(args.ckpt), model_dir)
     tokenizer = load_tokenizer(tokenizer_dir)

@@ -37,7 +37,9 @@ from torch.utils.data import DataLoader
 
 from dataset.build import build_datasets
 from dataset.sampler import StatefulDistributedSampler
+from model.kernels import kernel_choices
 from model.loading import load_model
+from optimizer.adamw import adamw_implementation
 from tokenizer import load_tokenizer
 from trainer.config import Config, config_from_argv, save_config
 from trainer.distributed_env import (
@@ -67,6 +69,7 @@ from trainer.training_checkpoint import (
 )
 from utils.checkpoint import CheckpointError, resolve_checkpoint
 from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
+from utils.log_setup import configure_logging
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -149,6 +152,16 @@ def resolve_dtype(cfg: Config, env: DistributedEnv) -> str:
     return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
 
+def kernel_line(cfg: Config, model: torch.nn.Module, env: DistributedEnv, dtype_name: str
+                ) -> str:
+    """Which implementation runs each hot op and the optimizer, and why not a faster one."""
+    choices = kernel_choices(env.device, DTYPES[dtype_name], model.config.head_dim)
+    optimizer_device = torch.device("cpu") if cfg.cpu_offload else env.device
+    choices["adamw"] = adamw_implementation(optimizer_device)
+    choices["torch.compile"] = "on" if cfg.compile else "off"
+    return "kernels: " + ", ".join(f"{op}={impl}" for op, impl in choices.items())
+
+
 def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopSignal) -> int:
     run_dir = Path(cfg.out_dir)
     dtype_name = resolve_dtype(cfg, env)
@@ -176,6 +189,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     # Model -> our DDP -> optimizer. All ranks seed alike so they build identical weights.
     seed_everything(cfg.seed)
     model = build_model(cfg, len(tokenizer), resume_dir).to(env.device, DTYPES[dtype_name])
+    if cfg.compile:
+        model.compile_blocks()
     ddp, optimizer, comm_hook_state = build_ddp_and_optimizer(cfg, model, dtype_name)
     schedule = LRSchedule(cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters, cfg.lr_schedule)
 
@@ -210,12 +225,14 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     train_batches = iter(train_loader)
     valid_batches = eval_loader(valid_dataset, collate_fn, cfg.batch_size, cfg.eval_iters, env)
     num_params = sum(p.numel() for p in model.parameters())
+    kernels = kernel_line(cfg, model, env, dtype_name)
     log.log("run", step, quiet=True, effective_batch=global_batch, world_size=env.world_size,
-            dtype=dtype_name, device=str(env.device), num_params=num_params)
+            dtype=dtype_name, device=str(env.device), num_params=num_params, kernels=kernels)
     if env.is_main:
         print(f"effective batch: {cfg.batch_size} x {cfg.gradient_accumulation_steps} x "
               f"{env.world_size} = {global_batch} sequences | {dtype_name} on {env.device} | "
               f"{num_params:,} params", flush=True)
+        print(kernels, flush=True)
 
     def evaluate() -> dict[str, Any]:
         model.eval()
@@ -307,7 +324,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
 
     if env.is_main:
         environment = {"device": str(env.device), "world_size": env.world_size,
-                       "dtype": dtype_name, "threads_per_rank": torch.get_num_threads()}
+                       "dtype": dtype_name, "threads_per_rank": torch.get_num_threads(),
+                       "kernels": kernels.removeprefix("kernels: ")}
         report = write_report(run_dir, cfg, environment, meter.summary(), tokenizer.fingerprint)
         print(f"report: {report}", flush=True)
     log.close()
@@ -328,7 +346,8 @@ def _find_resume_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, notes = config_from_argv(argv)
-    env = init_distributed(cfg.device, cfg.num_threads)
+    env = init_distributed(cfg.device, cfg.num_threads, timeout_s=60 * cfg.dist_timeout)
+    configure_logging(cfg.verbose, env.is_main)
     try:
         with StopSignal() as stop_signal:
             return train(cfg, notes, env, stop_signal)

@@ -10,8 +10,10 @@ process's CPU time (the steadier ratio when other jobs compete for the cores). "
 our FLOP/s per CPU-second (6N + 12·L·H·Q·T per token, PaLM appendix B) over the best FLOP/s
 per CPU-second of a 1024^3 matmul in the same dtype: with one thread, CPU time is the time
 the work really ran, so waiting for a shared core does not count against either.
-Without --quick, a last table compares the peak memory of one training step (fresh process
-per measurement; RSS-based, so approximate to ~10%).
+A second table adds torch.compile (each decoder block compiled, ours via `compile_blocks`,
+HF's layers the same way) in fp32: ours+compile against HF eager and HF+compile, four
+implementations alternating in one process. Without --quick, a last table compares the peak
+memory of one training step (fresh process per measurement; RSS-based, so approximate to ~10%).
 """
 
 from __future__ import annotations
@@ -155,6 +157,45 @@ def bench_one(name: str, autocast_dtype: torch.dtype | None, steps: int, rounds:
             "cpu_ratio": cpu_ratio, "flops": flops_per_cpu_second}
 
 
+def bench_compiled(name: str, steps: int, rounds: int) -> dict[str, float]:
+    """fp32 training-step CPU-time medians of ours/HF, eager and compiled per decoder block.
+    The first compiled steps (compilation) are warm-up and not timed."""
+    ours, hf, input_ids, labels = build_pair(name)
+    ours_compiled, hf_compiled, _, _ = build_pair(name)
+    ours_compiled.compile_blocks()
+    for layer in hf_compiled.model.layers:
+        layer.compile()
+    steps_by_impl = {
+        "ours": make_step(ours, True, input_ids, labels, None),
+        "ours+compile": make_step(ours_compiled, True, input_ids, labels, None),
+        "hf": make_step(hf, False, input_ids, labels, None),
+        "hf+compile": make_step(hf_compiled, False, input_ids, labels, None)}
+    for step in steps_by_impl.values():
+        step()  # warm-up; compiles forward and backward graphs
+        step()
+    cpu = {impl: [] for impl in steps_by_impl}
+    for _ in range(rounds):
+        for impl, step in steps_by_impl.items():
+            start = time.process_time()
+            for _ in range(steps):
+                step()
+            cpu[impl].append((time.process_time() - start) / steps)
+    return {impl: input_ids.numel() / statistics.median(times) for impl, times in cpu.items()}
+
+
+def print_compile_table(names: list[str], steps: int, rounds: int) -> None:
+    print("\ntorch.compile (per decoder block), fp32 training step, tok/s from CPU-time medians "
+          "of alternating rounds")
+    print(f"{'model':<11} {'ours':>8} {'ours+c':>8} {'HF':>8} {'HF+c':>8} "
+          f"{'ours+c/HF':>10} {'ours+c/HF+c':>12} {'ours+c/ours':>12}")
+    for name in names:
+        tps = bench_compiled(name, steps, rounds)
+        print(f"{name:<11} {tps['ours']:>8.0f} {tps['ours+compile']:>8.0f} {tps['hf']:>8.0f} "
+              f"{tps['hf+compile']:>8.0f} {tps['ours+compile'] / tps['hf']:>9.2f}x "
+              f"{tps['ours+compile'] / tps['hf+compile']:>11.2f}x "
+              f"{tps['ours+compile'] / tps['ours']:>11.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, fewer rounds")
@@ -187,6 +228,7 @@ def main() -> None:
         row = bench_decode(name, rounds)
         print(f"{name:<11} {BENCH_MODELS[name][1]:>5} {row['ours_tps']:>11.0f} "
               f"{row['hf_tps']:>10.0f} {row['ours_tps'] / row['hf_tps']:>7.2f}x")
+    print_compile_table(names[1:], steps, rounds)
     if not args.quick and Path("/proc/self/clear_refs").exists():
         print_memory_table(["25M 2x256", "25M/32k-vocab 2x512"])
 

@@ -1,14 +1,17 @@
 """Causal self-attention with grouped key/value heads (GQA), RoPE and an optional KV cache.
 
-Also the two helpers that turn a padding mask into what attention needs: position ids and the
-boolean "who may attend to whom" mask. Worked example, a left-padded batch of two prompts:
+Also the helpers that turn a padding mask into what attention needs: position ids, and either
+the boolean "who may attend to whom" mask (torch SDPA) or where the real tokens are (flash-attn's
+variable-length kernel, which packs them end to end and skips the padding). Worked example,
+a left-padded batch of two prompts:
 
     attention_mask  [[0, 0, 1, 1],      position_ids  [[0, 0, 0, 1],
                      [1, 1, 1, 1]]                     [0, 1, 2, 3]]
 
 so each prompt's first real token is at position 0 whatever its padding. Queries attend to
-earlier real tokens; a pad query attends to itself only, which keeps its row of the softmax
-from being empty (an all -inf row would give NaN, and NaN * 0 still poisons real rows).
+earlier real tokens; with SDPA a pad query attends to itself only, which keeps its row of the
+softmax from being empty (an all -inf row would give NaN, and NaN * 0 still poisons real rows);
+flash-attn's varlen path drops pad queries and gives them output 0.
 """
 
 from __future__ import annotations
@@ -45,6 +48,35 @@ def attention_mask_for(key_padding_mask: torch.Tensor | None, query_len: int, pa
     return allowed[:, None], False
 
 
+def packed_tokens_for(key_padding_mask: torch.Tensor, query_len: int) -> kernels.PackedTokens:
+    """Real-token coordinates and per-row offsets of a padded batch (flash-attn varlen). The
+    queries are the newest `query_len` keys, so each row's real queries are its last real keys,
+    which is what flash-attn's bottom-right aligned causal mask assumes."""
+    query_mask = key_padding_mask[:, -query_len:].bool()
+    key_mask = key_padding_mask.bool()
+
+    def offsets(mask: torch.Tensor) -> torch.Tensor:
+        return F.pad(mask.sum(dim=1).cumsum(dim=0), (1, 0)).to(torch.int32)
+
+    query_rows, query_cols = query_mask.nonzero(as_tuple=True)
+    key_rows, key_cols = key_mask.nonzero(as_tuple=True)
+    return kernels.PackedTokens(
+        query_rows, query_cols, key_rows, key_cols, offsets(query_mask), offsets(key_mask),
+        max_seqlen_q=int(query_mask.sum(dim=1).max()), max_seqlen_k=int(key_mask.sum(dim=1).max()))
+
+
+def attention_layout_for(key_padding_mask: torch.Tensor | None, query_len: int, past_len: int,
+                         device: torch.device, use_flash: bool) -> kernels.AttentionLayout:
+    """Everything attention needs about masking, computed once per forward."""
+    if use_flash and key_padding_mask is None:
+        return kernels.AttentionLayout("flash")
+    if use_flash:
+        return kernels.AttentionLayout(
+            "flash-varlen", packed=packed_tokens_for(key_padding_mask, query_len))
+    allowed, is_causal = attention_mask_for(key_padding_mask, query_len, past_len, device)
+    return kernels.AttentionLayout("sdpa", allowed=allowed, is_causal=is_causal)
+
+
 class Attention(nn.Module):
     """q/k/v projections are one matrix `qkv_proj` (rows: H query heads, then KV key heads,
     then KV value heads) so they are a single GEMM; split for HF in `hf_llama_mapping.py`."""
@@ -61,8 +93,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                allowed: torch.Tensor | None, is_causal: bool,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
+                layout: kernels.AttentionLayout, kv_cache: KVCache | None = None
+                ) -> torch.Tensor:
         batch_size, seq_len, _ = hidden.shape
         qkv = self.qkv_proj(hidden).view(batch_size, seq_len, -1, self.head_dim)
         query, key, value = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads],
@@ -71,7 +103,7 @@ class Attention(nn.Module):
         key = kernels.apply_rotary(key, cos, sin)
         if kv_cache is not None:
             key, value = kv_cache.append(self.layer_idx, key, value)
-        out = kernels.attention(query, key, value, allowed, is_causal,
+        out = kernels.attention(query, key, value, layout,
                                 dropout_p=self.dropout if self.training else 0.0)
         out = self.o_proj(out.reshape(batch_size, seq_len, -1))
         return F.dropout(out, self.dropout, self.training) if self.dropout else out

@@ -23,6 +23,7 @@ from model.loading import load_model
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_bytes, atomic_write_json
+from utils.log_setup import configure_logging
 
 
 def export_hf(model: Z2allForCausalLM, out_dir: str | os.PathLike,
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="copy this tokenizer's files into --out and record its EOS id "
                              "(recommended: HF's generate then stops at <|endoftext|>)")
     args = parser.parse_args(argv)
+    configure_logging()
     model, model_dir = load_model(args.ckpt)
     eos_token_id = None
     if args.tokenizer_dir:

@@ -2,87 +2,170 @@
 
     op             CUDA + package present                 otherwise (CPU, or no package)
     attention      flash-attn `flash_attn_func`            torch `F.scaled_dot_product_attention`
+                   (`flash_attn_varlen_func` when padded)  (with a boolean mask when padded)
     rms_norm       apex `fused_rms_norm_affine`            torch `F.rms_norm` in fp32
     rotary         flash-attn `apply_rotary_emb`           torch, half-split rotation
     swiglu         flash-attn `ops.activations.swiglu`     torch `F.silu(gate) * up`
     cross_entropy  chunked fused linear + loss (ours, `model/chunked_lm_head.py`) everywhere
 
-The choice is made per call from the tensor's device and dtype (a CPU model and a GPU model in
-one process both work), and a few cases that a fused kernel cannot express (a padding mask, a
-different position per row) always take the torch path. Implementations never own parameters,
-so the state dict is the same whichever kernel runs. `model/reference_ops.py` holds a
-plain-math version of each op; the tests check every fallback against it, values and grads.
+The choice is made from the tensors' device and dtype (a CPU model and a GPU model in one
+process both work); `kernel_choices` says which one runs and, when it is not the fastest, why.
+Rows with their own positions (a padded batch) take the torch rotary path: flash-attn's kernel
+takes one position table for the whole batch. Implementations never own parameters, so the
+state dict is the same whichever kernel runs. `model/reference_ops.py` holds a plain-math
+version of each op; the tests check every torch path against it, and every GPU path against
+plain-torch emulations of the libraries (tests/fake_gpu_libs), values and grads.
 
 Layout: activations are token-major, [batch, seq, heads, head_dim], as flash-attn wants.
 """
 
 from __future__ import annotations
 
-import importlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from utils.gpu_libraries import OptionalImport, import_optional, runs_gpu_kernels
 
-def _optional(module: str, name: str):
-    """`module.name` from an optional GPU package, or None if it is absent or unusable (not
-    installed is the normal CPU case; a build for another CUDA/torch raises on import)."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, OSError, RuntimeError):
-        return None
-
-
-flash_attn_func = _optional("flash_attn", "flash_attn_func")
-flash_apply_rotary_emb = _optional("flash_attn.layers.rotary", "apply_rotary_emb")
-flash_swiglu = _optional("flash_attn.ops.activations", "swiglu")
-fused_rms_norm_affine = _optional("apex.normalization.fused_layer_norm",
-                                  "fused_rms_norm_affine")
-
+FLASH_MAX_HEAD_DIM = 256  # flash-attn 2 kernels exist for head dims up to 256
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def kernel_names(device: torch.device, dtype: torch.dtype) -> dict[str, str]:
-    """Which implementation each op uses for tensors on `device` in `dtype` (for the log)."""
-    cuda = device.type == "cuda"
+@dataclass(frozen=True)
+class GpuKernels:
+    flash_attn_func: OptionalImport
+    flash_attn_varlen_func: OptionalImport
+    apply_rotary_emb: OptionalImport
+    swiglu: OptionalImport
+    fused_rms_norm_affine: OptionalImport
+
+
+def find_gpu_kernels() -> GpuKernels:
+    """Import the optional kernels (run once at import; the tests re-run it on emulations)."""
+    return GpuKernels(
+        flash_attn_func=import_optional("flash_attn", "flash_attn_func"),
+        flash_attn_varlen_func=import_optional("flash_attn", "flash_attn_varlen_func"),
+        apply_rotary_emb=import_optional("flash_attn.layers.rotary", "apply_rotary_emb"),
+        swiglu=import_optional("flash_attn.ops.activations", "swiglu"),
+        fused_rms_norm_affine=import_optional("apex.normalization.fused_layer_norm",
+                                              "fused_rms_norm_affine"))
+
+
+gpu_kernels = find_gpu_kernels()
+
+
+def _why_not(kernel: OptionalImport, device: torch.device) -> str:
+    """'' if `kernel` serves `device`, else the reason it does not."""
+    if kernel.value is None:
+        return kernel.missing_reason
+    return "" if runs_gpu_kernels(device) else f"{device.type}: no GPU kernel"
+
+
+def why_not_flash_attention(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """'' if flash-attn runs attention for these activations, else why it does not."""
+    reason = (_why_not(gpu_kernels.flash_attn_func, device)
+              or _why_not(gpu_kernels.flash_attn_varlen_func, device))
+    if reason:
+        return reason
+    if dtype not in _HALF_DTYPES:
+        return f"{str(dtype).removeprefix('torch.')}: flash-attn runs fp16/bf16 only"
+    if head_dim > FLASH_MAX_HEAD_DIM:
+        return f"head_dim {head_dim} > {FLASH_MAX_HEAD_DIM}"
+    return ""
+
+
+def kernel_choices(device: torch.device, dtype: torch.dtype, head_dim: int) -> dict[str, str]:
+    """Each op's implementation for activations on `device` in `dtype`, with the reason in
+    parentheses when a faster one is not used (printed at the start of every run)."""
+
+    def choice(fast: str, slow: str, reason: str) -> str:
+        return f"{slow} ({reason})" if reason else fast
+
     return {
-        "attention": ("flash-attn" if cuda and flash_attn_func is not None
-                      and dtype in _HALF_DTYPES else "torch-sdpa"),  # padded: sdpa
-        "rms_norm": "apex-fused" if cuda and fused_rms_norm_affine is not None else "torch",
-        "rotary": "flash-attn" if cuda and flash_apply_rotary_emb is not None else "torch",
-        "swiglu": "flash-attn" if cuda and flash_swiglu is not None else "torch",
+        "attention": choice("flash-attn (varlen for padded batches)", "torch-sdpa",
+                            why_not_flash_attention(device, dtype, head_dim)),
+        "rms_norm": choice("apex-fused", "torch-fp32",
+                           _why_not(gpu_kernels.fused_rms_norm_affine, device)),
+        "rotary": choice("flash-attn (torch for padded batches)", "torch",
+                         _why_not(gpu_kernels.apply_rotary_emb, device)),
+        "swiglu": choice("flash-attn", "torch", _why_not(gpu_kernels.swiglu, device)),
         "cross_entropy": "chunked-torch",
     }
 
 
+# ---- attention ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PackedTokens:
+    """Where the real tokens of a padded batch are, for flash-attn's variable-length kernel:
+    (row, column) of every real query and key, and the offsets of each row once packed end to
+    end (`cu_seqlens`, int32 [B + 1]: row b owns packed tokens cu[b]..cu[b+1]-1)."""
+    query_rows: torch.Tensor
+    query_cols: torch.Tensor
+    key_rows: torch.Tensor
+    key_cols: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """How the queries of one forward attend, decided once per forward for every layer.
+
+    kernel "flash": no padding, causal (bottom-right aligned, so T new queries after a KV cache
+    see every cached key); "flash-varlen": padded, `packed` says where the real tokens are;
+    "sdpa": torch, with `allowed` (bool [B, 1, T, S], True = may attend) or `is_causal`.
+    """
+    kernel: str
+    allowed: torch.Tensor | None = None
+    is_causal: bool = False
+    packed: PackedTokens | None = None
+
+
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              allowed: torch.Tensor | None, is_causal: bool, dropout_p: float = 0.0
-              ) -> torch.Tensor:
+              layout: AttentionLayout, dropout_p: float = 0.0) -> torch.Tensor:
     """Scaled dot-product attention with grouped key/value heads.
 
-    query [B, T, H, D]; key/value [B, S, KV, D]; returns [B, T, H, D].
-    allowed: bool [B, 1, T, S] (True = may attend) or None; is_causal: top-left causal mask
-    (only used with allowed=None and T == S).
+    query [B, T, H, D]; key/value [B, S, KV, D] (H a multiple of KV); returns [B, T, H, D].
     """
-    use_flash = (flash_attn_func is not None and query.is_cuda and allowed is None
-                 and query.dtype in _HALF_DTYPES)
-    if use_flash:
-        return flash_attn_func(query, key, value, dropout_p=dropout_p, causal=is_causal)
+    if layout.kernel == "flash":
+        return gpu_kernels.flash_attn_func.value(query, key, value, dropout_p=dropout_p,
+                                                 causal=True)
+    if layout.kernel == "flash-varlen":
+        return _flash_attention_varlen(query, key, value, layout.packed, dropout_p)
     # SDPA wants [B, heads, seq, D]; enable_gqa shares each key/value head with its group of
     # query heads without materialising repeated copies.
     out = F.scaled_dot_product_attention(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=allowed,
-        dropout_p=dropout_p, is_causal=is_causal and allowed is None,
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+        attn_mask=layout.allowed, dropout_p=dropout_p, is_causal=layout.is_causal,
         enable_gqa=key.shape[2] != query.shape[2])
     return out.transpose(1, 2)
 
 
+def _flash_attention_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            packed: PackedTokens, dropout_p: float) -> torch.Tensor:
+    """Unpad (keep the real tokens, rows end to end), attend within each row, re-pad with
+    zeros: padding costs no attention FLOPs, and a padded query's output is 0."""
+    out = gpu_kernels.flash_attn_varlen_func.value(
+        query[packed.query_rows, packed.query_cols], key[packed.key_rows, packed.key_cols],
+        value[packed.key_rows, packed.key_cols], packed.cu_seqlens_q, packed.cu_seqlens_k,
+        packed.max_seqlen_q, packed.max_seqlen_k, dropout_p=dropout_p, causal=True)
+    return query.new_zeros(query.shape).index_put((packed.query_rows, packed.query_cols), out)
+
+
+# ---- the pointwise ops --------------------------------------------------------------------
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32 whatever the input dtype (the mean of squares of bf16 values
-    loses too much precision), returned in the input dtype. (apex's kernel also accumulates in
-    fp32; it is used only when input and weight share a dtype, which it requires.)"""
-    if fused_rms_norm_affine is not None and x.is_cuda and x.dtype == weight.dtype:
-        return fused_rms_norm_affine(x, weight, weight.shape, eps)
+    loses too much precision), returned in the input dtype. apex's kernel also accumulates in
+    fp32; it needs input and weight in one dtype, and under autocast it casts both to the
+    autocast dtype (so its output is bf16 where torch's is fp32)."""
+    if (gpu_kernels.fused_rms_norm_affine.value is not None and runs_gpu_kernels(x.device)
+            and x.dtype == weight.dtype):
+        return gpu_kernels.fused_rms_norm_affine.value(x, weight, weight.shape, eps)
     return F.rms_norm(x.float(), weight.shape, weight.float(), eps).to(x.dtype)
 
 
@@ -90,13 +173,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """Rotate each pair (x_i, x_{i+D/2}) by the angle whose cos/sin are given.
 
     x [B, T, H, D]; cos/sin [B or 1, T, D] (both halves equal; 1 row when every row has the
-    same positions). This "half split" pairing is HF Llama's `rotate_half` convention, so
-    weights convert to and from `LlamaForCausalLM` without permuting q/k rows. Written as
-    x*cos + rotate_half(x)*sin: full-width multiplies are faster than four half-width ones.
+    same positions). This "half split" pairing is HF Llama's `rotate_half` convention (flash-attn
+    calls it non-interleaved), so weights convert to and from `LlamaForCausalLM` without
+    permuting q/k rows. Written as x*cos + rotate_half(x)*sin: full-width multiplies are faster
+    than four half-width ones.
     """
-    if flash_apply_rotary_emb is not None and x.is_cuda and cos.shape[0] == 1:
+    if (gpu_kernels.apply_rotary_emb.value is not None and runs_gpu_kernels(x.device)
+            and cos.shape[0] == 1):
         half = x.shape[-1] // 2
-        return flash_apply_rotary_emb(x, cos[0, :, :half], sin[0, :, :half], interleaved=False)
+        return gpu_kernels.apply_rotary_emb.value(x, cos[0, :, :half], sin[0, :, :half],
+                                                  interleaved=False)
     first, second = x.chunk(2, dim=-1)
     rotated_half = torch.cat([-second, first], dim=-1)
     return x * cos[:, :, None, :] + rotated_half * sin[:, :, None, :]
@@ -104,6 +190,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up, the gated unit of the llama MLP (Shazeer 2020)."""
-    if flash_swiglu is not None and gate.is_cuda:
-        return flash_swiglu(gate, up)
+    if gpu_kernels.swiglu.value is not None and runs_gpu_kernels(gate.device):
+        return gpu_kernels.swiglu.value(gate, up)
     return F.silu(gate) * up

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from model import kernels
-from model.attention import Attention, attention_mask_for, position_ids_for
+from model.attention import Attention, attention_layout_for, position_ids_for
 from model.chunked_lm_head import LMHead
 from model.configuration_z2all import Z2allConfig
 from model.generation import GenerationMixin
@@ -61,10 +61,10 @@ class DecoderBlock(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                allowed: torch.Tensor | None, is_causal: bool,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, allowed,
-                                         is_causal, kv_cache)
+                layout: kernels.AttentionLayout, kv_cache: KVCache | None = None
+                ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, layout,
+                                         kv_cache)
         mlp_out = self.mlp(self.post_attention_layernorm(hidden))
         return hidden + (F.dropout(mlp_out, self.dropout, self.training) if self.dropout
                          else mlp_out)
@@ -77,12 +77,12 @@ def _compute_dtype(reference: torch.Tensor) -> torch.dtype:
     return reference.dtype
 
 
-def _log_kernels_once(device: torch.device, dtype: torch.dtype) -> None:
+def _log_kernels_once(device: torch.device, dtype: torch.dtype, head_dim: int) -> None:
     if (device.type, dtype) not in _logged_kernel_choices:
         _logged_kernel_choices.add((device.type, dtype))
-        names = kernels.kernel_names(device, dtype)
+        choices = kernels.kernel_choices(device, dtype, head_dim)
         logger.info("model kernels on %s/%s: %s", device.type, str(dtype).removeprefix("torch."),
-                    ", ".join(f"{op}={impl}" for op, impl in names.items()))
+                    ", ".join(f"{op}={impl}" for op, impl in choices.items()))
 
 
 class Z2allModel(nn.Module):
@@ -103,16 +103,16 @@ class Z2allModel(nn.Module):
         query_len, past_len = input_ids.shape[1], (kv_cache.length if kv_cache else 0)
         hidden = self.embed_tokens(input_ids)
         dtype = _compute_dtype(hidden)
-        _log_kernels_once(device, dtype)
+        _log_kernels_once(device, dtype, config.head_dim)
         position_ids = position_ids_for(key_padding_mask, query_len, past_len, device)
         cos, sin = rotary_cos_sin(position_ids, config.head_dim, config.rope_theta, dtype)
-        allowed, is_causal = attention_mask_for(key_padding_mask, query_len, past_len, device)
+        use_flash = not kernels.why_not_flash_attention(device, dtype, config.head_dim)
+        layout = attention_layout_for(key_padding_mask, query_len, past_len, device, use_flash)
         for layer_idx, layer in enumerate(self.layers):
             if self._recompute_in_backward(layer_idx):
-                hidden = checkpoint(layer, hidden, cos, sin, allowed, is_causal,
-                                    use_reentrant=False)
+                hidden = checkpoint(layer, hidden, cos, sin, layout, use_reentrant=False)
             else:
-                hidden = layer(hidden, cos, sin, allowed, is_causal, kv_cache)
+                hidden = layer(hidden, cos, sin, layout, kv_cache)
         if kv_cache is not None:
             kv_cache.advance(query_len)
         return self.norm(hidden)
@@ -183,6 +183,13 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
         last position only (the prompt's other positions need no vocabulary projection)."""
         hidden = self.model(input_ids, _key_padding_mask(key_padding_mask), kv_cache)
         return self.lm_head(hidden[:, -1]).float()
+
+    def compile_blocks(self) -> None:
+        """torch.compile each decoder block in place (parameter names unchanged). Per block, as
+        torchtitan does: every block has the same code and shapes, so one compiled graph is
+        reused N times and compile time does not grow with depth."""
+        for layer in self.model.layers:
+            layer.compile()
 
     # ---- size and cost ----------------------------------------------------------------------
     def num_parameters(self) -> int:

@@ -9,6 +9,9 @@ Loshchilov & Hutter 2019):
 The ZeRO-1 checkpoint moves Adam's moments between differently sharded optimizers, so it needs
 the state of one tensor as plain values; `read_adam_state` / `write_adam_state` hide that torch
 keeps `step` per tensor while apex keeps it per param group.
+
+Empty param groups (a ZeRO-1 shard may hold no vector params) never reach apex: `FusedAdam`
+before March 2023 indexes the first param of every group and crashes on an empty one.
 """
 
 from __future__ import annotations
@@ -17,23 +20,37 @@ import torch
 from torch import Tensor
 
 from optimizer.optimizer_config import OptimizerConfig
+from utils.gpu_libraries import import_optional, runs_gpu_kernels
 
-try:  # apex is optional: only its CUDA kernels make it worth having
-    from apex.optimizers import FusedAdam as ApexFusedAdam
-except ImportError:  # pragma: no cover - depends on the environment
-    ApexFusedAdam = None
+# apex is optional: only its CUDA kernels make it worth having
+apex_fused_adam = import_optional("apex.optimizers", "FusedAdam")
+
+
+def adamw_implementation(device: torch.device) -> str:
+    """Which AdamW runs for params on `device`, with the reason when not the fastest."""
+    if not runs_gpu_kernels(device):
+        return f"torch-foreach ({device.type}: no fused kernel)"
+    if apex_fused_adam.value is None:
+        return f"torch-fused ({apex_fused_adam.missing_reason})"
+    return "apex-fused"
 
 
 def build_adamw(param_groups: list[dict], config: OptimizerConfig) -> torch.optim.Optimizer:
     """AdamW over `param_groups` (each with its own `weight_decay`), picking the implementation
     by the params' device. Groups may be empty (a ZeRO-1 shard may hold no vector params)."""
     lr, betas, eps = config.lr, (config.adam_beta1, config.adam_beta2), config.adam_eps
-    on_cuda = any(p.is_cuda for group in param_groups for p in group["params"])
-    if on_cuda and ApexFusedAdam is not None:
-        return ApexFusedAdam(param_groups, lr=lr, betas=betas, eps=eps, adam_w_mode=True)
-    if on_cuda:
+    devices = [p.device for group in param_groups for p in group["params"]]
+    implementation = adamw_implementation(devices[0]) if devices else "torch-foreach"
+    if implementation == "apex-fused":
+        non_empty = [group for group in param_groups if group["params"]]
+        return apex_fused_adam.value(non_empty, lr=lr, betas=betas, eps=eps, adam_w_mode=True)
+    if implementation.startswith("torch-fused"):
         return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, fused=True)
     return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, foreach=True)
+
+
+def _is_apex(optimizer: torch.optim.Optimizer) -> bool:
+    return apex_fused_adam.value is not None and isinstance(optimizer, apex_fused_adam.value)
 
 
 def _group_of(optimizer: torch.optim.Optimizer, param: Tensor) -> dict:
@@ -59,7 +76,7 @@ def write_adam_state(optimizer: torch.optim.Optimizer, param: Tensor, exp_avg: T
     state = optimizer.state[param]
     state["exp_avg"] = exp_avg.to(device=param.device, dtype=torch.float32).clone()
     state["exp_avg_sq"] = exp_avg_sq.to(device=param.device, dtype=torch.float32).clone()
-    if ApexFusedAdam is not None and isinstance(optimizer, ApexFusedAdam):
+    if _is_apex(optimizer):
         _group_of(optimizer, param)["step"] = step
         return
     group = _group_of(optimizer, param)

@@ -1,14 +1,24 @@
-"""Overlap the optimizer step with communication: update each bucket as soon as it is reduced.
+"""Overlap the optimizer step with backward: update each bucket as soon as it is reduced.
 
 Plain data parallelism runs: backward (bucket reductions start along the way) -> wait for all
-buckets -> optimizer step over all parameters. Here the wait and the step are interleaved:
+buckets -> optimizer step over all parameters. Here each bucket's AdamW step starts as soon as
+its reduction is known to be finished. The hook polls (`is_completed()`, which never blocks)
+every time DDP launches another bucket, i.e. while backward is still producing the gradients
+of the earlier layers:
 
-    finish_grad_sync():  wait bucket 0 -> AdamW on bucket 0's params   (buckets 1.. still in flight)
-                         wait bucket 1 -> AdamW on bucket 1's params   (buckets 2.. still in flight)
-                         ...
+    backward ... bucket 0 ready -> launch 0
+             ... bucket 1 ready -> poll: 0 reduced? AdamW on bucket 0 -> launch 1
+             ... bucket 2 ready -> poll: 1 reduced? AdamW on bucket 1 -> launch 2
+    finish_grad_sync(): wait for what is left, AdamW on it
 
-so by the time the last bucket arrives, most of the update is done. (On CUDA, NCCL's wait() only
-orders streams, so updates are queued right behind each bucket's collective.)
+Stepping a bucket during backward is safe: its gradients are complete, so every backward node
+that reads its parameters has already run (a tied weight's gradient is complete only after its
+last use). The result is bitwise the same as stepping after backward: each bucket has its own
+AdamW, so the order of the updates does not matter. On CUDA the poll asks NCCL's event, and the
+step's kernels are queued behind the rest of backward; on gloo (CPU) the collective runs on
+gloo's thread while backward computes, and the update runs on the autograd thread between two
+backward nodes. With `overlap_grad_reduce` off every bucket is launched after backward, so the
+steps can only interleave with the later buckets' communication.
 
 The price: each bucket is updated before the others are even reduced, so nothing that needs
 *all* gradients first is possible. Hence refused, with a clear error:
@@ -23,7 +33,7 @@ optimizers skip it): the buckets reduced before it are already updated.
 Usage (the object behaves like every optimizer of optimizer.get_optimizer):
 
     optimizer = OverlappedAdamW(ddp_model, lr=3e-4, weight_decay=0.1)
-    ...backward...; ddp_model.finish_grad_sync()   # runs the per-bucket updates
+    ...backward (steps buckets as they arrive)...; ddp_model.finish_grad_sync()  # the rest
     stepped, grad_norm = optimizer.step()          # finishes anything left, reports the norm
 """
 
@@ -92,6 +102,7 @@ class OverlappedAdamW:
             groups = weight_decay_groups(list(zip(bucket.params, masters)), weight_decay)
             self.bucket_optimizers.append(build_adamw(groups, adamw_config))
         self._buckets_stepped = 0
+        self._in_flight: list[CommHandle] = []  # launched, not yet stepped
         ddp_model.register_comm_hook(self, overlap_optim_step_hook)
 
     @classmethod
@@ -108,6 +119,12 @@ class OverlappedAdamW:
         return master
 
     # ---- called by the comm hook ---------------------------------------------------------
+
+    def step_reduced_buckets(self) -> None:
+        """Step every launched bucket whose reduction has finished; never blocks."""
+        for handle in [h for h in self._in_flight if h.is_completed()]:
+            handle.wait()  # returns at once; runs step_bucket
+        self._in_flight = [h for h in self._in_flight if not h.is_completed()]
 
     @torch.no_grad()
     def step_bucket(self, bucket: Bucket) -> None:
@@ -132,12 +149,14 @@ class OverlappedAdamW:
             self.ddp_model.finish_grad_sync()
         assert self._buckets_stepped == len(self.buckets), "every bucket steps once per step"
         self._buckets_stepped = 0
+        self._in_flight = []
         squares = sum(torch.linalg.vector_norm(buffer.grad_data, dtype=torch.float32) ** 2
                       for buffer in self.ddp_model.param_and_grad_buffers)
         return True, float(squares) ** 0.5
 
     def zero_grad(self) -> None:
         self.ddp_model.zero_grad_buffer()
+        self._in_flight = []
 
     def finish_param_sync(self) -> None:
         """Nothing to wait for: each bucket's params were updated in place when it stepped."""
@@ -194,7 +213,11 @@ class OverlappedAdamW:
 
 
 def overlap_optim_step_hook(optimizer: OverlappedAdamW, bucket: Bucket) -> CommHandle:
-    """Reduce `bucket` with the optimizer's reduce hook; once it is done, update its params."""
+    """Step the earlier buckets that are reduced by now, then start reducing `bucket`; its
+    own update runs at a later poll or when DDP waits for it."""
+    optimizer.step_reduced_buckets()
     reduction = optimizer.reduce_hook(optimizer.ddp_model.process_group, bucket)
-    return CommHandle([reduction], getattr(reduction, "bytes_sent", 0),
-                      on_complete=lambda: optimizer.step_bucket(bucket))
+    handle = CommHandle([reduction], getattr(reduction, "bytes_sent", 0),
+                        on_complete=lambda: optimizer.step_bucket(bucket))
+    optimizer._in_flight.append(handle)
+    return handle

@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+from utils.log_setup import configure_logging
+
 DEMO = "data/demo"
 TOKENIZER = "tokenizer/demo_hf"
 OUT = "out"
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                        help="run from this stage on")
     group.add_argument("--list", action="store_true", help="print the stages and exit")
     args = parser.parse_args(argv)
+    configure_logging()
     names = [name for name, _ in STAGES]
     if args.list:
         for name, stage_argv in STAGES:

@@ -24,6 +24,7 @@ from model.loading import load_model
 from tokenizer import load_tokenizer
 from trainer.evaluation import generate_samples
 from utils.atomic_io import atomic_write_json
+from utils.log_setup import configure_logging
 
 
 def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path, tasks_file: str | Path,
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", default="data/demo/eval/tasks.jsonl")
     parser.add_argument("--max_new_tokens", type=int, default=12)
     args = parser.parse_args(argv)
+    configure_logging()
     result = task_accuracy(args.ckpt, args.tokenizer_dir, args.tasks, args.max_new_tokens)
     print(f"task accuracy of {result['checkpoint']}: {result['accuracy']:.1%}")
     for task, accuracy in result["per_task"].items():

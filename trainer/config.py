@@ -92,6 +92,8 @@ class SystemOptions:
     min_loss_scale: float = option(1.0, "fp16 dynamic loss scale: floor")
     loss_scale_window: int = option(1000, "fp16: grow the scale after this many good steps")
     hysteresis: int = option(2, "fp16: overflows tolerated before shrinking the scale")
+    compile: bool = option(False, "torch.compile each decoder block (pays on GPUs; measure on "
+                           "CPU with bench/bench_model.py)")
 
 
 @dataclass
@@ -106,6 +108,9 @@ class ParallelOptions:
     grad_reduce_in_fp32: bool = option(True, "accumulate/reduce grads in fp32 for bf16/fp16 runs")
     powersgd_rank: int = option(4, "PowerSGD: rank of the low-rank gradient approximation")
     powersgd_warmup_iters: int = option(10, "PowerSGD: plain allreduce for this many steps first")
+    dist_timeout: float = option(30.0, "minutes a collective may wait for the slowest rank "
+                                 "(rank 0 alone writes and hashes each checkpoint: size / disk "
+                                 "speed, e.g. 20 GB at 100 MB/s = 3.5 min)")
 
 
 @dataclass
@@ -136,6 +141,7 @@ class RunOptions:
     keep_last: int = option(2, "checkpoints kept (plus the best by validation loss); "
                             "0 keeps all")
     tensorboard: bool = option(True, "also log to TensorBoard if it is installed")
+    verbose: bool = option(False, "also log details at start (the DDP bucket -> params map)")
 
 
 GROUPS: dict[str, type] = {
@@ -148,7 +154,8 @@ PER_INVOCATION = {"resume", "stop_at_iter"}
 # Options you may change on --resume without breaking bitwise reproducibility.
 RESUME_SAFE = {"resume", "stop_at_iter", "log_interval", "save_interval", "keep_last",
                "num_workers", "num_threads", "tensorboard", "out_dir", "eval_prompts",
-               "max_new_tokens", "peak_flops", "eval_interval", "eval_iters"}
+               "max_new_tokens", "peak_flops", "eval_interval", "eval_iters", "dist_timeout",
+               "verbose"}
 
 
 @dataclass
@@ -196,6 +203,8 @@ class Config:
         if self.stop_at_iter is not None and self.stop_at_iter > self.max_iters:
             problems.append(f"--stop_at_iter={self.stop_at_iter} is beyond "
                             f"--max_iters={self.max_iters}")
+        if self.dist_timeout <= 0:
+            problems.append(f"--dist_timeout must be > 0 minutes, got {self.dist_timeout}")
         for name in ("batch_size", "gradient_accumulation_steps", "max_seq_len", "log_interval",
                      "eval_interval", "save_interval", "eval_iters"):
             if getattr(self, name) < 1:

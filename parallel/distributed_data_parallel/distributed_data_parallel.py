@@ -79,7 +79,7 @@ class DistributedDataParallel(nn.Module):
                                  for param in bucket.params}
         if self.data_parallel_rank == 0:
             names = self.param_names
-            logger.info("\n".join(buffer.describe(names)
+            logger.debug("\n".join(buffer.describe(names)
                                    for buffer in self.param_and_grad_buffers))
 
         # ZeRO-1 only needs this rank's shard reduced, so it gets reduce-scatter by default.

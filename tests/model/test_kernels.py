@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import chunked_lm_head, kernels, reference_ops
-from model.attention import attention_mask_for, position_ids_for
+from model.attention import attention_layout_for, attention_mask_for, position_ids_for
 from model.rope import rotary_cos_sin
 
 ATOL = 1e-5
@@ -41,9 +41,10 @@ def test_attention_matches_reference(heads, kv_heads, padded):
         padding = torch.ones(batch, seq, dtype=torch.long)
         padding[0, :4] = 0  # left padding
         padding[1, 7:] = 0  # right padding
-    allowed, is_causal = attention_mask_for(padding, seq, 0, torch.device("cpu"))
+    allowed, _ = attention_mask_for(padding, seq, 0, torch.device("cpu"))
+    layout = attention_layout_for(padding, seq, 0, torch.device("cpu"), use_flash=False)
     _assert_same_values_and_grads(
-        lambda q, k, v: kernels.attention(q, k, v, allowed, is_causal),
+        lambda q, k, v: kernels.attention(q, k, v, layout),
         lambda q, k, v: reference_ops.attention_reference(q, k, v, allowed),
         _query_key_value(batch, seq, seq, heads, kv_heads))
 
@@ -53,9 +54,10 @@ def test_attention_decode_step_with_cache_matches_reference():
     past = 7
     padding = torch.ones(2, past + 1, dtype=torch.long)
     padding[1, :2] = 0
-    allowed, is_causal = attention_mask_for(padding, 1, past, torch.device("cpu"))
+    allowed, _ = attention_mask_for(padding, 1, past, torch.device("cpu"))
+    layout = attention_layout_for(padding, 1, past, torch.device("cpu"), use_flash=False)
     _assert_same_values_and_grads(
-        lambda q, k, v: kernels.attention(q, k, v, allowed, is_causal),
+        lambda q, k, v: kernels.attention(q, k, v, layout),
         lambda q, k, v: reference_ops.attention_reference(q, k, v, allowed),
         _query_key_value(2, 1, past + 1, heads=4, kv_heads=2))
 

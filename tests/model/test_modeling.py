@@ -84,8 +84,8 @@ def test_state_dict_and_outputs_do_not_depend_on_kernels(monkeypatch):
     input_ids, labels = random_batch(2, 10)
     keys_before = list(model.state_dict())
     loss_fast = model(input_ids, labels=labels).loss
-    monkeypatch.setattr(kernels, "attention", lambda q, k, v, allowed, is_causal, dropout_p:
-                        reference_ops.attention_reference(q, k, v, allowed))
+    monkeypatch.setattr(kernels, "attention", lambda q, k, v, layout, dropout_p:
+                        reference_ops.attention_reference(q, k, v, layout.allowed))
     monkeypatch.setattr(kernels, "rms_norm", reference_ops.rms_norm_reference)
     monkeypatch.setattr(kernels, "swiglu", reference_ops.swiglu_reference)
     assert list(model.state_dict()) == keys_before
@@ -197,18 +197,25 @@ def test_low_precision_training_step_tracks_fp32(mode):
         assert (grads[name].float() - expected[name]).abs().max() <= 0.1 * scale, name
 
 
-def test_kernel_choice_is_logged_once(caplog, monkeypatch):
+def test_kernel_choice_is_logged_once_with_the_reason(caplog, monkeypatch):
     from model import modeling_z2all
+    from utils.gpu_libraries import OptionalImport
 
     monkeypatch.setattr(modeling_z2all, "_logged_kernel_choices", set())
+    absent = OptionalImport(None, "flash_attn not installed")
+    monkeypatch.setattr(kernels, "gpu_kernels", kernels.GpuKernels(
+        absent, absent, absent, absent, OptionalImport(None, "import failed: bad build")))
     model = small_model("gqa")
     input_ids, labels = random_batch(1, 8)
     with caplog.at_level("INFO", logger="model.modeling_z2all"):
         model(input_ids, labels=labels)
         model(input_ids)
     lines = [r.getMessage() for r in caplog.records if "model kernels" in r.getMessage()]
-    assert lines == ["model kernels on cpu/float32: attention=torch-sdpa, rms_norm=torch, "
-                     "rotary=torch, swiglu=torch, cross_entropy=chunked-torch"]
+    assert lines == ["model kernels on cpu/float32: "
+                     "attention=torch-sdpa (flash_attn not installed), "
+                     "rms_norm=torch-fp32 (import failed: bad build), "
+                     "rotary=torch (flash_attn not installed), "
+                     "swiglu=torch (flash_attn not installed), cross_entropy=chunked-torch"]
 
 
 class _ParamReadsOutsideOwner(TorchFunctionMode):
@@ -260,3 +267,16 @@ def test_parameters_are_read_only_inside_their_own_module_forward(tie):
         model.token_log_probs(input_ids, labels, attention_mask=mask).sum().backward()
     assert len(checker.owners) == len(list(model.parameters()))
     assert checker.outside == set(), sorted(checker.outside)
+
+
+def test_compiled_blocks_give_the_eager_loss_and_grads():
+    """`--compile`: torch.compile per decoder block changes speed, not results (and not the
+    parameter names a checkpoint stores)."""
+    eager, compiled = small_model("gqa", num_hidden_layers=1), small_model("gqa",
+                                                                          num_hidden_layers=1)
+    compiled.compile_blocks()
+    input_ids, labels = random_batch(2, 8)
+    expected, got = _grads(eager, input_ids, labels), _grads(compiled, input_ids, labels)
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    for name, grad in got.items():
+        assert torch.allclose(grad, expected[name], atol=1e-5), name

@@ -42,6 +42,7 @@ def test_values_are_parsed_by_the_field_type():
     ("--comm_hook=overlap_optim", "add --grad_clip=0"),
     ("--stop_at_iter=5000", "beyond --max_iters"),
     ("--batch_size=0", "--batch_size must be >= 1"),
+    ("--dist_timeout=0", "--dist_timeout must be > 0 minutes"),
 ])
 def test_bad_arguments_name_the_key(arg, message):
     with pytest.raises(ValueError, match=message):

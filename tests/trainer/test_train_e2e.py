@@ -61,7 +61,24 @@ def test_pretrain_reduces_loss_and_writes_the_run_dir(pretrained):
     assert json.loads((pretrained / "heartbeat").read_text())["step"] == 30
     assert resolve_checkpoint(pretrained).name == "step_000030"
     assert records(pretrained, "samples")[-1]["samples"][0]["prompt"] == "What is 2 + 3?"
-    assert "## Final metrics" in (pretrained / "report.md").read_text()
+    report = (pretrained / "report.md").read_text()
+    assert "## Final metrics" in report
+    # the kernel line names each op's implementation and why a faster one is not used
+    assert "kernels attention=torch-sdpa (" in report and ", adamw=torch-foreach (cpu" in report
+    assert records(pretrained, "run")[0]["kernels"].startswith("kernels: attention=")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_verbose_logs_the_ddp_bucket_map(data, tmp_path, caplog, monkeypatch, verbose):
+    from model import modeling_z2all
+
+    monkeypatch.setattr(modeling_z2all, "_logged_kernel_choices", set())
+    assert run_main([*TINY_ARGS, *data_args(data, "pretrain"), f"--out_dir={tmp_path}",
+                     "--max_iters=1", "--eval_at_start=false", f"--verbose={verbose}",
+                     "--bucket_size=2000"]) == 0
+    bucket_maps = [m for m in caplog.messages if "bucket 1 [" in m]
+    assert len(bucket_maps) == (1 if verbose else 0)
+    assert any(m.startswith("model kernels on cpu/float32") for m in caplog.messages)
 
 
 def test_sft_then_dpo(data, pretrained, tmp_path):

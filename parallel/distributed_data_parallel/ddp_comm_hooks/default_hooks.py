@@ -38,17 +38,27 @@ class Waitable(Protocol):
 
 
 class CommHandle:
-    """In-flight work of one hook: `wait()` waits for it, then runs `on_complete` (if any)."""
+    """In-flight work of one hook: `wait()` waits for it, then runs `on_complete` (if any),
+    once: a second `wait()` returns at once. `is_completed()` asks without blocking (torch's
+    Work objects answer it on gloo and nccl alike)."""
 
     def __init__(self, works: Sequence[Waitable], bytes_sent: int,
                  on_complete: Callable[[], None] | None = None) -> None:
         self.works = list(works)
         self.bytes_sent = bytes_sent
         self.on_complete = on_complete
+        self._done = False
+
+    def is_completed(self) -> bool:
+        return self._done or all(getattr(work, "is_completed", lambda: False)()
+                                 for work in self.works)
 
     def wait(self) -> None:
+        if self._done:
+            return
         for work in self.works:
             work.wait()
+        self._done = True
         if self.on_complete is not None:
             self.on_complete()
 
