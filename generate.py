@@ -6,9 +6,11 @@
 
 `--ckpt` is a run dir (its newest valid checkpoint), a checkpoint dir, a `save_pretrained`
 dir, or a Hugging Face Llama dir. The tokenizer defaults to the one the run trained with
-(`tokenizer_dir` in the run's config.json). Plain prompts start with `<|endoftext|>`, the
-document separator the model saw before every pretraining document; `--chat` wraps the prompt
-in the ChatML template and stops at `<|im_end|>`.
+(`tokenizer_dir` in the run's config.json). A plain prompt is its text's ids and nothing else
+(no BOS, as in pretraining data and in the HF export, so HF's greedy output is the same); an
+empty prompt starts from `<|endoftext|>`, which precedes every pretraining document. `--chat`
+wraps the prompt in the ChatML template. Generation stops at `<|endoftext|>` or `<|im_end|>`
+(the end of a document or of a turn; the HF export's generation_config.json says the same).
 """
 
 from __future__ import annotations
@@ -59,22 +61,26 @@ def default_tokenizer_dir(ckpt: Path, model_dir: Path) -> Path:
     raise SystemExit(f"no tokenizer recorded for {ckpt}; pass --tokenizer_dir")
 
 
-def prompt_ids(tokenizer, args: argparse.Namespace) -> tuple[list[int], int]:
-    """(prompt token ids, the id that ends generation)."""
+def stop_ids(tokenizer) -> list[int]:
+    """The ids that end generation: <|endoftext|> (end of a document), <|im_end|> (of a turn)."""
+    return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+def prompt_ids(tokenizer, args: argparse.Namespace) -> list[int]:
+    """The prompt's token ids: the plain text's own, or the ChatML generation prompt."""
     if not args.chat:
-        return [tokenizer.eos_token_id, *tokenizer.encode(args.prompt)], tokenizer.eos_token_id
+        return tokenizer.encode(args.prompt) or [tokenizer.eos_token_id]
     messages = [{"role": "user", "content": args.prompt}]
-    ids = build_generation_prompt(tokenizer, messages, system=args.system)
-    return ids, tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return build_generation_prompt(tokenizer, messages, system=args.system)
 
 
-def print_streaming(tokenizer, new_tokens: Iterable[int], stop_id: int) -> list[int]:
+def print_streaming(tokenizer, new_tokens: Iterable[int], stop: list[int]) -> list[int]:
     """Print text as tokens arrive. A multi-byte character (Chinese, emoji) can span several
     tokens; while the decoded text ends in U+FFFD (an incomplete byte sequence) we wait."""
     generated: list[int] = []
     printed = ""
     for token in new_tokens:
-        if token == stop_id:
+        if token in stop:
             break
         generated.append(token)
         text = tokenizer.decode(generated)
@@ -96,14 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     # bf16 on GPUs; fp32 on CPU, where bf16 matmuls are slower.
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = model.to(device=device, dtype=dtype).eval()
-    ids, stop_id = prompt_ids(tokenizer, args)
+    ids, stop = prompt_ids(tokenizer, args), stop_ids(tokenizer)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     stream = model.stream_generate(
         torch.tensor([ids], device=device), args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, eos_token_id=stop_id, generator=generator)
+        top_k=args.top_k, top_p=args.top_p, eos_token_id=stop, generator=generator)
     if not args.chat:
         sys.stdout.write(args.prompt)
-    print_streaming(tokenizer, (int(token[0]) for token in stream), stop_id)
+    print_streaming(tokenizer, (int(token[0]) for token in stream), stop)
 
 
 if __name__ == "__main__":

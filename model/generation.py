@@ -2,8 +2,8 @@
 
 Step 1 (prefill): run the whole (left-padded) prompt batch once, filling the KV cache, and
 take the logits of the last position. Step 2 (decode): pick one token per row, feed just that
-token, repeat. A row that produced `eos_token_id` is finished: it keeps receiving
-`pad_token_id` (like HF) and generation stops when every row is finished.
+token, repeat. A row that produced `eos_token_id` (or one of them, given a list) is finished:
+it keeps receiving `pad_token_id` (like HF) and generation stops when every row is finished.
 
 `stream_generate` yields each step's tokens as they are made (generate.py prints them live);
 `generate` collects them and returns prompt + new tokens like HF's `generate`.
@@ -11,7 +11,7 @@ token, repeat. A row that produced `eos_token_id` is finished: it keeps receivin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -56,7 +56,8 @@ class GenerationMixin:
     @torch.no_grad()
     def stream_generate(self, input_ids: torch.Tensor, max_new_tokens: int,
                         temperature: float = 0.0, top_k: int | None = None,
-                        top_p: float | None = None, eos_token_id: int | None = None,
+                        top_p: float | None = None,
+                        eos_token_id: int | Sequence[int] | None = None,
                         attention_mask: torch.Tensor | None = None,
                         pad_token_id: int | None = None,
                         generator: torch.Generator | None = None,
@@ -64,7 +65,10 @@ class GenerationMixin:
         """Yield the new token of every row, [B], once per step. Padded prompts must come
         with `attention_mask` (either padding side); see `generate` for the arguments."""
         input_ids, attention_mask = left_align(input_ids, attention_mask)
-        pad_token_id = eos_token_id if pad_token_id is None else pad_token_id
+        stop_ids = torch.tensor([] if eos_token_id is None else eos_token_id,
+                                dtype=torch.long, device=input_ids.device).reshape(-1)
+        if pad_token_id is None and len(stop_ids):
+            pad_token_id = int(stop_ids[0])
         batch_size, prompt_len = input_ids.shape
         kv_cache = self.new_kv_cache(batch_size, cache_capacity or prompt_len + max_new_tokens)
         finished = torch.zeros(batch_size, dtype=torch.bool, device=input_ids.device)
@@ -72,9 +76,9 @@ class GenerationMixin:
         for _ in range(max_new_tokens):
             logits = self.next_token_logits(new_input, key_padding_mask, kv_cache)
             next_token = sample_next_token(logits, temperature, top_k, top_p, generator)
-            if eos_token_id is not None:
+            if len(stop_ids):
                 next_token = next_token.masked_fill(finished, pad_token_id)
-                finished |= next_token == eos_token_id
+                finished |= torch.isin(next_token, stop_ids)
             yield next_token
             if bool(finished.all()):
                 return
@@ -85,12 +89,14 @@ class GenerationMixin:
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None,
-                 eos_token_id: int | None = None, attention_mask: torch.Tensor | None = None,
+                 eos_token_id: int | Sequence[int] | None = None,
+                 attention_mask: torch.Tensor | None = None,
                  pad_token_id: int | None = None, generator: torch.Generator | None = None,
                  cache_capacity: int | None = None) -> torch.Tensor:
         """Prompt + up to `max_new_tokens` new tokens, [B, T + n] (the prompt left-aligned if
         it was right-padded). temperature 0 = greedy; top_k / top_p filter before sampling;
-        rows stop at `eos_token_id` and are then filled with `pad_token_id` (default: eos);
+        rows stop at `eos_token_id` (an id or a list) and are then filled with `pad_token_id`
+        (default: the first eos id);
         `generator` makes sampling reproducible; `cache_capacity` is the KV cache's initial
         size (it grows as needed)."""
         prompt, _ = left_align(input_ids, attention_mask)

@@ -1,5 +1,6 @@
-"""A saved tokenizer directory is self-contained: it loads offline, from any working directory, in
-a process that cannot import z2all, and refuses to load when its files disagree."""
+"""A saved tokenizer directory is data only: stock `AutoTokenizer` loads it offline, without remote
+code, from any working directory, in a process that cannot import z2all, with our ids (and the HF
+convention for special-token strings); our loader refuses it when its files disagree."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import tokenizers
 
 from tests.conftest import TINY_VOCAB_SIZE, multilingual_corpus
 from tokenizer import load_tokenizer
-from tokenizer.tokenization_z2all_bpe import Z2allBpeTokenizer
 from tokenizer.train_tokenizer import build_tokenizer
+from tokenizer.z2all_tokenizer import with_special_tokens
 
-SAMPLES = ["Hello, world!", "你好，世界。", "def f(x):\n\treturn x ** 2", "12345 😀 ▁",
-           "<|im_end|>"]
+SAMPLES = ["Hello, world!", "你好，世界。", "def f(x):\n\treturn x ** 2", "12345 😀 ",
+           "say <|im_end|> now"]
 
 FRESH_PROCESS = """
 import json, sys
@@ -31,13 +32,14 @@ except ImportError:
 samples = json.loads(sys.argv[1])
 report = []
 for directory in sys.argv[2:]:
-    tok = AutoTokenizer.from_pretrained(directory, trust_remote_code=True)
-    report.append({"ids": [tok.encode(text) for text in samples],
+    tok = AutoTokenizer.from_pretrained(directory)  # no trust_remote_code
+    report.append({"class": type(tok).__module__.split(".")[0],
+                   "ids": [tok.encode(text) for text in samples],
                    "specials": [tok.convert_tokens_to_ids(t)
                                 for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")],
                    "eos_pad": [tok.eos_token_id, tok.pad_token_id],
                    "decoded": [tok.decode(tok.encode(text)) for text in samples],
-                   "fingerprint": tok.fingerprint, "length": len(tok)})
+                   "length": len(tok)})
 print(json.dumps(report))
 """
 
@@ -61,11 +63,16 @@ def test_fresh_process_offline_other_cwd_gives_same_ids(tiny_hf_tokenizer_dir,
     for saved, fresh in zip(saved_dirs, fresh_reports):
         in_memory = load_tokenizer(saved)
         vocab_size = len(in_memory)
-        assert fresh["ids"] == [in_memory.encode(text) for text in SAMPLES]
+        ours = [in_memory.encode(text) for text in SAMPLES]
+        # HF's convention: a special-token string in text is the special id; ours: text.
+        im_end = vocab_size - 1
+        pieces = SAMPLES[-1].split("<|im_end|>")
+        hf_last = [*in_memory.encode(pieces[0]), im_end, *in_memory.encode(pieces[1])]
+        assert fresh["class"] == "transformers"
+        assert fresh["ids"] == [*ours[:-1], hf_last]
         assert fresh["decoded"] == SAMPLES
         assert fresh["specials"] == [vocab_size - 3, vocab_size - 2, vocab_size - 1]
         assert fresh["eos_pad"] == [vocab_size - 3] * 2
-        assert fresh["fingerprint"] == in_memory.fingerprint
         assert fresh["length"] == vocab_size
 
 
@@ -90,17 +97,31 @@ def test_inconsistent_directory_is_refused(tiny_hf_tokenizer_dir, tiny_sp_tokeni
 
     other = build_tokenizer("sp", multilingual_corpus(seed=1), TINY_VOCAB_SIZE, tmp_path / "other",
                             show_progress=False)
-    swapped = tmp_path / "swapped"  # the model file of another tokenizer of the same kind
+    swapped = tmp_path / "swapped"  # the tokenizer.json of another tokenizer of the same kind
     shutil.copytree(tiny_sp_tokenizer_dir, swapped)
-    shutil.copy(tmp_path / "other" / "sentencepiece.model", swapped / "sentencepiece.model")
+    shutil.copy(tmp_path / "other" / "tokenizer.json", swapped / "tokenizer.json")
     assert other.fingerprint != load_tokenizer(tiny_sp_tokenizer_dir).fingerprint
     with pytest.raises(ValueError, match="fingerprint"):
         load_tokenizer(swapped)
 
 
-def test_a_base_vocabulary_spelling_a_special_token_is_refused(tmp_path):
+def test_a_base_vocabulary_spelling_a_special_token_is_refused():
     clashing = tokenizers.Tokenizer(tokenizers.models.WordLevel(
         {"a": 0, "<|im_end|>": 1}, unk_token="a"))
-    clashing.save(str(tmp_path / "byte_level_bpe.json"))
     with pytest.raises(ValueError, match="contains the special token"):
-        Z2allBpeTokenizer(tmp_path / "byte_level_bpe.json")
+        with_special_tokens(clashing)
+
+
+def test_a_tokenizer_json_with_other_added_tokens_is_refused(tiny_hf_tokenizer_dir, tmp_path):
+    extended = tmp_path / "extended"
+    shutil.copytree(tiny_hf_tokenizer_dir, extended)
+    backend = tokenizers.Tokenizer.from_file(str(extended / "tokenizer.json"))
+    backend.add_tokens(["<tool>"])
+    backend.save(str(extended / "tokenizer.json"))
+    with pytest.raises(ValueError, match="must add exactly"):
+        load_tokenizer(extended)
+
+
+def test_a_directory_without_our_files_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenizer.train_tokenizer"):
+        load_tokenizer(tmp_path)

@@ -1,36 +1,37 @@
-"""Our tokenizers: byte-level BPE (HF tokenizers) and sentencepiece BPE, AutoTokenizer-loadable.
+"""Our tokenizers: byte-level BPE (HF tokenizers) and sentencepiece BPE, saved as a standard
+`tokenizer.json` that any HF client loads without remote code.
 
 Files, in reading order:
-- tokenization_z2all_base.py: what both share: the 3 special tokens after the base vocabulary,
-  encode paths that never turn text into special ids, exact decoding, fingerprint;
-- tokenization_z2all_bpe.py / tokenization_z2all_sp.py: the two classes, one per library;
-- byte_level_bpe.py / sentencepiece_bpe.py: how each raw model is trained, and why so;
-- train_tokenizer.py: the CLI (stream files -> train -> save a self-contained dir);
+- z2all_tokenizer.py: the saved format, the vocabulary layout (3 special tokens after the base
+  vocabulary), and `Z2allTokenizer`, whose encode paths never turn text into special ids;
+- byte_level_bpe.py / sentencepiece_bpe.py: how each raw model is trained, and why so (and how
+  the sentencepiece model becomes a tokenizer.json with the same ids);
+- train_tokenizer.py: the CLI (stream files -> train -> save a directory);
 - show_encodings.py: prints sample encodings of saved tokenizers.
 
-A saved directory carries the class's code (transformers' remote code), so it loads anywhere:
-`load_tokenizer(dir)`, i.e. `AutoTokenizer.from_pretrained(dir, trust_remote_code=True)`. To use
-a tokenizer in worker processes, pass them the directory and load it there.
+`load_tokenizer(dir)` reads a directory's two JSON files; it never imports anything from it.
+To use a tokenizer in worker processes, pass them the directory and load it there.
 """
 
 from __future__ import annotations
 
-import fcntl
+import json
 import os
 from pathlib import Path
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
-from transformers.utils import HF_MODULES_CACHE
+from .z2all_tokenizer import CONFIG_FILE, TOKENIZER_FILE, Z2allTokenizer
 
 
-def load_tokenizer(directory: str | os.PathLike) -> PreTrainedTokenizerBase:
-    """`AutoTokenizer.from_pretrained(directory, trust_remote_code=True)`, one process at a time.
-
-    transformers copies the directory's code into its module cache (~/.cache/huggingface/
-    modules) with plain, non-atomic writes; several ranks loading at once could import a
-    half-copied file. A file lock in that cache serialises the loads of one machine.
-    """
-    Path(HF_MODULES_CACHE).mkdir(parents=True, exist_ok=True)
-    with open(Path(HF_MODULES_CACHE) / ".z2all_load.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=True)
+def load_tokenizer(directory: str | os.PathLike) -> Z2allTokenizer:
+    """The tokenizer saved in `directory` (by tokenizer.train_tokenizer or model.convert_to_hf)."""
+    directory = Path(directory)
+    tokenizer_file, config_file = directory / TOKENIZER_FILE, directory / CONFIG_FILE
+    for required in (tokenizer_file, config_file):
+        if not required.is_file():
+            raise FileNotFoundError(f"{required} not found: a tokenizer directory is written by "
+                                    "python -m tokenizer.train_tokenizer (format 2)")
+    record = json.loads(config_file.read_text(encoding="utf-8")).get("z2all")
+    if not isinstance(record, dict):
+        raise ValueError(f"{config_file}: no \"z2all\" record; not a z2all tokenizer directory")
+    return Z2allTokenizer(tokenizer_file=str(tokenizer_file), name_or_path=str(directory),
+                          z2all=record)

@@ -1,7 +1,16 @@
-"""Training the sentencepiece BPE behind Z2allSentencePieceTokenizer.
+"""Training a sentencepiece BPE, and converting it to a `tokenizers` model with the same ids.
 
 Every trainer setting below is chosen so that encode -> decode gives back the exact text, and so
 that no text can produce a special token (z2all adds its specials after the base vocabulary).
+
+Why convert: every HF client reads `tokenizer.json`, so z2all saves both kinds in that one format
+(tokenizer/z2all_tokenizer.py). sentencepiece's BPE encoding is: write spaces as "▁" (U+2581),
+split the text into characters, then repeatedly merge the adjacent pair whose concatenation is
+the highest-scoring piece; a character that is no piece becomes its UTF-8 byte pieces
+(<0xE4><0xBD><0xA0>). `tokenizers`' BPE does the same given merges ranked by that score, a
+Metaspace pre-tokenizer that only replaces spaces (no split, no prefix) and byte_fallback.
+The one difference: a literal "▁" in the text reads as a space, so it decodes to " " (DESIGN §3
+allows this one exception); tests/test_tokenizer.py checks the ids against sentencepiece's.
 """
 
 from __future__ import annotations
@@ -11,7 +20,9 @@ import os
 from collections.abc import Iterable, Iterator
 
 import sentencepiece
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+META_SYMBOL = "\u2581"  # how sentencepiece writes a space inside its pieces
 # sentencepiece skips training sentences longer than `max_sentence_length` bytes, so longer
 # documents are cut (at line ends where possible) into sentences of at most this many bytes.
 MAX_SENTENCE_BYTES = 16384
@@ -73,3 +84,28 @@ def train_sentencepiece_bpe(texts: Iterable[str], base_vocab_size: int, seed: in
         sentence_iterator=training_sentences(texts), model_writer=model,
         **sentencepiece_settings(base_vocab_size, max_sentences, show_progress))
     return model.getvalue()
+
+
+def sentencepiece_to_tokenizers(model_bytes: bytes) -> Tokenizer:
+    """The serialized sentencepiece BPE model as an HF `tokenizers` model with the same ids."""
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model_bytes)
+    pieces = [processor.id_to_piece(index) for index in range(processor.get_piece_size())]
+    mergeable = {piece for index, piece in enumerate(pieces)  # not <unk>, not the byte pieces
+                 if not (processor.is_byte(index) or processor.is_unknown(index)
+                         or processor.is_control(index))}
+    # Every way to build a piece from two pieces, ranked by the built piece's score (best first).
+    ranked = []
+    for index, piece in enumerate(pieces):
+        if piece in mergeable:
+            ranked += [(-processor.get_score(index), index, cut, (piece[:cut], piece[cut:]))
+                       for cut in range(1, len(piece))
+                       if piece[:cut] in mergeable and piece[cut:] in mergeable]
+    merges = [pair for *_, pair in sorted(ranked)]
+    tokenizer = Tokenizer(models.BPE(
+        vocab={piece: index for index, piece in enumerate(pieces)}, merges=merges,
+        unk_token=pieces[processor.unk_id()], byte_fallback=True, fuse_unk=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=META_SYMBOL,
+                                                       prepend_scheme="never", split=False)
+    tokenizer.decoder = decoders.Sequence([decoders.Replace(META_SYMBOL, " "),
+                                           decoders.ByteFallback(), decoders.Fuse()])
+    return tokenizer

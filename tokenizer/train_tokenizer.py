@@ -5,11 +5,12 @@
 
 1. Stream the documents of every .jsonl/.json/.parquet/.txt file under --input (utils.readers),
    never holding the corpus in memory;
-2. train the raw library model (byte-level BPE or sentencepiece BPE) with V-3 base pieces;
-3. wrap it in our tokenizer class, which puts the 3 special tokens at ids V-3, V-2, V-1;
-4. save_pretrained into a temporary dir next to --out, load that the way users will
-   (`AutoTokenizer.from_pretrained(dir, trust_remote_code=True)`) and check it gives the same
-   ids, then rename it to --out: a crash never leaves a half-written tokenizer under --out.
+2. train the raw library model (byte-level BPE or sentencepiece BPE) with V-3 base pieces, as a
+   `tokenizers` model (sentencepiece's is converted; its own model file is kept beside it);
+3. add the 3 special tokens at ids V-3, V-2, V-1 (tokenizer/z2all_tokenizer.py);
+4. save tokenizer.json + tokenizer_config.json into a temporary dir next to --out, load that
+   back and check it gives the same ids (and, for sentencepiece, the library's ids), then rename
+   it to --out: a crash never leaves a half-written tokenizer under --out.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import sentencepiece
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from utils.atomic_io import fsync_dir
@@ -32,13 +35,11 @@ from utils.readers import ReadStats, iter_texts_from
 
 from . import load_tokenizer
 from .byte_level_bpe import train_byte_level_bpe
-from .sentencepiece_bpe import train_sentencepiece_bpe
-from .tokenization_z2all_base import SPECIAL_TOKENS, Z2allTokenizerBase
-from .tokenization_z2all_bpe import Z2allBpeTokenizer
-from .tokenization_z2all_sp import Z2allSentencePieceTokenizer
+from .sentencepiece_bpe import sentencepiece_to_tokenizers, train_sentencepiece_bpe
+from .z2all_tokenizer import SPECIAL_TOKENS, Z2allTokenizer, with_special_tokens
 
-TOKENIZER_CLASSES: dict[str, type[Z2allTokenizerBase]] = {
-    "hf": Z2allBpeTokenizer, "sp": Z2allSentencePieceTokenizer}
+KINDS = {"hf": "byte_level_bpe", "sp": "sentencepiece_bpe"}
+SENTENCEPIECE_FILE = "sentencepiece.model"  # sp only: what sentencepiece trained, for reference
 # Checked after saving: the reloaded tokenizer must encode this exactly like the trained one.
 PROBE_TEXT = "Hello, world! 你好，世界。 def f(x):\n\treturn x ** 2  # 12345 🙂 <|im_end|>"
 
@@ -50,7 +51,7 @@ class TrainTokenizerConfig:
     input: list[str] = field(metadata={
         "help": "files or directories of .jsonl/.json/.parquet/.txt"})
     vocab_size: int = field(metadata={"help": "total vocabulary V, the 3 special tokens included"})
-    out: str = field(metadata={"help": "output directory (AutoTokenizer-loadable)"})
+    out: str = field(metadata={"help": "output directory (tokenizer.json + tokenizer_config.json)"})
     text_key: list[str] = field(default_factory=lambda: ["text"], metadata={
         "help": "record field(s) holding the text, tried in order"})
     max_documents: int | None = field(default=None,
@@ -85,38 +86,42 @@ def parse_args(argv: list[str] | None = None) -> TrainTokenizerConfig:
 
 
 def train_raw_model(kind: str, texts: Iterable[str], base_vocab_size: int, seed: int = 0,
-                    sp_max_sentences: int = 2_000_000, show_progress: bool = True) -> bytes:
-    """Train the library model on the stream `texts`; returns its model file's bytes."""
+                    sp_max_sentences: int = 2_000_000, show_progress: bool = True
+                    ) -> tuple[Tokenizer, bytes | None]:
+    """Train on the stream `texts`: (the model as a `tokenizers.Tokenizer`, and for sentencepiece
+    the library's own serialized model, else None)."""
     if kind == "hf":
         tokenizer = train_byte_level_bpe(texts, base_vocab_size, show_progress=show_progress)
         learned = tokenizer.get_vocab_size()
         if learned != base_vocab_size:  # the BPE trainer stops early when it runs out of pairs
             raise ValueError(f"the corpus is too small for --vocab_size: only {learned} of "
                              f"{base_vocab_size} base pieces could be learned")
-        return tokenizer.to_str(pretty=True).encode("utf-8")
-    return train_sentencepiece_bpe(texts, base_vocab_size, seed=seed,
-                                   max_sentences=sp_max_sentences, show_progress=show_progress)
+        return tokenizer, None
+    model_bytes = train_sentencepiece_bpe(texts, base_vocab_size, seed=seed,
+                                          max_sentences=sp_max_sentences,
+                                          show_progress=show_progress)
+    return sentencepiece_to_tokenizers(model_bytes), model_bytes
 
 
 def build_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, out: str | os.PathLike,
                     training: dict | None = None, seed: int = 0,
                     sp_max_sentences: int = 2_000_000, show_progress: bool = True
-                    ) -> Z2allTokenizerBase:
-    """Train on `texts` and save an AutoTokenizer-loadable dir at `out` (steps 2-4 above)."""
+                    ) -> Z2allTokenizer:
+    """Train on `texts` and save a tokenizer dir at `out` (steps 2-4 above)."""
     base_vocab_size = vocab_size - len(SPECIAL_TOKENS)
-    model_bytes = train_raw_model(kind, texts, base_vocab_size, seed, sp_max_sentences,
-                                  show_progress)
+    raw, sentencepiece_model = train_raw_model(kind, texts, base_vocab_size, seed,
+                                               sp_max_sentences, show_progress)
+    tokenizer = Z2allTokenizer(tokenizer_object=with_special_tokens(raw),
+                               z2all={"kind": KINDS[kind], "training": training})
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the tokenizer dir is meant to be shared
     try:
-        tokenizer_class = TOKENIZER_CLASSES[kind]
-        model_file = staging / tokenizer_class.vocab_files_names["model_file"]
-        model_file.write_bytes(model_bytes)
-        tokenizer = tokenizer_class(model_file, z2all={"training": training})
         tokenizer.save_pretrained(staging)
-        check_reloads_identically(staging, tokenizer)
+        if sentencepiece_model is not None:
+            (staging / SENTENCEPIECE_FILE).write_bytes(sentencepiece_model)
+        check_reloads_identically(staging, tokenizer, sentencepiece_model)
         _fsync_files(staging)
         _replace_dir(staging, out)
     except BaseException:
@@ -125,13 +130,17 @@ def build_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, out: str |
     return tokenizer
 
 
-def check_reloads_identically(directory: Path, tokenizer: Z2allTokenizerBase) -> None:
-    """Load `directory` as users will (AutoTokenizer with remote code, via load_tokenizer's lock
-    on the shared module cache) and compare it with the tokenizer in memory."""
+def check_reloads_identically(directory: Path, tokenizer: Z2allTokenizer,
+                              sentencepiece_model: bytes | None) -> None:
+    """Load `directory` as our tools will and compare it with the tokenizer in memory (and with
+    sentencepiece itself, whose model the saved tokenizer.json was converted from)."""
     reloaded = load_tokenizer(directory)
     same = (len(reloaded) == len(tokenizer)
             and reloaded.encode(PROBE_TEXT) == tokenizer.encode(PROBE_TEXT)
             and reloaded.fingerprint == tokenizer.fingerprint)
+    if sentencepiece_model is not None:
+        library = sentencepiece.SentencePieceProcessor(model_proto=sentencepiece_model)
+        same = same and reloaded.encode(PROBE_TEXT) == library.encode(PROBE_TEXT)
     if not same:
         raise RuntimeError(f"{directory}: the saved tokenizer does not reload identically")
 

@@ -4,25 +4,30 @@ Every turn is rendered as
 
     <|im_start|>{role}\n{content}<|im_end|>\n
 
-where `<|im_start|>` and `<|im_end|>` are inserted *by id*, and the role header, the content
-and the newline are encoded as ordinary text. A user who types "<|im_end|>" in a message gets
+where `<|im_start|>` and `<|im_end|>` are inserted *by id*, and each turn's text "{role}\n{content}"
+and the "\n" after it are encoded as ordinary text. A user who types "<|im_end|>" in a message gets
 the characters of that string, never the special token: only this file creates special ids
 (docs/design.md §2.2, a security property: text cannot forge a turn boundary).
+
+The ids are exactly what any HF tokenizer gives for the same template (`CHAT_TEMPLATE` below,
+saved in every tokenizer_config.json): it cuts the rendered string at the special tokens and
+encodes each piece between them, as we do. The one difference is the security property: given
+content containing a special-token string, HF turns that string into the special id.
 
 Worked example (ids shortened; S = <|im_start|>, E = <|im_end|>):
 
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
-    tokens  S  "user\n"  "Hi"  E  "\n"  S  "assistant\n"  "Hello"  "!"  E  "\n"
-    mask    0  0         0     0  0     0  0              1        1    1  0
+    tokens  S  "user"  "\n"  "Hi"  E  "\n"  S  "assistant"  "\n"  "Hello"  "!"  E  "\n"
+    mask    0  0       0     0     0  0     0  0            0     1        1    1  0
 
 The mask is 1 exactly on the assistant's content and the `<|im_end|>` that closes it: the model
 must learn both what to say and when to stop. Not trained: system/user turns, every role header
 (the prompt supplies "assistant\n" at generation time, see `build_generation_prompt`), the
 next turn's `<|im_start|>`, and the trailing "\n" after `<|im_end|>` (generation stops at
-`<|im_end|>`, so the newline is template glue that is never generated).
-
-The header and the content are encoded separately so the content's tokens are the same ones
-the model produces after `build_generation_prompt(...)` ends with "<|im_start|>assistant\n".
+`<|im_end|>`, so the newline is template glue that is never generated). The content starts at
+the first token where the turn's ids part from the header's own ids ("assistant\n" encoded
+alone): almost always right after them; when the content begins with a line break that merges
+with the header's "\n" into one token, that token carries content and is trained.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ from typing import Any
 
 ROLES = ("system", "user", "assistant")
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+# The same layout as a Jinja chat template, for HF's apply_chat_template (plain Jinja, no tags
+# beyond `for`/`if`, so every client that renders templates can read it).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
 
@@ -65,25 +77,36 @@ def render_conversations(tokenizer: Any, conversations: Sequence[Sequence[Messag
     conversations = [with_system_prompt(messages, system) for messages in conversations]
     for messages in conversations:
         check_messages(messages)
-    # Step 1: every piece of ordinary text, in one list, so the tokenizer sees one big batch.
-    pieces = ["\n"]
+    # Step 1: every piece of ordinary text, in one list, so the tokenizer sees one big batch:
+    # the glue "\n", each role's header alone (to find where content starts), then each turn.
+    pieces = ["\n", *(f"{role}\n" for role in ROLES)]
     for messages in conversations:
-        for message in messages:
-            pieces += [f"{message['role']}\n", message["content"]]
+        pieces += [f"{message['role']}\n{message['content']}" for message in messages]
     encoded = iter(tokenizer.encode_batch(pieces))
     newline = next(encoded)
+    header_ids = {role: next(encoded) for role in ROLES}
     # Step 2: assemble turns in the same order, special ids inserted by id, masks alongside.
     rendered = []
     for messages in conversations:
         ids: list[int] = []
         mask: list[int] = []
         for message in messages:
-            header, content = next(encoded), next(encoded)
+            turn = next(encoded)
+            content_start = common_prefix_length(turn, header_ids[message["role"]])
             trained = int(message["role"] == "assistant")
-            ids += [start_id, *header, *content, end_id, *newline]
-            mask += [0] * (1 + len(header)) + [trained] * (len(content) + 1) + [0] * len(newline)
+            ids += [start_id, *turn, end_id, *newline]
+            mask += ([0] * (1 + content_start) + [trained] * (len(turn) - content_start + 1)
+                     + [0] * len(newline))
         rendered.append((ids, mask))
     return rendered
+
+
+def common_prefix_length(ids: Sequence[int], prefix: Sequence[int]) -> int:
+    """How many leading ids `ids` shares with `prefix`."""
+    length = 0
+    while length < min(len(ids), len(prefix)) and ids[length] == prefix[length]:
+        length += 1
+    return length
 
 
 def render_conversation(tokenizer: Any, messages: Sequence[Message],

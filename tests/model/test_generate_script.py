@@ -28,9 +28,10 @@ def test_plain_prompt_streams_the_greedy_continuation(run_dir, capsys):
     run, model, tokenizer = run_dir
     generate.main(["--ckpt", str(run), "--prompt", "the cat", "--temperature", "0",
                    "--max_new_tokens", "12"])
-    prompt = [tokenizer.eos_token_id, *tokenizer.encode("the cat")]
-    expected = model.generate(torch.tensor([prompt]), 12, eos_token_id=tokenizer.eos_token_id)
-    new_ids = [i for i in expected[0, len(prompt):].tolist() if i != tokenizer.eos_token_id]
+    prompt = tokenizer.encode("the cat")  # no BOS: the text's own ids
+    stop = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    expected = model.generate(torch.tensor([prompt]), 12, eos_token_id=stop)
+    new_ids = [i for i in expected[0, len(prompt):].tolist() if i not in stop]
     assert capsys.readouterr().out == "the cat" + tokenizer.decode(new_ids) + "\n"
 
 
@@ -42,9 +43,9 @@ def test_chat_prompt_uses_the_template(run_dir, capsys):
                    "--max_new_tokens", "8", "--system", "be brief"])
     prompt = build_generation_prompt(tokenizer, [{"role": "user", "content": "hi"}],
                                      system="be brief")
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    expected = model.generate(torch.tensor([prompt]), 8, eos_token_id=im_end)
-    new_ids = [i for i in expected[0, len(prompt):].tolist() if i != im_end]
+    stop = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    expected = model.generate(torch.tensor([prompt]), 8, eos_token_id=stop)
+    new_ids = [i for i in expected[0, len(prompt):].tolist() if i not in stop]
     assert capsys.readouterr().out == tokenizer.decode(new_ids) + "\n"
 
 
@@ -53,6 +54,6 @@ def test_streaming_never_prints_half_a_character(tiny_hf_tokenizer_dir, capsys):
     text = "naïve 你好 🙂 ok"
     ids = tokenizer.encode(text)
     assert len(ids) > len(text.split())  # multi-byte characters span several tokens here
-    generate.print_streaming(tokenizer, iter(ids), stop_id=tokenizer.eos_token_id)
+    generate.print_streaming(tokenizer, iter(ids), stop=[tokenizer.eos_token_id])
     printed = capsys.readouterr().out
     assert printed == text + "\n" and "\ufffd" not in printed

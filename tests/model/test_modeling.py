@@ -165,7 +165,7 @@ def test_convert_to_hf_cli_from_a_run_dir(tmp_path, tiny_hf_tokenizer_dir):
     convert_main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "hf"),
                   "--tokenizer_dir", str(tiny_hf_tokenizer_dir)])
     hf_model = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")  # no remote code needed
     assert hf_model.config.eos_token_id == tokenizer.eos_token_id == len(tokenizer) - 3
     input_ids = torch.randint(0, 512, (2, 8))
     with torch.no_grad():
