@@ -35,8 +35,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from dataset.build import build_datasets
+from dataset.build import build_datasets, build_stream_datasets
 from dataset.sampler import StatefulDistributedSampler
+from dataset.stream import StreamLoader
 from optimizer import OptimizerConfig
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
@@ -68,6 +69,7 @@ from utils.rng_state import restore_rng_state, seed_everything
 from utils.throughput import ThroughputMeter
 from utils.train_config import Config, config_from_argv, save_config
 from utils.training_checkpoint import (
+    load_data_states,
     load_rank_state,
     load_trainer_state,
     save_training_checkpoint,
@@ -189,10 +191,22 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
             print(note, flush=True)
 
     # Data: each rank reads its own disjoint positions of one global, seeded order.
+    # --data_format=stream: raw shards, tokenized by DataLoader workers; its position is saved
+    # per rank (dataset/stream.py) instead of the sampler's.
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
-    train_dataset, valid_dataset, collate_fn = build_datasets(
-        cfg.task_type, cfg.data_dir, cfg.tokenizer_dir, cfg.max_seq_len, seed=cfg.seed)
-    sampler = StatefulDistributedSampler(len(train_dataset), env.rank, env.world_size, cfg.seed)
+    stream, sampler = None, None
+    if cfg.data_format == "stream":
+        stream, valid_dataset, collate_fn = build_stream_datasets(
+            cfg.task_type, cfg.data_dir, cfg.tokenizer_dir, cfg.max_seq_len, cfg.seed,
+            batch_size=cfg.batch_size, valid_samples=cfg.eval_iters * cfg.batch_size
+            * env.world_size, data_mix=cfg.data_mix, rank=env.rank, world_size=env.world_size,
+            num_workers=cfg.num_workers, shuffle_buffer=cfg.shuffle_buffer,
+            skip_bad_records=cfg.skip_bad_records)
+    else:
+        train_dataset, valid_dataset, collate_fn = build_datasets(
+            cfg.task_type, cfg.data_dir, cfg.tokenizer_dir, cfg.max_seq_len, seed=cfg.seed)
+        sampler = StatefulDistributedSampler(len(train_dataset), env.rank, env.world_size,
+                                             cfg.seed)
     global_batch = cfg.batch_size * cfg.gradient_accumulation_steps * env.world_size
 
     # Model -> our DDP -> optimizer. All ranks seed alike so they build identical weights.
@@ -221,7 +235,10 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         step, tokens_seen = state["step"], state["tokens_seen"]
         consumed_samples = state["consumed_samples"]
         optimizer.load_checkpoint(resume_dir / "optim")
-        sampler.load_state_dict(state["sampler"])
+        if stream is not None:
+            resume_stream(stream, resume_dir, state["world_size"], env)
+        else:
+            sampler.load_state_dict(state["sampler"])
         rank_state = load_rank_state(resume_dir, env, state["world_size"])
         if rank_state is None:
             print(f"rank {env.rank}: world size changed ({state['world_size']} -> "
@@ -235,11 +252,13 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         log.log("resume", step, checkpoint=str(resume_dir))
     # A dedicated generator: creating a DataLoader iterator draws a seed from it, and that
     # draw must not shift the global RNG streams between a continuous and a resumed run.
-    train_loader = DataLoader(train_dataset, batch_size=cfg.batch_size, sampler=sampler,
-                              collate_fn=collate_fn, num_workers=cfg.num_workers,
-                              generator=torch.Generator().manual_seed(cfg.seed + step),
-                              pin_memory=env.device.type == "cuda")
-    train_batches = iter(train_loader)
+    if stream is not None:
+        train_batches = iter(stream)
+    else:
+        train_batches = iter(DataLoader(
+            train_dataset, batch_size=cfg.batch_size, sampler=sampler, collate_fn=collate_fn,
+            num_workers=cfg.num_workers, pin_memory=env.device.type == "cuda",
+            generator=torch.Generator().manual_seed(cfg.seed + step)))
     valid_batches = eval_loader(valid_dataset, collate_fn, cfg.batch_size, cfg.eval_iters, env)
     num_params = sum(p.numel() for p in model.parameters())
     log.log("run", step, quiet=True, effective_batch=global_batch, world_size=env.world_size,
@@ -273,15 +292,17 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
             env, run_dir / "ckpt", step, model=model, optimizer=optimizer,
             trainer_state={"step": step, "tokens_seen": tokens_seen,
                            "consumed_samples": consumed_samples,
-                           "sampler": sampler.state_dict_at(consumed_samples),
+                           "sampler": sampler and sampler.state_dict_at(consumed_samples),
                            "config": cfg.to_dict()},
             comm_hook_state=comm_hook_state and comm_hook_state.state_dict(),
-            keep_last=cfg.keep_last, val_loss=val_loss)
+            keep_last=cfg.keep_last, val_loss=val_loss,
+            data_state=stream and stream.state_dict())
 
     # ------------------------------------------------------------------ the training loop
     stop_step = min(cfg.stop_at_iter or cfg.max_iters, cfg.max_iters)
     meter = ThroughputMeter(model, cfg.max_seq_len, dtype_name, cfg.peak_flops, env)
     stop_requested = False
+    extra_log: dict[str, float] = {}
     if cfg.eval_at_start and resume_dir is None:
         log.log("eval", step, **evaluate())  # the untrained baseline (about ln(vocab))
     model.train()
@@ -321,7 +342,10 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
             names = ["loss", *extra_sums]
             averages = all_reduce_sum([float(loss_sum), *map(float, extra_sums.values())], env)
             per_step = cfg.gradient_accumulation_steps * env.world_size
-            log.log("train", step, lr=lr, grad_norm=grad_norm, skipped=not stepped,
+            if stream is not None and cfg.skip_bad_records:  # counted, never silent
+                (extra_log["bad_records_skipped"],) = all_reduce_sum(
+                    [float(stream.skipped_records())], env)
+            log.log("train", step, **extra_log, lr=lr, grad_norm=grad_norm, skipped=not stepped,
                     tokens=tokens_seen, **{n: a / per_step for n, a in zip(names, averages)},
                     **meter.report())
 
@@ -349,6 +373,25 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         print(f"stopped by {name} at step {step} (checkpoint saved)", flush=True)
         return 128 + (stop_signal.received or signal.SIGTERM)
     return 0
+
+
+def resume_stream(stream: StreamLoader, resume_dir: Path, saved_world_size: int,
+                  env: DistributedEnv) -> None:
+    """Exactly where this rank stopped; or, after a change of world size or workers, at the
+    next epoch of every source (dataset/stream.py states the bound)."""
+    data_states = load_data_states(resume_dir, saved_world_size)
+    if any(state is None for state in data_states):
+        raise SystemExit(f"error: --resume: {resume_dir} was written without "
+                         "--data_format=stream; resume with the data format it was run with")
+    mine = data_states[env.rank] if saved_world_size == env.world_size else None
+    if mine is not None and mine["workers_per_rank"] == stream.dataset.workers_per_rank:
+        stream.load_state_dict(mine)
+        return
+    stream.load_resharded(data_states)
+    if env.is_main:
+        print("data stream: world size or workers changed; every source restarts at its next "
+              "epoch (no sample repeats within an epoch, the rest of the current one is "
+              "skipped)", flush=True)
 
 
 def _find_resume_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:

@@ -6,7 +6,8 @@
       trainer_state.pt                 step, consumed samples, tokens, sampler state, LR
                                        schedule, run config (rank 0)
       ranks/rank_00000.pt ...          per rank: every RNG state, comm-hook state (PowerSGD's
-                                       error feedback and Q matrices differ on each rank)
+                                       error feedback and Q matrices differ on each rank),
+                                       the data stream's position (--data_format=stream)
       manifest.json                    written last (utils.checkpoint)
 
 The protocol: rank 0 creates the temp dir; barrier; every rank writes its files; barrier;
@@ -48,14 +49,15 @@ def _save_torch(obj: Any, path: Path) -> None:
 def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *, model: Any,
                              optimizer: Any, trainer_state: dict[str, Any],
                              comm_hook_state: dict[str, Any] | None, keep_last: int,
-                             val_loss: float | None) -> Path:
+                             val_loss: float | None,
+                             data_state: dict[str, Any] | None = None) -> Path:
     """Collective: every rank must call it at the same step. Returns the checkpoint dir."""
     if env.is_main:
         begin_checkpoint(ckpt_root, step)
     barrier(env)
     tmp_dir = ckpt_root / f".tmp_{step_dir_name(step)}"
     optimizer.save_checkpoint(tmp_dir / "optim")
-    _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state},
+    _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state, "data": data_state},
                 _rank_file(tmp_dir, env.rank))
     if env.is_main:
         model.save_pretrained(tmp_dir)
@@ -95,3 +97,10 @@ def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, dict):
         return {key: _to_device(item, device) for key, item in value.items()}
     return value
+
+
+def load_data_states(ckpt_dir: Path, saved_world_size: int) -> list[dict[str, Any] | None]:
+    """The data stream position of every rank that wrote the checkpoint (for a resume under
+    another world size, which must see all old positions to avoid repeating samples)."""
+    return [load_torch(_rank_file(ckpt_dir, rank)).get("data")
+            for rank in range(saved_world_size)]
