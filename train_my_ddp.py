@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from dataset.build import build_datasets
+from dataset.build import build_datasets, build_stream_datasets
 from dataset.sampler import StatefulDistributedSampler
 from model.kernels import kernel_choices
 from model.loading import load_model
@@ -180,10 +180,22 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
             print(note, flush=True)
 
     # Data: each rank reads its own disjoint positions of one global, seeded order.
+    # --data_format=stream: raw shards, tokenized by DataLoader workers; its position is saved
+    # per rank (dataset/stream.py) instead of the sampler's.
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
-    train_dataset, valid_dataset, collate_fn = build_datasets(
-        cfg.task_type, cfg.data_dir, cfg.tokenizer_dir, cfg.max_seq_len, seed=cfg.seed)
-    sampler = StatefulDistributedSampler(len(train_dataset), env.rank, env.world_size, cfg.seed)
+    stream, sampler = None, None
+    if cfg.data_format == "stream":
+        stream, valid_dataset, collate_fn = build_stream_datasets(
+            cfg.task_type, cfg.data_dir, cfg.tokenizer_dir, cfg.max_seq_len, cfg.seed,
+            batch_size=cfg.batch_size, valid_samples=cfg.eval_iters * cfg.batch_size
+            * env.world_size, data_mix=cfg.data_mix, rank=env.rank, world_size=env.world_size,
+            num_workers=cfg.num_workers, shuffle_buffer=cfg.shuffle_buffer,
+            skip_bad_records=cfg.skip_bad_records)
+    else:
+        train_dataset, valid_dataset, collate_fn = build_datasets(
+            cfg.task_type, cfg.data_dir, cfg.tokenizer_dir, cfg.max_seq_len, seed=cfg.seed)
+        sampler = StatefulDistributedSampler(len(train_dataset), env.rank, env.world_size,
+                                             cfg.seed)
     global_batch = cfg.batch_size * cfg.gradient_accumulation_steps * env.world_size
 
     # Model -> our DDP -> optimizer. All ranks seed alike so they build identical weights.
@@ -211,18 +223,20 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     seed_everything(cfg.seed + env.rank)  # dropout differs per rank, reproducibly
     if resume_dir is not None:
         state = restore_training_checkpoint(resume_dir, env, optimizer=optimizer,
-                                            sampler=sampler, comm_hook_state=comm_hook_state,
-                                            seed=cfg.seed)
+                                            sampler=sampler, stream=stream,
+                                            comm_hook_state=comm_hook_state, seed=cfg.seed)
         step, tokens_seen = state["step"], state["tokens_seen"]
         consumed_samples = state["consumed_samples"]
         log.log("resume", step, checkpoint=str(resume_dir))
     # A dedicated generator: creating a DataLoader iterator draws a seed from it, and that
     # draw must not shift the global RNG streams between a continuous and a resumed run.
-    train_loader = DataLoader(train_dataset, batch_size=cfg.batch_size, sampler=sampler,
-                              collate_fn=collate_fn, num_workers=cfg.num_workers,
-                              generator=torch.Generator().manual_seed(cfg.seed + step),
-                              pin_memory=env.device.type == "cuda")
-    train_batches = iter(train_loader)
+    if stream is not None:
+        train_batches = iter(stream)
+    else:
+        train_batches = iter(DataLoader(
+            train_dataset, batch_size=cfg.batch_size, sampler=sampler, collate_fn=collate_fn,
+            num_workers=cfg.num_workers, pin_memory=env.device.type == "cuda",
+            generator=torch.Generator().manual_seed(cfg.seed + step)))
     valid_batches = eval_loader(valid_dataset, collate_fn, cfg.batch_size, cfg.eval_iters, env)
     num_params = sum(p.numel() for p in model.parameters())
     kernels = kernel_line(cfg, model, env, dtype_name)
@@ -257,15 +271,17 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
             env, run_dir / "ckpt", step, model=model, optimizer=optimizer,
             trainer_state={"step": step, "tokens_seen": tokens_seen,
                            "consumed_samples": consumed_samples,
-                           "sampler": sampler.state_dict_at(consumed_samples),
+                           "sampler": sampler and sampler.state_dict_at(consumed_samples),
                            "config": cfg.to_dict()},
             comm_hook_state=comm_hook_state and comm_hook_state.state_dict(),
-            keep_last=cfg.keep_last, val_loss=val_loss)
+            keep_last=cfg.keep_last, val_loss=val_loss,
+            data_state=stream and stream.state_dict())
 
     # ------------------------------------------------------------------ the training loop
     stop_step = min(cfg.stop_at_iter or cfg.max_iters, cfg.max_iters)
     meter = ThroughputMeter(model, cfg.max_seq_len, dtype_name, cfg.peak_flops, env)
     stop_requested = False
+    extra_log: dict[str, float] = {}
     if cfg.eval_at_start and resume_dir is None:
         log.log("eval", step, **evaluate())  # the untrained baseline (about ln(vocab))
     model.train()
@@ -305,7 +321,10 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
             names = ["loss", *extra_sums]
             averages = all_reduce_sum([float(loss_sum), *map(float, extra_sums.values())], env)
             per_step = cfg.gradient_accumulation_steps * env.world_size
-            log.log("train", step, lr=lr, grad_norm=grad_norm, skipped=not stepped,
+            if stream is not None and cfg.skip_bad_records:  # counted, never silent
+                (extra_log["bad_records_skipped"],) = all_reduce_sum(
+                    [float(stream.skipped_records())], env)
+            log.log("train", step, **extra_log, lr=lr, grad_norm=grad_norm, skipped=not stepped,
                     tokens=tokens_seen, **{n: a / per_step for n, a in zip(names, averages)},
                     **meter.report())
 

@@ -56,6 +56,16 @@ def conversations_of(kind: str, data: dict[str, Any]) -> list[list[dict[str, str
     return [prompt + chosen, prompt + rejected]
 
 
+def fit_to_length(sequences: list[tuple[list[int], list[int]]], max_seq_len: int
+                  ) -> list[tuple[list[int], list[int]]] | None:
+    """One sample's rendered sequences cut to max_seq_len, or None (`too_long`) when a cut one
+    has no trained token left. Also used by the streaming dataset, so both paths agree."""
+    cut = [(ids[:max_seq_len], loss_mask[:max_seq_len]) for ids, loss_mask in sequences]
+    if not all(any(loss_mask[1:]) for _, loss_mask in cut):  # position 0 is never a target
+        return None
+    return cut
+
+
 def encode_chat_records(records: list[tuple[int, dict[str, Any]]]) -> EncodedChats:
     """In a worker: (record number, record) pairs -> rendered, truncated ids and masks."""
     kind, max_seq_len = worker_state()["kind"], worker_state()["max_seq_len"]
@@ -74,8 +84,8 @@ def encode_chat_records(records: list[tuple[int, dict[str, Any]]]) -> EncodedCha
     lengths, too_long, truncated = [], 0, 0
     for sample in range(len(numbers)):
         sequences = rendered[sample * per_sample: (sample + 1) * per_sample]
-        cut = [(ids[:max_seq_len], loss_mask[:max_seq_len]) for ids, loss_mask in sequences]
-        if not all(any(loss_mask[1:]) for _, loss_mask in cut):  # position 0 is never a target
+        cut = fit_to_length(sequences, max_seq_len)
+        if cut is None:
             too_long += 1
             continue
         truncated += any(len(ids) > max_seq_len for ids, _ in sequences)

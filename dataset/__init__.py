@@ -8,4 +8,10 @@ Files, in reading order:
   (seed, epoch, position), resumable in O(1) under any world size;
 - prepare.py + build.py: what the trainer calls; rank 0 prepares an index or cache once
   while the other ranks wait on a done-file.
+The streaming path (--data_format=stream: raw shards, tokenized on the fly, exact resume):
+- stream_shards.py: sources (--data_mix), seeded shard order, each worker's share;
+- stream_samples.py: records -> packed windows / chat samples, each with its position;
+- shuffle_buffer.py: a bounded shuffle whose state is its contents plus a draw count;
+- stream.py: workers hand out chunks with positions; the main process shuffles, batches
+  and holds the exact state.
 """

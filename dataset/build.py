@@ -12,6 +12,9 @@ sft, dpo  data_dir holds either pretokenized output (pretokenize_sft_data / _dpo
           a new cache, a repeated run reuses the old one. Train/valid: files named valid* or
           eval* are validation, else a seeded `valid_ratio` of samples (dataset/chat_store.py).
 
+stream    (`build_stream_datasets`, --data_format=stream) raw shards tokenized on the fly by
+          DataLoader workers, nothing prepared or cached (dataset/stream.py).
+
 Under torchrun, rank 0 prepares (index or cache) while the others wait on a done-file with
 their own timeout (dataset/prepare.py); then every rank memory-maps the same files.
 """
@@ -37,6 +40,8 @@ from dataset.dataset_dpo import DPOCollator, DPODataset
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from dataset.dataset_sft import SFTCollator, SupervisedDataset
 from dataset.prepare import DEFAULT_PREPARE_TIMEOUT_S, prepare_once
+from dataset.stream import StreamDataset, StreamLoader, StreamSettings, holdout_items
+from dataset.stream_shards import find_sources
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
 from utils.readers import find_data_files
@@ -114,3 +119,30 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
                                      else (DPODataset, DPOCollator))
     collate_fn = collator_class(tokenizer.pad_token_id, pad_to_multiple_of, max_seq_len)
     return dataset_class(store, train_ids), dataset_class(store, valid_ids), collate_fn
+
+
+def build_stream_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Path,
+                          max_seq_len: int, seed: int, *, batch_size: int, valid_samples: int,
+                          data_mix: str = "", rank: int = 0, world_size: int = 1,
+                          num_workers: int = 0, shuffle_buffer: int = 1000,
+                          skip_bad_records: bool = False, system_prompt: str | None = None,
+                          pad_to_multiple_of: int = 8) -> tuple[StreamLoader, list, Any]:
+    """(train StreamLoader, valid samples, collate_fn) read straight from raw shards.
+
+    Validation: every record whose number is a multiple of round(1 / valid_ratio) is held out
+    of training, and the first `valid_samples` samples made from those records are the
+    validation set (dataset/stream_shards.py)."""
+    if task_type not in TASK_TYPES:
+        raise ValueError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    settings = StreamSettings(task_type, str(tokenizer_dir), max_seq_len, seed,
+                              system_prompt=system_prompt, skip_bad_records=skip_bad_records,
+                              holdout_every=round(1 / DEFAULT_VALID_RATIO))
+    dataset = StreamDataset(find_sources(data_dir, data_mix), settings, rank, world_size,
+                            num_workers)
+    collate_fn: Any = default_collate
+    if task_type != "pretrain":
+        collator_class = SFTCollator if task_type == "sft" else DPOCollator
+        collate_fn = collator_class(tokenizer.pad_token_id, pad_to_multiple_of, max_seq_len)
+    loader = StreamLoader(dataset, batch_size, collate_fn, num_workers, shuffle_buffer)
+    return loader, holdout_items(dataset, valid_samples), collate_fn

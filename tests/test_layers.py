@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"parallel"},
     {"optimizer"},
     {"trainer"},
-    {"tools", "monitor", "serving"},
+    {"tools", "monitor", "server"},
     {path.stem for path in REPO.glob("*.py")},  # train_my_ddp, generate, monitor_process, ...
 ]
 LAYER_OF = {package: level for level, packages in enumerate(LAYERS) for package in packages}

@@ -28,9 +28,11 @@ TINY_ARGS = ["--max_seq_len=32", "--batch_size=2", "--hidden_size=32", "--num_hi
 
 
 def tiny_training_data(base: Path, tokenizer_dir: Path) -> dict[str, Path]:
-    """{"pretrain": pretokenized dir, "sft": raw dir, "dpo": raw dir, "tokenizer": dir}."""
+    """{"pretrain": pretokenized dir, "pretrain_raw": its raw shards, "sft": raw dir,
+    "dpo": raw dir, "tokenizer": dir}."""
     root = base / "tiny_training_data"
-    paths = {"pretrain": root / "pretok", "sft": root / "demo" / "sft",
+    paths = {"pretrain": root / "pretok", "pretrain_raw": root / "pretrain_small",
+             "sft": root / "demo" / "sft",
              "dpo": root / "demo" / "dpo", "tokenizer": tokenizer_dir}
     if (root / "DONE").exists():
         return paths
@@ -39,7 +41,7 @@ def tiny_training_data(base: Path, tokenizer_dir: Path) -> dict[str, Path]:
 
     shutil.rmtree(root, ignore_errors=True)
     build(root / "demo", seed=0, scale=0.02)
-    small = root / "pretrain_small"  # two files are plenty: ~80k tokens
+    small = paths["pretrain_raw"]  # two files are plenty: ~80k tokens
     small.mkdir()
     for name in ("shakespeare_comedies.jsonl", "bilingual_zh_en.jsonl"):
         shutil.copy(root / "demo" / "pretrain" / name, small / name)

@@ -43,6 +43,14 @@ class DataOptions:
     tokenizer_dir: str = option("tokenizer/demo_hf", "saved tokenizer (AutoTokenizer-loadable)")
     max_seq_len: int = option(256, "tokens per sample")
     num_workers: int = option(0, "DataLoader worker processes per rank")
+    data_format: Literal["pretok", "stream"] = option(
+        "pretok", "pretok: .bin/.idx (+ sample index) made offline; stream: raw shards "
+        "tokenized on the fly (dataset/stream.py)")
+    data_mix: str = option("", "stream: weighted sources, subfolders of data_dir, "
+                           "e.g. web:0.7,books:0.3 (empty: data_dir is one source)")
+    shuffle_buffer: int = option(1000, "stream: samples in each rank's shuffle buffer")
+    skip_bad_records: bool = option(False, "stream: skip and count malformed records "
+                                    "(metrics.jsonl: bad_records_skipped) instead of stopping")
 
 
 @dataclass
@@ -200,6 +208,9 @@ class Config:
         if self.comm_hook == "overlap_optim" and self.grad_clip > 0:
             problems.append("--comm_hook=overlap_optim updates each bucket before the others "
                             "are reduced, so it cannot clip by the global norm: add --grad_clip=0")
+        if self.data_format != "stream" and (self.data_mix or self.skip_bad_records):
+            problems.append("--data_mix and --skip_bad_records apply to raw shards: add "
+                            "--data_format=stream")
         if self.stop_at_iter is not None and self.stop_at_iter > self.max_iters:
             problems.append(f"--stop_at_iter={self.stop_at_iter} is beyond "
                             f"--max_iters={self.max_iters}")

@@ -6,7 +6,8 @@
       trainer_state.pt                 step, consumed samples, tokens, sampler state, run
                                        config (rank 0); the LR is a function of the step
       ranks/rank_00000.pt ...          per rank: every RNG state, comm-hook state (PowerSGD's
-                                       error feedback and Q matrices differ on each rank)
+                                       error feedback and Q matrices differ on each rank),
+                                       the data stream's position (--data_format=stream)
       manifest.json                    written last (utils.checkpoint)
 
 The protocol: rank 0 creates the temp dir; barrier; every rank writes its files; barrier;
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from dataset.stream import StreamLoader
 from trainer.distributed_env import DistributedEnv, barrier
 from trainer.rng_state import capture_rng_state, restore_rng_state, seed_everything
 from utils.atomic_io import atomic_open
@@ -48,14 +50,15 @@ def _save_torch(obj: Any, path: Path) -> None:
 def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *, model: Any,
                              optimizer: Any, trainer_state: dict[str, Any],
                              comm_hook_state: dict[str, Any] | None, keep_last: int,
-                             val_loss: float | None) -> Path:
+                             val_loss: float | None,
+                             data_state: dict[str, Any] | None = None) -> Path:
     """Collective: every rank must call it at the same step. Returns the checkpoint dir."""
     if env.is_main:
         begin_checkpoint(ckpt_root, step)
     barrier(env)
     tmp_dir = ckpt_root / f".tmp_{step_dir_name(step)}"
     optimizer.save_checkpoint(tmp_dir / "optim")
-    _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state},
+    _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state, "data": data_state},
                 _rank_file(tmp_dir, env.rank))
     if env.is_main:
         model.save_pretrained(tmp_dir)
@@ -77,17 +80,21 @@ def _load_trainer_state(ckpt_dir: Path) -> dict[str, Any]:
 
 
 def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *, optimizer: Any,
-                                sampler: Any, comm_hook_state: Any, seed: int
-                                ) -> dict[str, Any]:
+                                sampler: Any, stream: StreamLoader | None, comm_hook_state: Any,
+                                seed: int) -> dict[str, Any]:
     """The twin of `save_training_checkpoint`: put the optimizer, the sampler, this rank's RNG
-    streams and comm-hook state back; return the trainer state (step, tokens_seen, ...).
+    streams and comm-hook state back (with --data_format=stream, the stream's position instead
+    of the sampler's); return the trainer state (step, tokens_seen, ...).
 
     With another world size than the saved one, the per-rank files do not map onto the new
     ranks: RNG streams are reseeded and the comm hook starts fresh, so the run continues
     correctly but is no longer bitwise identical to an uninterrupted one."""
     state = _load_trainer_state(ckpt_dir)
     optimizer.load_checkpoint(ckpt_dir / "optim")
-    sampler.load_state_dict(state["sampler"])
+    if stream is not None:
+        _restore_stream(stream, ckpt_dir, state["world_size"], env)
+    else:
+        sampler.load_state_dict(state["sampler"])
     if state["world_size"] != env.world_size:
         print(f"rank {env.rank}: world size changed ({state['world_size']} -> "
               f"{env.world_size}); RNG and comm-hook state restart", flush=True)
@@ -103,9 +110,35 @@ def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *, optimize
     return state
 
 
+def _restore_stream(stream: StreamLoader, resume_dir: Path, saved_world_size: int,
+                  env: DistributedEnv) -> None:
+    """Exactly where this rank stopped; or, after a change of world size or workers, at the
+    next epoch of every source (dataset/stream.py states the bound)."""
+    data_states = _load_data_states(resume_dir, saved_world_size)
+    if any(state is None for state in data_states):
+        raise SystemExit(f"error: --resume: {resume_dir} was written without "
+                         "--data_format=stream; resume with the data format it was run with")
+    mine = data_states[env.rank] if saved_world_size == env.world_size else None
+    if mine is not None and mine["workers_per_rank"] == stream.dataset.workers_per_rank:
+        stream.load_state_dict(mine)
+        return
+    stream.load_resharded(data_states)
+    if env.is_main:
+        print("data stream: world size or workers changed; every source restarts at its next "
+              "epoch (no sample repeats within an epoch, the rest of the current one is "
+              "skipped)", flush=True)
+
+
 def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, dict):
         return {key: _to_device(item, device) for key, item in value.items()}
     return value
+
+
+def _load_data_states(ckpt_dir: Path, saved_world_size: int) -> list[dict[str, Any] | None]:
+    """The data stream position of every rank that wrote the checkpoint (for a resume under
+    another world size, which must see all old positions to avoid repeating samples)."""
+    return [load_torch(_rank_file(ckpt_dir, rank)).get("data")
+            for rank in range(saved_world_size)]

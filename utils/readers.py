@@ -253,7 +253,7 @@ def iter_records(
         yield item
 
 
-def _text_of(record: Record, keys: Sequence[str]) -> str | BadRecordError:
+def text_of(record: Record, keys: Sequence[str]) -> str | BadRecordError:
     """The value of the first key present (and not null); it must be a string."""
     for key in keys:
         value = record.data.get(key)
@@ -265,6 +265,13 @@ def _text_of(record: Record, keys: Sequence[str]) -> str | BadRecordError:
         return value
     detail = f"none of the keys {list(keys)} found; record has {sorted(record.data)[:8]}"
     return BadRecordError(record.path, record.number, "missing_key", detail)
+
+
+def iter_raw_items(path: str | Path, stats: ReadStats | None = None) -> Iterator[RawItem]:
+    """Every record of one file in order: a good one as a Record, a bad one as a BadRecordError
+    *object*, not raised. For a caller that owns only some records (a stream worker takes
+    every n-th record of a shard) and so decides itself which bad records concern it."""
+    return _raw_items(Path(path), stats if stats is not None else ReadStats(), columns=None)
 
 
 def iter_texts(
@@ -282,7 +289,7 @@ def iter_texts(
     if path.suffix.lower() == ".txt":
         keys = ["text"]  # a .txt line is its own text, whatever key the record files use
     for item in _raw_items(path, stats, columns=keys):
-        text = item if isinstance(item, BadRecordError) else _text_of(item, keys)
+        text = item if isinstance(item, BadRecordError) else text_of(item, keys)
         if isinstance(text, BadRecordError):
             _apply_policy(text, skip_bad_records, stats)
             continue
