@@ -91,7 +91,9 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.waiting: queue.Queue[GenerationRequest] = queue.Queue(maxsize=max_waiting)
         self.rows: list[GenerationRequest] = []  # row i of `batch` is rows[i]
+        self.admitting: list[GenerationRequest] = []  # taken from `waiting`, not yet in rows
         self.batch: DecodeBatch | None = None
+        self.finished = {"stop": 0, "length": 0, "cancelled": 0, "error": 0}
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="z2all-engine", daemon=True)
 
@@ -110,9 +112,9 @@ class Engine:
             raise EngineBusy(f"{self.waiting.maxsize} requests are already waiting; "
                              "retry later") from None
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, object]:
         return {"running": len(self.rows), "waiting": self.waiting.qsize(),
-                "max_batch_size": self.max_batch_size}
+                "max_batch_size": self.max_batch_size, "finished": dict(self.finished)}
 
     # ---- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -122,34 +124,41 @@ class Engine:
                     self._step()
                 except Exception as error:  # a failed step must not kill the server
                     logger.exception("generation step failed")
-                    for request in self.rows:
-                        request.deliver(Finished("error", f"{type(error).__name__}: {error}"))
-                    self.rows, self.batch = [], None
+                    for request in self.rows + self.admitting:
+                        self._finish(request, "error", f"{type(error).__name__}: {error}")
+                    self.rows, self.admitting, self.batch = [], [], None
+        while not self.waiting.empty():
+            self.rows.append(self.waiting.get_nowait())
         for request in self.rows:
-            request.deliver(Finished("cancelled"))
+            self._finish(request, "cancelled")
 
     def _step(self) -> None:
         # Step 1: admit waiting requests (block briefly when idle, so the loop does not spin).
-        newcomers = self._take_waiting(block=not self.rows)
-        if newcomers:
-            group, logits = DecodeBatch.prefill(self.model, [r.prompt_ids for r in newcomers])
-            for request in newcomers:
-                seed = request.sampling.seed
-                request.generator = torch.Generator(device=self.device).manual_seed(
-                    random.getrandbits(63) if seed is None else seed)
-            self._sample(newcomers, logits)
-            if self.batch is None:
-                self.rows, self.batch = newcomers, group
-            else:
-                self.rows += newcomers
-                self.batch.join(group)
-            self._retire()
+        self.admitting = self._take_waiting(block=not self.rows)
+        if self.admitting:
+            self._admit(self.admitting)
+            self.admitting = []
         if not self.rows:
             return
         # Step 2: one decoding step for every running row.
         newest = torch.tensor([r.newest_token for r in self.rows], device=self.device)
         self._sample(self.rows, self.batch.decode(self.model, newest))
         # Step 3: drop the rows that are done.
+        self._retire()
+
+    def _admit(self, newcomers: list[GenerationRequest]) -> None:
+        """Prefill the newcomers together, sample their first tokens, join the batch."""
+        group, logits = DecodeBatch.prefill(self.model, [r.prompt_ids for r in newcomers])
+        for request in newcomers:
+            seed = request.sampling.seed
+            request.generator = torch.Generator(device=self.device).manual_seed(
+                random.getrandbits(63) if seed is None else seed)
+        self._sample(newcomers, logits)
+        if self.batch is None:
+            self.rows, self.batch = newcomers, group
+        else:
+            self.rows += newcomers
+            self.batch.join(group)
         self._retire()
 
     def _take_waiting(self, block: bool) -> list[GenerationRequest]:
@@ -161,7 +170,7 @@ class Engine:
             except queue.Empty:
                 break
             if request.cancelled.is_set():
-                request.deliver(Finished("cancelled"))
+                self._finish(request, "cancelled")
             else:
                 taken.append(request)
         return taken
@@ -180,11 +189,11 @@ class Engine:
         kept = []
         for request in self.rows:
             if request.newest_token == request.stop_id:
-                request.deliver(Finished("stop"))
+                self._finish(request, "stop")
             elif request.num_generated >= request.max_new_tokens:
-                request.deliver(Finished("length"))
+                self._finish(request, "length")
             elif request.cancelled.is_set():
-                request.deliver(Finished("cancelled"))
+                self._finish(request, "cancelled")
             else:
                 kept.append(request)
         if len(kept) < len(self.rows):
@@ -192,3 +201,7 @@ class Engine:
             if kept:
                 self.batch.keep([row_of[id(request)] for request in kept])
             self.rows, self.batch = kept, (self.batch if kept else None)
+
+    def _finish(self, request: GenerationRequest, reason: str, message: str = "") -> None:
+        self.finished[reason] += 1
+        request.deliver(Finished(reason, message))

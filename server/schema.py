@@ -25,7 +25,7 @@ class InvalidRequest(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "yes" is not a boolean
 
 
 class ChatMessage(_Strict):
@@ -91,6 +91,11 @@ def parse_request(body: bytes, model: type[SamplingRequest]) -> SamplingRequest:
                              f"{error.lineno} column {error.colno})") from None
     if not isinstance(payload, dict):
         raise InvalidRequest("the request body must be a JSON object")
+    try:  # JSON escapes can spell a lone UTF-16 surrogate ("\\ud800"), which is not text
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest("the request contains an unpaired UTF-16 surrogate escape "
+                             "(e.g. \\ud800), which is not a character") from None
     try:
         return model.model_validate(payload)
     except ValidationError as error:
