@@ -113,7 +113,7 @@ class Engine:
                              "retry later") from None
 
     def stats(self) -> dict[str, object]:
-        return {"running": len(self.rows), "waiting": self.waiting.qsize(),
+        return {"running": len(self.rows) + len(self.admitting), "waiting": self.waiting.qsize(),
                 "max_batch_size": self.max_batch_size, "finished": dict(self.finished)}
 
     # ---- the engine thread --------------------------------------------------------------------
@@ -134,7 +134,7 @@ class Engine:
 
     def _step(self) -> None:
         # Step 1: admit waiting requests (block briefly when idle, so the loop does not spin).
-        self.admitting = self._take_waiting(block=not self.rows)
+        self._take_waiting(block=not self.rows)
         if self.admitting:
             self._admit(self.admitting)
             self.admitting = []
@@ -161,19 +161,18 @@ class Engine:
             self.batch.join(group)
         self._retire()
 
-    def _take_waiting(self, block: bool) -> list[GenerationRequest]:
-        taken: list[GenerationRequest] = []
-        while len(self.rows) + len(taken) < self.max_batch_size:
+    def _take_waiting(self, block: bool) -> None:
+        """Move waiting requests to `admitting` while the batch has room."""
+        while len(self.rows) + len(self.admitting) < self.max_batch_size:
             try:
-                request = self.waiting.get(timeout=0.05) if block and not taken \
+                request = self.waiting.get(timeout=0.05) if block and not self.admitting \
                     else self.waiting.get_nowait()
             except queue.Empty:
                 break
             if request.cancelled.is_set():
                 self._finish(request, "cancelled")
             else:
-                taken.append(request)
-        return taken
+                self.admitting.append(request)
 
     def _sample(self, requests: list[GenerationRequest], logits: torch.Tensor) -> None:
         """One token per request from its row of `logits`, with its own settings and RNG."""
