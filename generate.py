@@ -16,16 +16,15 @@ wraps the prompt in the ChatML template. Generation stops at `<|endoftext|>` or 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
-from model.loading import load_model
+from model.loading import default_tokenizer_dir, load_model
 from tokenizer import load_tokenizer
-from utils.conversation import build_generation_prompt
+from utils.conversation import build_generation_prompt, stop_ids
 from utils.log_setup import configure_logging
 
 
@@ -46,24 +45,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser.parse_args(argv)
-
-
-def default_tokenizer_dir(ckpt: Path, model_dir: Path) -> Path:
-    """The run's tokenizer: `tokenizer_dir` in out/<run>/config.json (given the run dir or one
-    of its checkpoints), or a tokenizer stored next to the weights (an exported HF dir)."""
-    for run_config in (ckpt / "config.json", model_dir.parent.parent / "config.json"):
-        if run_config.is_file():
-            tokenizer_dir = json.loads(run_config.read_text()).get("tokenizer_dir")
-            if tokenizer_dir:
-                return Path(tokenizer_dir)
-    if (model_dir / "tokenizer_config.json").is_file():
-        return model_dir
-    raise SystemExit(f"no tokenizer recorded for {ckpt}; pass --tokenizer_dir")
-
-
-def stop_ids(tokenizer) -> list[int]:
-    """The ids that end generation: <|endoftext|> (end of a document), <|im_end|> (of a turn)."""
-    return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
 def prompt_ids(tokenizer, args: argparse.Namespace) -> list[int]:

@@ -45,3 +45,16 @@ def load_model(path: str | os.PathLike) -> tuple[Z2allForCausalLM, Path]:
     if is_hf_llama_dir(model_dir):
         return Z2allForCausalLM.from_hf(model_dir), model_dir
     return Z2allForCausalLM.from_pretrained(model_dir), model_dir
+
+
+def default_tokenizer_dir(ckpt: Path, model_dir: Path) -> Path:
+    """The run's tokenizer: `tokenizer_dir` in out/<run>/config.json (given the run dir or one
+    of its checkpoints), or a tokenizer stored next to the weights (an exported HF dir)."""
+    for run_config in (ckpt / "config.json", model_dir.parent.parent / "config.json"):
+        if run_config.is_file():
+            tokenizer_dir = json.loads(run_config.read_text()).get("tokenizer_dir")
+            if tokenizer_dir:
+                return Path(tokenizer_dir)
+    if (model_dir / "tokenizer_config.json").is_file():
+        return model_dir
+    raise ValueError(f"no tokenizer recorded for {ckpt}; pass --tokenizer_dir")

@@ -20,10 +20,11 @@ from transformers import AutoTokenizer, LlamaForCausalLM, pipeline
 
 import generate
 from model.convert_to_hf import main as convert_main
+from model.loading import default_tokenizer_dir, load_model
 from tests.model.model_helpers import small_model
 from tokenizer import load_tokenizer
 from utils.checkpoint import save_checkpoint
-from utils.conversation import build_generation_prompt, render_conversation
+from utils.conversation import build_generation_prompt, render_conversation, stop_ids
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 KINDS = ["hf", "sp"]
@@ -109,10 +110,10 @@ def generate_py_ids(ckpt: Path, prompt: str, chat: bool, max_new_tokens: int, ca
             "--max_new_tokens", str(max_new_tokens), *(["--chat"] if chat else [])]
     generate.main(argv)
     printed = capsys.readouterr().out
-    model, model_dir = generate.load_model(ckpt)
-    tokenizer = load_tokenizer(generate.default_tokenizer_dir(ckpt, model_dir))
+    model, model_dir = load_model(ckpt)
+    tokenizer = load_tokenizer(default_tokenizer_dir(ckpt, model_dir))
     args = argparse.Namespace(prompt=prompt, chat=chat, system=None)
-    prompt_ids, stop = generate.prompt_ids(tokenizer, args), generate.stop_ids(tokenizer)
+    prompt_ids, stop = generate.prompt_ids(tokenizer, args), stop_ids(tokenizer)
     output = model.eval().generate(torch.tensor([prompt_ids]), max_new_tokens, eos_token_id=stop)
     new_ids = output[0, len(prompt_ids):].tolist()
     if any(i in stop for i in new_ids):
@@ -142,7 +143,7 @@ def test_chat_template_and_model_generate_equal_generate_py_chat(run_and_export,
     output = model.generate(**inputs, max_new_tokens=16, do_sample=False)
     assert output[0, len(prompt_ids):].tolist()[:len(new_ids)] == new_ids
     assert json.loads((export / "generation_config.json").read_text())["eos_token_id"] == \
-        generate.stop_ids(load_tokenizer(export))
+        stop_ids(load_tokenizer(export))
 
 
 def readme_snippet() -> str:

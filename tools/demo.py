@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {name:<16s} {wall:8.1f} s wall {cpu:8.1f} s CPU")
     print(f"  {'total':<16s} {sum(t[1] for t in timings):8.1f} s wall "
           f"{sum(t[2] for t in timings):8.1f} s CPU")
+    print(f"\nchat with the model: python serve.py --ckpt {OUT}/demo_dpo  (then open http://127.0.0.1:8000/)")
 
 
 if __name__ == "__main__":

@@ -125,3 +125,9 @@ def build_generation_prompt(tokenizer: Any, messages: Sequence[Message],
     ids = render_conversation(tokenizer, messages)[0] if messages else []
     header = tokenizer.encode_batch(["assistant\n"])[0]
     return ids + [tokenizer.convert_tokens_to_ids(IM_START), *header]
+
+
+def stop_ids(tokenizer: Any) -> list[int]:
+    """The ids that end a generation: <|endoftext|> (end of a document) and <|im_end|> (end of
+    a turn). generate.py, the server and the HF export's generation_config.json agree on them."""
+    return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)]

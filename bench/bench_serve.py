@@ -1,0 +1,89 @@
+"""Benchmark: continuous batching vs one generation at a time, in the server's engine.
+
+    python bench/bench_serve.py [--quick] [--requests 32] [--max_batch_size 16]
+
+The same requests (random prompts of 8..64 tokens, 16..64 new tokens each, greedy) go through
+`server.engine.Engine` twice: with max_batch_size=1 (a request queue with one generation in
+flight, the reference) and with continuous batching over one KV cache. Both runs alternate
+`--repeats` times in this process so both see the same machine load; the median wall time
+gives generated tokens/s for each and the ratio batched / one-at-a-time. No HTTP: this
+measures the decoding engine itself. Timings on a shared CPU are noisy; compare ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from model.configuration_z2all import Z2allConfig  # noqa: E402
+from model.modeling_z2all import Z2allForCausalLM  # noqa: E402
+from server.engine import Engine, Finished, GenerationRequest, SamplingParams  # noqa: E402
+
+
+def run_requests(model: Z2allForCausalLM, max_batch_size: int,
+                 work: list[tuple[list[int], int]]) -> tuple[float, int]:
+    """(wall seconds, tokens generated) for all requests submitted at once."""
+    engine = Engine(model, max_batch_size=max_batch_size, max_waiting=len(work))
+    done = threading.Semaphore(0)
+    generated = [0]
+
+    def deliver(event) -> None:
+        if isinstance(event, Finished):
+            done.release()
+        else:
+            generated[0] += 1
+
+    engine.start()
+    started = time.perf_counter()
+    for prompt, max_new_tokens in work:
+        engine.submit(GenerationRequest(prompt, max_new_tokens, -1, SamplingParams(), deliver))
+    for _ in work:
+        done.acquire()
+    wall = time.perf_counter() - started
+    engine.stop()
+    return wall, generated[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="8 requests, 1 repeat")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max_batch_size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.repeats = 8, 1
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = Z2allForCausalLM(Z2allConfig.from_preset(args.preset)).eval()
+    rng = random.Random(0)
+    vocab = model.config.vocab_size
+    work = [([rng.randrange(vocab) for _ in range(rng.randint(8, 64))], rng.randint(16, 64))
+            for _ in range(args.requests)]
+    print(f"{args.requests} requests, preset {args.preset} "
+          f"({model.num_parameters() / 1e6:.1f} M parameters), {args.threads} thread(s)")
+    walls: dict[int, list[float]] = {1: [], args.max_batch_size: []}
+    for _ in range(args.repeats):
+        for batch_size in walls:
+            wall, tokens = run_requests(model, batch_size, work)
+            walls[batch_size].append(wall)
+    rates = {size: tokens / statistics.median(times) for size, times in walls.items()}
+    for size, rate in rates.items():
+        label = "one at a time (reference)" if size == 1 else f"continuous batching, {size} rows"
+        print(f"  {label:<34s} {rate:9.1f} generated tokens/s")
+    print(f"  ratio batched / one at a time: {rates[args.max_batch_size] / rates[1]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Serve a model over an OpenAI-compatible HTTP API, with a chat page in the browser.
+
+    python serve.py --ckpt out/demo_dpo                  # then open http://127.0.0.1:8000/
+    python serve.py --ckpt out/<run> --host 0.0.0.0 --api_key "$(openssl rand -hex 16)"
+
+`--ckpt` is what generate.py takes (run dir, checkpoint dir, save_pretrained dir or HF Llama
+dir), and so is the tokenizer default. Concurrent requests are decoded together over one KV
+cache (continuous batching, server/engine.py); the files to read are listed in server/__init__.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from model.loading import default_tokenizer_dir, load_model
+from model.modeling_z2all import Z2allForCausalLM
+from server.app import ServedModel, create_app
+from server.engine import Engine
+from tokenizer import load_tokenizer
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt", required=True,
+                        help="run dir, checkpoint dir, save_pretrained dir or HF Llama dir")
+    parser.add_argument("--tokenizer_dir", default=None,
+                        help="default: tokenizer_dir from the run's config.json")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on; 0.0.0.0 exposes the server to the network")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api_key", default=os.environ.get("Z2ALL_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on /v1/* "
+                             "(default: $Z2ALL_API_KEY; none = no authentication)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--max_batch_size", type=int, default=16,
+                        help="requests decoded together at most; the others wait")
+    parser.add_argument("--max_waiting", type=int, default=64,
+                        help="requests that may wait; more are refused with HTTP 503")
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port {args.port}: choose a port in 0..65535")
+    if args.max_batch_size < 1 or args.max_waiting < 1:
+        parser.error("--max_batch_size and --max_waiting must be at least 1")
+    if not Path(args.ckpt).exists():
+        parser.error(f"--ckpt {args.ckpt}: no such file or directory")
+    return args
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A warning when other machines can reach the server and nothing checks who they are."""
+    if api_key:
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:  # a host name
+        if host == "localhost":
+            return None
+    return (f"WARNING: serving on {host} without authentication: anyone who can reach this "
+            "port can use the model. Pass --api_key KEY (clients send 'Authorization: Bearer "
+            "KEY') or bind to 127.0.0.1.")
+
+
+def load_model_and_tokenizer(ckpt: str, tokenizer_dir: str | None, device: torch.device
+                             ) -> tuple[Z2allForCausalLM, object]:
+    """The model (bf16 on GPUs, fp32 on CPU, in eval mode) and its tokenizer, as generate.py
+    loads them."""
+    model, model_dir = load_model(ckpt)
+    tokenizer = load_tokenizer(tokenizer_dir or default_tokenizer_dir(Path(ckpt), model_dir))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+def build_app(args: argparse.Namespace):
+    model, tokenizer = load_model_and_tokenizer(args.ckpt, args.tokenizer_dir,
+                                                torch.device(args.device))
+    served = ServedModel(name=Path(args.ckpt).resolve().name, tokenizer=tokenizer,
+                         context_length=model.config.max_position_embeddings)
+    engine = Engine(model, args.max_batch_size, args.max_waiting)
+    return create_app(engine, served, args.api_key)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    import uvicorn  # keeps `--help` fast
+
+    warning = exposure_warning(args.host, args.api_key)
+    if warning:
+        print(warning, file=sys.stderr)
+    app = build_app(args)
+    print(f"serving {args.ckpt}: chat page http://{args.host}:{args.port}/ , "
+          f"OpenAI API base URL http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The HTTP layer: OpenAI-compatible routes over one `Engine`, and the chat page.
+
+    POST /v1/chat/completions   messages -> ChatML ids (`utils.conversation`)
+    POST /v1/completions        prompt -> its own ids (as generate.py: nothing prepended)
+    both stop at <|im_end|> or <|endoftext|> (`utils.conversation.stop_ids`, as generate.py)
+    GET  /v1/models             the one served model
+    GET  /health                liveness and the engine's queue sizes
+    GET  /                      the chat page (server/static/chat.html, self-contained)
+
+With `stream: true` the answer is server-sent events: `data: {chunk}` lines, the last one
+`data: [DONE]`. Every failure is answered in OpenAI's error shape
+`{"error": {"message", "type", "param", "code"}}` and the server goes on serving.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from server.completion import Generation, GenerationFailed
+from server.engine import Engine, EngineBusy, SamplingParams
+from server.schema import (
+    MAX_BODY_BYTES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    InvalidRequest,
+    SamplingRequest,
+    parse_request,
+)
+from utils.conversation import build_generation_prompt, stop_ids
+
+CHAT_PAGE = Path(__file__).parent / "static" / "chat.html"
+
+
+def error_body(message: str, error_type: str = "invalid_request_error",
+               param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, error_type: str = "invalid_request_error",
+                   param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, error_type, param, code), status_code=status)
+
+
+@dataclass
+class ServedModel:
+    """What the routes need to know about the model besides the engine."""
+    name: str
+    tokenizer: Any
+    context_length: int
+
+    def chat_prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
+        messages = [message.model_dump() for message in request.messages]
+        try:
+            return build_generation_prompt(self.tokenizer, messages)
+        except ValueError as error:  # a misplaced system message; text that is not Unicode
+            raise InvalidRequest(f"messages: {error}", "messages") from None
+
+    def completion_prompt_ids(self, request: CompletionRequest) -> list[int]:
+        try:
+            return self.tokenizer.encode(request.prompt) or [self.tokenizer.eos_token_id]
+        except ValueError as error:
+            raise InvalidRequest(f"prompt: {error}", "prompt") from None
+
+    def token_budget(self, request: SamplingRequest, prompt_tokens: int) -> int:
+        """New tokens to generate: max_tokens, or all the room the context leaves."""
+        room = self.context_length - prompt_tokens
+        wanted = request.token_budget()
+        if room < 1 or (wanted is not None and wanted > room):
+            raise InvalidRequest(
+                f"the prompt has {prompt_tokens} tokens and the model's context is "
+                f"{self.context_length}, so at most {max(room, 0)} new tokens fit "
+                f"(asked: {wanted or 'at least 1'}); shorten the conversation or max_tokens",
+                "messages" if room < 1 else "max_tokens", code="context_length_exceeded")
+        return room if wanted is None else wanted
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused with 413 as soon as it exceeds MAX_BODY_BYTES."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise InvalidRequest(f"the request body is larger than {MAX_BODY_BYTES} bytes",
+                             status=413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise InvalidRequest(f"the request body is larger than {MAX_BODY_BYTES} bytes",
+                                 status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def sampling_params(request: SamplingRequest) -> SamplingParams:
+    return SamplingParams(temperature=request.temperature, top_k=request.top_k,
+                          top_p=request.top_p if request.top_p < 1.0 else None,
+                          seed=request.seed)
+
+
+def _choice(text: str | None, finish_reason: str | None, chat: bool, streaming: bool
+            ) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+    if not chat:
+        return {**choice, "text": text or ""}
+    if streaming:
+        return {**choice, "delta": {} if text is None else {"content": text}}
+    return {**choice, "message": {"role": "assistant", "content": text}}
+
+
+async def _event_stream(generation: Generation, header: dict[str, Any], chat: bool,
+                        include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events: content chunks, a chunk with the finish reason, usage, [DONE]."""
+    def event(choices: list[dict[str, Any]], **extra: Any) -> str:
+        return f"data: {json.dumps({**header, 'choices': choices, **extra})}\n\n"
+
+    if chat:  # OpenAI's first chunk announces the role
+        yield event([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                      "finish_reason": None, "logprobs": None}])
+    try:
+        async for piece in generation.pieces():
+            if piece.text:
+                yield event([_choice(piece.text, None, chat, streaming=True)])
+            if piece.finish_reason:
+                yield event([_choice(None, piece.finish_reason, chat, streaming=True)])
+    except GenerationFailed as error:
+        yield f"data: {json.dumps(error_body(str(error), 'server_error'))}\n\n"
+    else:
+        if include_usage:
+            yield event([], usage=generation.usage())
+    yield "data: [DONE]\n\n"
+
+
+def create_app(engine: Engine, served: ServedModel, api_key: str | None = None) -> FastAPI:
+    """The FastAPI app; it starts the engine's thread on startup and stops it on shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        engine.stop()
+
+    app = FastAPI(title="z2all", lifespan=lifespan, docs_url=None, redoc_url=None)
+    chat_page = CHAT_PAGE.read_text(encoding="utf-8")
+
+    def check_api_key(request: Request) -> None:
+        expected = f"Bearer {api_key}".encode()
+        given = request.headers.get("authorization", "").encode()
+        if api_key and not hmac.compare_digest(given, expected):
+            raise InvalidRequest("missing or wrong API key: send 'Authorization: Bearer <key>' "
+                                 "with the key the server was started with", status=401,
+                                 code="invalid_api_key")
+
+    async def respond(request: SamplingRequest, prompt_ids: list[int],
+                      chat: bool) -> Response:
+        budget = served.token_budget(request, len(prompt_ids))
+        generation = Generation(engine, served.tokenizer, prompt_ids,
+                                stop_ids(served.tokenizer), budget, sampling_params(request),
+                                request.stop)
+        generation.submit()
+        header = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+                  "object": "chat.completion" if chat else "text_completion",
+                  "created": int(time.time()), "model": served.name}
+        if request.stream:
+            if chat:
+                header["object"] = "chat.completion.chunk"
+            include_usage = bool(request.stream_options and request.stream_options.include_usage)
+            return StreamingResponse(
+                _event_stream(generation, header, chat, include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            text, finish_reason = await generation.complete()
+        except GenerationFailed as error:
+            return error_response(500, str(error), "server_error")
+        return JSONResponse({**header, "choices": [_choice(text, finish_reason, chat, False)],
+                             "usage": generation.usage()})
+
+    api = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+
+    @api.post("/chat/completions")
+    async def chat_completions(http_request: Request) -> Response:
+        request = parse_request(await read_body(http_request), ChatCompletionRequest)
+        return await respond(request, served.chat_prompt_ids(request), chat=True)
+
+    @api.post("/completions")
+    async def completions(http_request: Request) -> Response:
+        request = parse_request(await read_body(http_request), CompletionRequest)
+        return await respond(request, served.completion_prompt_ids(request), chat=False)
+
+    @api.get("/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": served.name, "object": "model",
+                                            "created": 0, "owned_by": "z2all",
+                                            "context_length": served.context_length}]}
+
+    app.include_router(api)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": served.name, **engine.stats()}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> str:
+        return chat_page
+
+    @app.exception_handler(InvalidRequest)
+    async def invalid_request(_: Request, error: InvalidRequest) -> JSONResponse:
+        error_type = "authentication_error" if error.status == 401 else "invalid_request_error"
+        return error_response(error.status, error.message, error_type, error.param, error.code)
+
+    @app.exception_handler(EngineBusy)
+    async def busy(_: Request, error: EngineBusy) -> JSONResponse:
+        response = error_response(503, str(error), "server_overloaded")
+        response.headers["Retry-After"] = "1"
+        return response
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, error: HTTPException) -> JSONResponse:
+        return error_response(error.status_code, str(error.detail))
+
+    return app
