@@ -100,7 +100,12 @@ def kernel_choices(device: torch.device, dtype: torch.dtype, head_dim: int) -> d
 class PackedTokens:
     """Where the real tokens of a padded batch are, for flash-attn's variable-length kernel:
     (row, column) of every real query and key, and the offsets of each row once packed end to
-    end (`cu_seqlens`, int32 [B + 1]: row b owns packed tokens cu[b]..cu[b+1]-1)."""
+    end (`cu_seqlens`, int32 [B + 1]: row b owns packed tokens cu[b]..cu[b+1]-1). Example, a
+    right-padded batch of 2 rows (A B C, D E), no KV cache, so queries and keys coincide:
+
+        mask [[1, 1, 1, 0],    rows [0, 0, 0, 1, 1]   packed  A B C D E
+              [1, 1, 0, 0]]    cols [0, 1, 2, 0, 1]   cu_seqlens [0, 3, 5], max_seqlen 3
+    """
     query_rows: torch.Tensor
     query_cols: torch.Tensor
     key_rows: torch.Tensor

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from model import chunked_lm_head, kernels, reference_ops
-from model.attention import attention_layout_for, attention_mask_for, position_ids_for
+from model.attention import (
+    attention_layout_for,
+    attention_mask_for,
+    packed_tokens_for,
+    position_ids_for,
+)
 from model.rope import rotary_cos_sin
 
 ATOL = 1e-5
@@ -149,3 +154,16 @@ def test_chunked_cross_entropy_under_bf16_autocast(small_chunks):
     assert loss.dtype == torch.float32 and weight.grad.dtype == torch.float32
     assert torch.allclose(loss, reference, rtol=2e-2)
     assert torch.allclose(weight.grad, reference_grad, atol=2e-2 * reference_grad.abs().max())
+
+
+def test_packed_tokens_follow_the_worked_example():
+    """model/kernels.py's PackedTokens example, and a decode step after a left-padded prompt
+    (one new query sees the row's 3 real keys: cu_seqlens_k counts keys, not queries)."""
+    packed = packed_tokens_for(torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]), query_len=4)
+    assert packed.query_rows.tolist() == [0, 0, 0, 1, 1]
+    assert packed.query_cols.tolist() == [0, 1, 2, 0, 1]
+    assert packed.cu_seqlens_q.tolist() == [0, 3, 5] and packed.cu_seqlens_q.dtype == torch.int32
+    assert packed.max_seqlen_q == 3 and packed.max_seqlen_k == 3
+    decode = packed_tokens_for(torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]), query_len=1)
+    assert decode.query_cols.tolist() == [0, 0] and decode.cu_seqlens_q.tolist() == [0, 1, 2]
+    assert decode.cu_seqlens_k.tolist() == [0, 3, 7] and decode.key_cols.tolist()[:3] == [1, 2, 3]

@@ -14,6 +14,7 @@ from model.configuration_z2all import PRESETS, Z2allConfig
 from model.convert_to_hf import main as convert_main
 from model.modeling_z2all import Z2allForCausalLM
 from tests.model.model_helpers import VOCAB, random_batch, small_config, small_model
+from utils.gpu_libraries import OptionalImport
 
 
 def _grads(model, input_ids, labels, **kwargs):
@@ -199,7 +200,6 @@ def test_low_precision_training_step_tracks_fp32(mode):
 
 def test_kernel_choice_is_logged_once_with_the_reason(caplog, monkeypatch):
     from model import modeling_z2all
-    from utils.gpu_libraries import OptionalImport
 
     monkeypatch.setattr(modeling_z2all, "_logged_kernel_choices", set())
     absent = OptionalImport(None, "flash_attn not installed")

@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+from model import modeling_z2all
 from tests.train_helpers import (
     TINY_ARGS,
     data_args,
@@ -70,8 +71,6 @@ def test_pretrain_reduces_loss_and_writes_the_run_dir(pretrained):
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_verbose_logs_the_ddp_bucket_map(data, tmp_path, caplog, monkeypatch, verbose):
-    from model import modeling_z2all
-
     monkeypatch.setattr(modeling_z2all, "_logged_kernel_choices", set())
     assert run_main([*TINY_ARGS, *data_args(data, "pretrain"), f"--out_dir={tmp_path}",
                      "--max_iters=1", "--eval_at_start=false", f"--verbose={verbose}",
