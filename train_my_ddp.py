@@ -63,6 +63,7 @@ from utils.evaluation import (
 from utils.lr_schedule import LRSchedule
 from utils.metrics import MetricsLogger
 from utils.model_loading import build_model, load_pretrained
+from utils.precision import DTYPES, resolve_dtype
 from utils.report import write_report
 from utils.rng_state import restore_rng_state, seed_everything
 from utils.throughput import ThroughputMeter
@@ -72,9 +73,6 @@ from utils.training_checkpoint import (
     load_trainer_state,
     save_training_checkpoint,
 )
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 # --------------------------------------------------------------------------- forward steps
 
@@ -146,14 +144,6 @@ def write_heartbeat(run_dir: Path, step: int) -> None:
 
 # --------------------------------------------------------------------------- the run
 
-def resolve_dtype(cfg: Config, env: DistributedEnv) -> str:
-    if cfg.dtype != "auto":
-        return cfg.dtype
-    if env.device.type == "cpu":
-        return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-
-
 def build_ddp_and_optimizer(cfg: Config, model: torch.nn.Module, dtype_name: str
                             ) -> tuple[DistributedDataParallel, Any, Any]:
     """Our DDP around the model, the optimizer, and the comm hook's state (PowerSGD) or None."""
@@ -173,7 +163,11 @@ def build_ddp_and_optimizer(cfg: Config, model: torch.nn.Module, dtype_name: str
 
 def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopSignal) -> int:
     run_dir = Path(cfg.out_dir)
-    dtype_name = resolve_dtype(cfg, env)
+    # Rank 0 decides (on a CPU `auto` times fp32 vs bf16) and every rank follows: ranks that
+    # measured alike on a busy machine could still disagree, and then their grads would not mix.
+    precision = broadcast_from_main(resolve_dtype(cfg.dtype, env.device)
+                                    if env.is_main else None, env)
+    dtype_name = precision.dtype
     log = MetricsLogger(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
 
     # Resume point: rank 0 verifies the checkpoints, every rank loads the one it names.
@@ -184,7 +178,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         if problem:
             raise SystemExit(f"error: --resume: {problem}")
     if env.is_main:
-        save_config(cfg, run_dir)
+        print(precision.reason, flush=True)
+        save_config(cfg, run_dir, resolved={"precision": precision.to_dict()})
         for note in notes:
             print(note, flush=True)
 
@@ -340,7 +335,7 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
 
     if env.is_main:
         environment = {"device": str(env.device), "world_size": env.world_size,
-                       "dtype": dtype_name, "threads_per_rank": torch.get_num_threads()}
+                       "precision": precision.reason, "threads_per_rank": torch.get_num_threads()}
         report = write_report(run_dir, cfg, environment, meter.summary(), tokenizer.fingerprint)
         print(f"report: {report}", flush=True)
     log.close()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from optimizer.optimizer import (
     Float16OptimizerWithFloat16Params,
     FP32Optimizer,
@@ -19,13 +17,12 @@ from optimizer.optimizer import (
     trainable_params,
 )
 from optimizer.optimizer_config import OptimizerConfig
-
-PARAMS_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from utils.precision import DTYPES
 
 
 def get_optimizer(config: OptimizerConfig, ddp_model: Any) -> MixedPrecisionOptimizer:
     """Build the optimizer for a model wrapped in our DistributedDataParallel."""
-    expected_dtype = PARAMS_DTYPES[config.params_dtype]
+    expected_dtype = DTYPES[config.params_dtype]
     wrong = {str(p.dtype) for p in trainable_params(ddp_model) if p.dtype != expected_dtype}
     if wrong:
         raise ValueError(f"params_dtype={config.params_dtype} but the model has params of dtype "

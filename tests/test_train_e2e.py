@@ -61,7 +61,10 @@ def test_pretrain_reduces_loss_and_writes_the_run_dir(pretrained):
     assert json.loads((pretrained / "heartbeat").read_text())["step"] == 30
     assert resolve_checkpoint(pretrained).name == "step_000030"
     assert records(pretrained, "samples")[-1]["samples"][0]["prompt"] == "What is 2 + 3?"
-    assert "## Final metrics" in (pretrained / "report.md").read_text()
+    report = (pretrained / "report.md").read_text()
+    assert "## Final metrics" in report and "dtype fp32 (as requested)" in report
+    resolved = json.loads((pretrained / "config.json").read_text())["resolved"]
+    assert resolved["precision"]["dtype"] == "fp32"
 
 
 def test_sft_then_dpo(data, pretrained, tmp_path):
