@@ -15,7 +15,7 @@ $(STAMP): requirements.txt
 	touch $(STAMP)
 
 demo: venv
-	OMP_NUM_THREADS=2 $(PY) -m tools.demo
+	$(PY) -m tools.demo
 
 test: venv
 	$(PY) -m pytest

@@ -26,6 +26,7 @@ from model.loading import default_tokenizer_dir, load_model
 from tokenizer import load_tokenizer
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.log_setup import configure_logging
+from utils.precision import DTYPES, resolve_dtype
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top_p", type=float, default=None, help="nucleus sampling mass")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="auto: as the trainer decides (utils/precision.py)")
     return parser.parse_args(argv)
 
 
@@ -80,9 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer_dir = args.tokenizer_dir or default_tokenizer_dir(Path(args.ckpt), model_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
     device = torch.device(args.device)
-    # bf16 on GPUs; fp32 on CPU, where bf16 matmuls are slower.
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = model.to(device=device, dtype=dtype).eval()
+    precision = resolve_dtype(args.dtype, device)
+    print(precision.reason, file=sys.stderr)  # stdout holds only the generated text
+    model = model.to(device=device, dtype=DTYPES[precision.dtype]).eval()
     ids, stop = prompt_ids(tokenizer, args), stop_ids(tokenizer)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     stream = model.stream_generate(

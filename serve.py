@@ -23,6 +23,7 @@ from model.modeling_z2all import Z2allForCausalLM
 from server.app import ServedModel, create_app
 from server.engine import Engine
 from tokenizer import load_tokenizer
+from utils.precision import DTYPES, resolve_dtype
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="require 'Authorization: Bearer KEY' on /v1/* "
                              "(default: $Z2ALL_API_KEY; none = no authentication)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="auto: measured on CPU (bf16 only where clearly faster), bf16 on "
+                             "CUDA where supported")
     parser.add_argument("--max_batch_size", type=int, default=16,
                         help="requests decoded together at most; the others wait")
     parser.add_argument("--max_waiting", type=int, default=64,
@@ -67,19 +71,20 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
             "KEY') or bind to 127.0.0.1.")
 
 
-def load_model_and_tokenizer(ckpt: str, tokenizer_dir: str | None, device: torch.device
-                             ) -> tuple[Z2allForCausalLM, object]:
-    """The model (bf16 on GPUs, fp32 on CPU, in eval mode) and its tokenizer, as generate.py
-    loads them."""
+def load_model_and_tokenizer(ckpt: str, tokenizer_dir: str | None, device: torch.device,
+                             dtype: str = "auto") -> tuple[Z2allForCausalLM, object]:
+    """The model (in the precision `--dtype` picks, in eval mode) and its tokenizer, as
+    generate.py loads them."""
     model, model_dir = load_model(ckpt)
     tokenizer = load_tokenizer(tokenizer_dir or default_tokenizer_dir(Path(ckpt), model_dir))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return model.to(device=device, dtype=dtype).eval(), tokenizer
+    precision = resolve_dtype(dtype, device)
+    print(precision.reason, file=sys.stderr)
+    return model.to(device=device, dtype=DTYPES[precision.dtype]).eval(), tokenizer
 
 
 def build_app(args: argparse.Namespace):
     model, tokenizer = load_model_and_tokenizer(args.ckpt, args.tokenizer_dir,
-                                                torch.device(args.device))
+                                                torch.device(args.device), args.dtype)
     served = ServedModel(name=Path(args.ckpt).resolve().name, tokenizer=tokenizer,
                          context_length=model.config.max_position_embeddings)
     engine = Engine(model, args.max_batch_size, args.max_waiting)

@@ -70,9 +70,7 @@ from trainer.training_checkpoint import (
 from utils.checkpoint import CheckpointError, resolve_checkpoint
 from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
 from utils.log_setup import configure_logging
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
+from utils.precision import DTYPES, resolve_dtype
 
 # --------------------------------------------------------------------------- forward steps
 
@@ -144,14 +142,6 @@ def write_heartbeat(run_dir: Path, step: int) -> None:
 
 # --------------------------------------------------------------------------- the run
 
-def resolve_dtype(cfg: Config, env: DistributedEnv) -> str:
-    if cfg.dtype != "auto":
-        return cfg.dtype
-    if env.device.type == "cpu":
-        return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-
-
 def kernel_line(cfg: Config, model: torch.nn.Module, env: DistributedEnv, dtype_name: str
                 ) -> str:
     """Which implementation runs each hot op and the optimizer, and why not a faster one."""
@@ -164,7 +154,11 @@ def kernel_line(cfg: Config, model: torch.nn.Module, env: DistributedEnv, dtype_
 
 def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopSignal) -> int:
     run_dir = Path(cfg.out_dir)
-    dtype_name = resolve_dtype(cfg, env)
+    # Rank 0 decides (on a CPU `auto` times fp32 vs bf16) and every rank follows: ranks that
+    # measured alike on a busy machine could still disagree, and then their grads would not mix.
+    precision = broadcast_from_main(resolve_dtype(cfg.dtype, env.device)
+                                    if env.is_main else None, env)
+    dtype_name = precision.dtype
     log = MetricsLogger(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
 
     # Resume point: rank 0 verifies the checkpoints, every rank loads the one it names.
@@ -175,7 +169,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         if problem:
             raise SystemExit(f"error: --resume: {problem}")
     if env.is_main:
-        save_config(cfg, run_dir)
+        print(precision.reason, flush=True)
+        save_config(cfg, run_dir, resolved={"precision": precision.to_dict()})
         for note in notes:
             print(note, flush=True)
 
@@ -343,7 +338,7 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
 
     if env.is_main:
         environment = {"device": str(env.device), "world_size": env.world_size,
-                       "dtype": dtype_name, "threads_per_rank": torch.get_num_threads(),
+                       "precision": precision.reason, "threads_per_rank": torch.get_num_threads(),
                        "kernels": kernels.removeprefix("kernels: ")}
         report = write_report(run_dir, cfg, environment, meter.summary(), tokenizer.fingerprint)
         print(f"report: {report}", flush=True)

@@ -1,6 +1,6 @@
 """Benchmark: our DDP vs torch.nn.parallel.DistributedDataParallel, and our comm hooks.
 
-    python bench/bench_ddp.py [--quick] [--world_size 2] [--hidden 768] [--layers 8]
+    python bench/bench_ddp.py [--quick | --smoke] [--world_size 2] [--hidden 768] [--layers 8]
 
 Starts `world_size` local gloo ranks (tests/distributed_helpers.run_on_ranks, 1 intra-op thread
 each). Every rank holds an MLP
@@ -119,6 +119,8 @@ def bench_rank(rank: int, world_size: int, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small model, few steps")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds: tiny sizes, generated data; proves the bench runs")
     parser.add_argument("--world_size", type=int, default=2, help="local gloo ranks")
     parser.add_argument("--hidden", type=int, default=768, help="width of the square layers")
     parser.add_argument("--layers", type=int, default=8, help="number of Linear layers")
@@ -130,6 +132,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.hidden, args.layers, args.steps = 384, 4, 10
+    if args.smoke:
+        args.hidden, args.layers, args.steps, args.warmup = 32, 2, 2, 1
 
     report = run_on_ranks(bench_rank, args, world_size=args.world_size, timeout=600)[0]
 

@@ -1,6 +1,6 @@
 """Training-step throughput of our model vs transformers' LlamaForCausalLM, same weights.
 
-    python bench/bench_model.py [--quick] [--threads 1] [--profile]
+    python bench/bench_model.py [--quick | --smoke] [--threads 1] [--profile]
 
 One step = forward + loss + backward + AdamW step, at the same config, batch and precision
 (fp32, and bf16 autocast with fp32 parameters). The two implementations run alternately in
@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model.configuration_z2all import Z2allConfig  # noqa: E402
 from model.convert_to_hf import export_hf  # noqa: E402
 from model.modeling_z2all import Z2allForCausalLM  # noqa: E402
+from utils.precision import measure_cpu_dtype, time_matmul  # noqa: E402
 
 # name -> (config overrides on the tiny preset, batch size, sequence length)
 _SIZE_25M = dict(vocab_size=8192, hidden_size=512, num_hidden_layers=7, num_attention_heads=8,
@@ -48,16 +49,10 @@ BENCH_MODELS = {
 THROUGHPUT_MODELS = ["tiny 1x64", "tiny 8x256", "25M 2x256"]
 
 
-def matmul_peak_flops(dtype: torch.dtype, size: int = 1024, repeats: int = 5) -> float:
-    """Best-of-N FLOP per CPU-second of one square matmul: the practical ceiling here."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b  # warm-up (allocations, kernel selection)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        a @ b
-        best = min(best, time.process_time() - start)
-    return 2 * size**3 / best
+def matmul_peak_flops(dtype: torch.dtype, size: int = 1024) -> float:
+    """Best-of-N FLOP per CPU-second of one square matmul (one thread): the practical ceiling
+    here, timed like the trainer's `--dtype auto` decides (utils/precision.py)."""
+    return 2 * size**3 / time_matmul(dtype, size)
 
 
 def make_step(model: torch.nn.Module, is_ours: bool, input_ids: torch.Tensor,
@@ -199,17 +194,20 @@ def print_compile_table(names: list[str], steps: int, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, fewer rounds")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds: the smallest model, one round; proves the bench runs")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 gives steadier numbers on a shared machine)")
     parser.add_argument("--profile", action="store_true",
                         help="print where the time goes (torch.profiler) for each run")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    names = THROUGHPUT_MODELS[:2] if args.quick else THROUGHPUT_MODELS
-    steps, rounds = (1, 3) if args.quick else (1, 4)
+    names = THROUGHPUT_MODELS[:1 if args.smoke else 2 if args.quick else 3]
+    steps, rounds = (1, 1) if args.smoke else (1, 3) if args.quick else (1, 4)
+    print(f"this CPU, as train_my_ddp.py --dtype=auto decides: {measure_cpu_dtype().reason}")
     rows = []
     for label, autocast_dtype in (("fp32", None), ("bf16 autocast", torch.bfloat16)):
-        peak = matmul_peak_flops(autocast_dtype or torch.float32)
+        peak = matmul_peak_flops(autocast_dtype or torch.float32, 256 if args.smoke else 1024)
         for name in names:
             result = bench_one(name, autocast_dtype, steps, rounds, args.profile)
             rows.append({**result, "precision": label, "mfu": result["flops"] / peak,
@@ -222,14 +220,15 @@ def main() -> None:
         print(f"{row['model']:<11} {row['precision']:<14} {row['ours_tps']:>11.0f} "
               f"{row['hf_tps']:>10.0f} {row['ours_tps'] / row['hf_tps']:>12.2f}x "
               f"{row['cpu_ratio']:>11.2f}x {row['peak'] / 1e9:>13.1f} {row['mfu']:>8.1%}")
-    print("\ngreedy decoding, KV cache, 32-token prompts, 64 new tokens (CPU-time medians)")
-    print(f"{'model':<11} {'batch':>5} {'ours tok/s':>11} {'HF tok/s':>10} {'ours/HF':>8}")
+    if names[1:]:
+        print("\ngreedy decoding, KV cache, 32-token prompts, 64 new tokens (CPU-time medians)")
+        print(f"{'model':<11} {'batch':>5} {'ours tok/s':>11} {'HF tok/s':>10} {'ours/HF':>8}")
     for name in names[1:]:
         row = bench_decode(name, rounds)
         print(f"{name:<11} {BENCH_MODELS[name][1]:>5} {row['ours_tps']:>11.0f} "
               f"{row['hf_tps']:>10.0f} {row['ours_tps'] / row['hf_tps']:>7.2f}x")
     print_compile_table(names[1:], steps, rounds)
-    if not args.quick and Path("/proc/self/clear_refs").exists():
+    if not (args.quick or args.smoke) and Path("/proc/self/clear_refs").exists():
         print_memory_table(["25M 2x256", "25M/32k-vocab 2x512"])
 
 

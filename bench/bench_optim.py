@@ -1,6 +1,6 @@
 """Optimizer-state memory per rank and step time: plain AdamW vs our ZeRO-1 vs torch's ZeRO.
 
-    python bench/bench_optim.py [--quick]
+    python bench/bench_optim.py [--quick | --smoke]
 
 Two CPU ranks over gloo train the same fp32 MLP stack (same seed, same data) with:
 - torch DDP + torch AdamW (the reference: every rank holds all optimizer state);
@@ -134,8 +134,11 @@ def bf16_state_bytes(width: int, depth: int, config: OptimizerConfig,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small model, few steps")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds: tiny sizes, generated data; proves the bench runs")
     args = parser.parse_args()
-    width, depth, steps = (256, 4, 5) if args.quick else (1024, 8, 10)
+    width, depth, steps = ((32, 2, 1) if args.smoke else (256, 4, 5) if args.quick
+                           else (1024, 8, 10))
     num_params = sum(p.numel() for p in build_model(width, depth).parameters())
     print(f"MLP {depth} x Linear({width}, {width}) + LayerNorm: {num_params / 1e6:.2f}M fp32 "
           f"params, 2 gloo ranks on CPU, {steps} timed steps")

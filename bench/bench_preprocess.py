@@ -1,6 +1,6 @@
 """Pretokenization throughput vs the bare tokenizer, and dataset read speed vs training needs.
 
-    python bench/bench_preprocess.py [--quick] [--num_workers N]
+    python bench/bench_preprocess.py [--quick | --smoke] [--num_workers N]
 
 1. End to end: `pretokenize_pretrain_data` (read JSONL -> tokenize in N workers -> write
    .bin/.idx) in tokens/s, against the raw speed of the tokenizer's `encode_batch` on the same
@@ -42,21 +42,21 @@ ASSUMED_TRAIN_TOKENS_PER_S = 500_000
 BATCH_SIZE = 64  # texts per task, the same for both: small enough to balance long documents
 
 
-def corpus_texts() -> list[str]:
-    if DEMO_CORPUS.is_dir():
+def corpus_texts(use_demo: bool, num_documents: int = 3000) -> list[str]:
+    if use_demo and DEMO_CORPUS.is_dir():
         return list(iter_texts_from(DEMO_CORPUS))
     from tests.conftest import multilingual_corpus
 
-    return multilingual_corpus(num_documents=3000, seed=0)
+    return multilingual_corpus(num_documents=num_documents, seed=0)
 
 
-def tokenizer_dir(texts: list[str], scratch: Path) -> Path:
-    if DEMO_TOKENIZER.is_dir():
+def tokenizer_dir(texts: list[str], scratch: Path, use_demo: bool) -> Path:
+    if use_demo and DEMO_TOKENIZER.is_dir():
         return DEMO_TOKENIZER
     from tokenizer.train_tokenizer import build_tokenizer
 
-    print(f"{DEMO_TOKENIZER} not found: training a 4096-token tokenizer on the corpus")
-    build_tokenizer("hf", iter(texts), 4096, scratch / "tokenizer", show_progress=False)
+    print(f"{DEMO_TOKENIZER} not used: training a 1024-token tokenizer on the corpus")
+    build_tokenizer("hf", iter(texts), 1024, scratch / "tokenizer", show_progress=False)
     return scratch / "tokenizer"
 
 
@@ -79,9 +79,10 @@ def raw_tokens_per_second(texts: list[str], tokenizer: Path, num_workers: int) -
 
 def run(args: argparse.Namespace, scratch: Path) -> None:
     """Both measurements; every file they write lives under `scratch`."""
-    texts = [text for text in corpus_texts() if text.strip()]
-    texts *= 1 if args.quick else 3
-    tokenizer = tokenizer_dir(texts, scratch)
+    use_demo = not args.smoke
+    texts = [text for text in corpus_texts(use_demo, 100 if args.smoke else 3000) if text.strip()]
+    texts *= 1 if args.quick or args.smoke else 3
+    tokenizer = tokenizer_dir(texts, scratch, use_demo)
     (scratch / "raw").mkdir()
     with open(scratch / "raw" / "corpus.jsonl", "w") as handle:
         for text in texts:
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace, scratch: Path) -> None:
 
     build_sample_index(scratch / "pretok0", args.max_seq_len, valid_samples=1)
     dataset = PretokDatasetWithIndex(scratch / "pretok0", args.max_seq_len, "train")
-    reads = 2_000 if args.quick else 20_000
+    reads = 200 if args.smoke else 2_000 if args.quick else 20_000
     order = np.random.default_rng(0).integers(0, len(dataset), size=reads)
     started = time.perf_counter()
     for index in order:
@@ -127,13 +128,15 @@ def run(args: argparse.Namespace, scratch: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller corpus, fewer reads")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds: tiny sizes, generated data; proves the bench runs")
     parser.add_argument("--num_workers", type=int, default=2,
                         help="tokenizer worker processes, the same for both measurements")
     parser.add_argument("--max_seq_len", type=int, default=256,
                         help="sample length for the random-access reads")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each (best kept)")
     args = parser.parse_args()
-    args.repeats = args.repeats or (2 if args.quick else 3)
+    args.repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="bench_preprocess_") as scratch:
         run(args, Path(scratch))
 

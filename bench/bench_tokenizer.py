@@ -1,9 +1,10 @@
 """Encode throughput of our tokenizer wrappers vs the raw libraries, on the same text.
 
-    python bench/bench_tokenizer.py [--quick]
+    python bench/bench_tokenizer.py [--quick | --smoke]
 
 Uses tokenizer/demo_hf and tokenizer/demo_sp with the demo corpus (data/demo/pretrain) when they
-exist (`make demo` builds them); otherwise trains two small tokenizers on generated text first.
+exist (`make demo` builds them); otherwise (and with --smoke) trains two small tokenizers on
+generated text first.
 Each path encodes the same list of documents; the best of a few repeats is kept. The ratio column
 is throughput relative to the raw library: `tokenizers.Tokenizer.encode_batch_fast` on the same
 tokenizer.json (the call our wrapper makes, so it measures the wrapper's own cost; target for
@@ -34,9 +35,12 @@ DEMO_CORPUS = REPO / "data" / "demo" / "pretrain"
 DEMO_TOKENIZERS = {"hf": REPO / "tokenizer" / "demo_hf", "sp": REPO / "tokenizer" / "demo_sp"}
 
 
-def load_documents(limit: int) -> tuple[list[str], str]:
+FALLBACK_VOCAB_SIZE = 1024  # what a few hundred generated documents can fill (4096 cannot)
+
+
+def load_documents(limit: int, use_demo: bool = True) -> tuple[list[str], str]:
     """`limit` documents spread evenly over the demo corpus (all its files), or generated ones."""
-    if DEMO_CORPUS.is_dir():
+    if use_demo and DEMO_CORPUS.is_dir():
         from utils.readers import iter_texts_from
 
         texts = list(iter_texts_from(DEMO_CORPUS))
@@ -46,13 +50,15 @@ def load_documents(limit: int) -> tuple[list[str], str]:
     return multilingual_corpus(num_documents=limit, seed=0), "generated multilingual text"
 
 
-def tokenizer_dirs(texts: list[str], scratch: Path) -> dict[str, Path]:
+def tokenizer_dirs(texts: list[str], scratch: Path, use_demo: bool = True) -> dict[str, Path]:
     dirs = {}
     for kind, directory in DEMO_TOKENIZERS.items():
-        if not directory.is_dir():
-            print(f"{directory} not found: training a 4096-token {kind} tokenizer on the text")
+        if not (use_demo and directory.is_dir()):
+            print(f"{directory} not used: training a {FALLBACK_VOCAB_SIZE}-token {kind} "
+                  "tokenizer on the text")
             directory = scratch / kind
-            build_tokenizer(kind, iter(texts), 4096, directory, show_progress=False)
+            build_tokenizer(kind, iter(texts), FALLBACK_VOCAB_SIZE, directory,
+                            show_progress=False)
         dirs[kind] = directory
     return dirs
 
@@ -96,12 +102,15 @@ def encode_paths(kind: str, directory: Path, texts: list[str]) -> dict[str, Call
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer documents and repeats")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds: tiny sizes, generated data; proves the bench runs")
     args = parser.parse_args()
-    texts, source = load_documents(limit=100 if args.quick else 500)
-    repeats = 2 if args.quick else 5
+    limit, repeats = (20, 1) if args.smoke else (100, 2) if args.quick else (500, 5)
+    texts, source = load_documents(limit, use_demo=not args.smoke)
     print(f"{len(texts)} documents, {sum(map(len, texts)) / 1e6:.2f} M characters, from {source}")
     with tempfile.TemporaryDirectory() as scratch:
-        for kind, directory in tokenizer_dirs(texts, Path(scratch)).items():
+        for kind, directory in tokenizer_dirs(texts, Path(scratch),
+                                                           use_demo=not args.smoke).items():
             print(f"\n{kind}: {directory}")
             print(f"{'path':<42} {'tokens/s':>12} {'ratio':>7}")
             results = best_seconds(encode_paths(kind, directory, texts), repeats)

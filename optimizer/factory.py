@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 from torch import Tensor
 
 from optimizer.distributed_optimizer import DistributedOptimizer
@@ -26,8 +25,7 @@ from optimizer.optimizer import (
 )
 from optimizer.optimizer_config import OptimizerConfig
 from optimizer.overlapped_adamw import OverlappedAdamW
-
-PARAMS_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from utils.precision import DTYPES
 
 
 class TrainingOptimizer(Protocol):
@@ -45,7 +43,7 @@ class TrainingOptimizer(Protocol):
 def get_optimizer(config: OptimizerConfig, ddp_model: Any
                   ) -> MixedPrecisionOptimizer | OverlappedAdamW:
     """Build the optimizer for a model wrapped in our DistributedDataParallel."""
-    expected_dtype = PARAMS_DTYPES[config.params_dtype]
+    expected_dtype = DTYPES[config.params_dtype]
     wrong = {str(p.dtype) for p in trainable_params(ddp_model) if p.dtype != expected_dtype}
     if wrong:
         raise ValueError(f"params_dtype={config.params_dtype} but the model has params of dtype "

@@ -106,7 +106,7 @@ def run_and_export(tmp_path_factory, tiny_hf_tokenizer_dir):
 def generate_py_ids(ckpt: Path, prompt: str, chat: bool, max_new_tokens: int, capsys
                     ) -> tuple[list[int], list[int], str]:
     """(prompt ids, new ids up to and with the stop id, printed text) of generate.py greedy."""
-    argv = ["--ckpt", str(ckpt), "--prompt", prompt, "--temperature", "0",
+    argv = ["--ckpt", str(ckpt), "--dtype", "fp32", "--prompt", prompt, "--temperature", "0",
             "--max_new_tokens", str(max_new_tokens), *(["--chat"] if chat else [])]
     generate.main(argv)
     printed = capsys.readouterr().out

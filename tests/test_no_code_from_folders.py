@@ -51,7 +51,8 @@ def test_planted_code_never_runs(tmp_path, tiny_hf_tokenizer_dir):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")}
     for ckpt in (export, run):
         result = subprocess.run(
-            [sys.executable, "generate.py", "--ckpt", str(ckpt), "--prompt", "hi",
+            [sys.executable, "generate.py", "--ckpt", str(ckpt), "--dtype", "fp32",
+             "--prompt", "hi",
              "--max_new_tokens", "3", "--device", "cpu"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]

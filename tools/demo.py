@@ -15,7 +15,22 @@ out/demo_*/ckpt), so one stage can be re-run alone:
     python -m tools.demo --from dpo        # that stage and the ones after it
 
 Sized for 2 CPU cores: a 1.0M-parameter model (preset "tiny" with a 512-token vocabulary),
-300 pretraining + 7000 SFT + 100 DPO steps, in bf16 (fp32 master weights). Measured choices
+300 pretraining + 7000 SFT + 100 DPO steps. Precision is `--dtype=auto`: each run times a
+matmul in fp32 and bf16 and takes bf16 (fp32 master weights) only where it is >= 1.3x faster;
+on an AVX2-only CPU bf16 is emulated and ~30x slower, so fp32 is chosen there.
+
+Pretraining runs as 2 ranks of our DDP + ZeRO-1 (torchrun, one thread each; global batch 16 =
+8 x 2 ranks, so the loss curve equals one process with batch 16). Measured: 40 pretraining
+steps, AVX2 emulated (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, fp32 chosen), 2 cores
+shared with other jobs (load average 6-10):
+
+    layout                          wall     CPU      loss at step 40
+    2 ranks x 1 thread, ZeRO-1      63 s     41 s     4.6631
+    1 process x 2 threads          261 s    105 s     4.6632
+
+so the 2 ranks are not slower (on a busy machine two intra-op threads mostly wait for each
+other), and each rank sends 2.1 MB per step (2 bytes per parameter: the reduce-scatter of the
+fp32 gradients). The measurements below were taken earlier in bf16, 1 process. Measured choices
 (held-out accuracy after SFT): the skills need attention that reads the prompt, and a tiny
 model finds it only after thousands of small-batch steps. 600 steps of batch 32 reach 15%
 (the model answers "11" to every sum); steps of batch 16: 5000 reach 26%, 7000 reach 33%
@@ -44,9 +59,15 @@ DEMO = "data/demo"
 TOKENIZER = "tokenizer/demo_hf"
 OUT = "out"
 VOCAB = "512"  # small: made-up words split into letters and short pieces (see above)
-# What every training stage shares: the tokenizer, precision, logging, the sample prompts.
-TRAIN_COMMON = [f"--tokenizer_dir={TOKENIZER}", "--dtype=bf16", "--log_interval=10",
-                "--num_threads=2", "--keep_last=1", "--max_new_tokens=16"]
+# What every training stage shares: the tokenizer, precision (auto: measured on this CPU, see
+# utils/precision.py), logging, the sample prompts. Threads: the trainer's default, this
+# machine's cores shared by the ranks.
+TRAIN_COMMON = [f"--tokenizer_dir={TOKENIZER}", "--dtype=auto", "--log_interval=10",
+                "--keep_last=1", "--max_new_tokens=16"]
+# Pretraining runs as 2 processes of our DDP with ZeRO-1 (the optimizer state sharded over the
+# ranks), as on a multi-GPU node: torchrun starts the ranks, gloo carries the gradients.
+PRETRAIN_RANKS = 2
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={PRETRAIN_RANKS}"]
 CHAT_PROMPTS = '--eval_prompts=["What is 3 + 4?", "Reverse the word \\"kato\\".", ' \
                '"Repeat the word \\"mira\\"."]'
 
@@ -62,9 +83,11 @@ STAGES: list[tuple[str, list[str]]] = [
                      f"{DEMO}/pretrain_pretok"]),
     ("sample_index", ["-m", "data_preprocess.build_pretrain_sample_index_map", "--data_dir",
                       f"{DEMO}/pretrain_pretok", "--max_seq_len", "256"]),
-    ("pretrain", ["train_my_ddp.py", *TRAIN_COMMON, "--task_type=pretrain",
+    ("pretrain", [*TORCHRUN, "train_my_ddp.py", *TRAIN_COMMON, "--task_type=pretrain",
+                  "--use_distributed_optimizer",
                   f"--data_dir={DEMO}/pretrain_pretok", f"--out_dir={OUT}/demo_pretrain",
-                  "--model_preset=tiny", "--max_seq_len=256", "--batch_size=16",
+                  "--model_preset=tiny", "--max_seq_len=256",
+                  f"--batch_size={16 // PRETRAIN_RANKS}",  # x 2 ranks = 16 sequences a step
                   "--max_iters=300", "--warmup_iters=20", "--lr=3e-3", "--min_lr=3e-4",
                   "--eval_interval=100", "--eval_iters=4", "--save_interval=100",
                   '--eval_prompts=["ROMEO.", "The king"]']),
@@ -108,9 +131,28 @@ def _records(run: str, kind: str) -> list[dict]:
         return [r for r in map(json.loads, handle) if r.get("kind") == kind]
 
 
+def ddp_traffic_lines() -> list[str]:
+    """What our DDP + ZeRO-1 sent during pretraining, with a one-line explanation."""
+    runs, steps = _records("pretrain", "run"), _records("pretrain", "train")
+    if not runs or not steps or runs[-1]["world_size"] < 2:
+        return []
+    world_size, num_params = runs[-1]["world_size"], runs[-1]["num_params"]
+    sent = steps[-1]["comm_bytes_per_step"]
+    return [f"our DDP + ZeRO-1 on {world_size} ranks: each rank sent {sent / 1e6:.2f} MB per "
+            f"step to reduce gradients ({sent / num_params:.2f} bytes per parameter)",
+            f"  (a reduce-scatter sends ({world_size}-1)/{world_size} of the gradient buffer "
+            f"and leaves each rank the average of its 1/{world_size} shard, the only part its "
+            "optimizer updates; the updated weights are then all-gathered)"]
+
+
 def summary() -> list[str]:
     """The demo's results, read back from the run directories."""
     lines = []
+    config = Path(OUT) / "demo_pretrain" / "config.json"
+    if config.exists():
+        precision = json.loads(config.read_text(encoding="utf-8")).get("resolved", {})
+        lines.append(f"precision: {precision.get('precision', {}).get('reason', '?')}")
+    lines += ddp_traffic_lines()
     evals = _records("pretrain", "eval")
     if evals:
         lines.append(f"pretraining val loss: {evals[0]['val_loss']:.3f} (step {evals[0]['step']})"

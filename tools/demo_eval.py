@@ -25,11 +25,14 @@ from tokenizer import load_tokenizer
 from trainer.evaluation import generate_samples
 from utils.atomic_io import atomic_write_json
 from utils.log_setup import configure_logging
+from utils.precision import DTYPES, resolve_dtype
 
 
 def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path, tasks_file: str | Path,
-                  max_new_tokens: int = 12) -> dict[str, Any]:
-    model = load_model(ckpt)[0].eval()
+                  max_new_tokens: int = 12, dtype: str = "auto") -> dict[str, Any]:
+    precision = resolve_dtype(dtype, torch.device("cpu"))
+    print(precision.reason, flush=True)
+    model = load_model(ckpt)[0].to(DTYPES[precision.dtype]).eval()
     tokenizer = load_tokenizer(tokenizer_dir)
     with open(tasks_file, encoding="utf-8") as handle:
         items = [json.loads(line) for line in handle if line.strip()]
@@ -40,6 +43,7 @@ def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path, tasks_file: str |
         total[item["task"]] += 1
         correct[item["task"]] += is_correct(item["task"], item["prompt"], sample["completion"])
     return {"checkpoint": str(ckpt),
+            "precision": precision.to_dict(),
             "accuracy": sum(correct.values()) / max(sum(total.values()), 1),
             "per_task": {task: correct[task] / total[task] for task in sorted(total)},
             "examples": samples[:8]}
@@ -51,9 +55,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer_dir", required=True)
     parser.add_argument("--tasks", default="data/demo/eval/tasks.jsonl")
     parser.add_argument("--max_new_tokens", type=int, default=12)
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="auto: as the trainer decides (utils/precision.py)")
     args = parser.parse_args(argv)
     configure_logging()
-    result = task_accuracy(args.ckpt, args.tokenizer_dir, args.tasks, args.max_new_tokens)
+    result = task_accuracy(args.ckpt, args.tokenizer_dir, args.tasks, args.max_new_tokens,
+                           args.dtype)
     print(f"task accuracy of {result['checkpoint']}: {result['accuracy']:.1%}")
     for task, accuracy in result["per_task"].items():
         print(f"  {task:<8s} {accuracy:6.1%}")

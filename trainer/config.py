@@ -10,7 +10,9 @@ saved `config.json` takes the place of the defaults (less `resume` and `stop_at_
 describe one invocation), so a resumed run continues with what it was started with, plus
 whatever you pass explicitly (changes that break bitwise reproducibility are warned about).
 A run saves the resolved config twice: `config.json` (machine-readable) and
-`exp_config.py` (one `name = value` per line, accepted back as the config file).
+`exp_config.py` (one `name = value` per line, accepted back as the config file). Both also
+record what an `auto` option resolved to on this run (config.json's "resolved" entry, a
+comment in exp_config.py); reading the file back ignores it, so `auto` decides afresh.
 """
 
 from __future__ import annotations
@@ -92,8 +94,8 @@ class SystemOptions:
     device: str = option("auto", "auto | cpu | cuda (auto: cuda if available)")
     num_threads: int | None = option(None, "CPU threads per rank (default: cores // local ranks)")
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = option(
-        "auto", "parameter/compute dtype (auto: fp32 on CPU; on CUDA bf16 if supported, "
-        "else fp16)")
+        "auto", "parameter/compute dtype (auto: on CPU bf16 only where a timed matmul runs "
+        ">= 1.3x faster than fp32, see utils/precision.py; on CUDA bf16 if supported, else fp16)")
     peak_flops: float | None = option(None, "peak FLOP/s of one device for MFU (auto: known GPUs, "
                                       "else MFU is not reported)")
     initial_loss_scale: float = option(2.0 ** 16, "fp16 dynamic loss scale: start")
@@ -307,6 +309,8 @@ def _parse_value(name: str, text: str) -> Any:
 
 # ----------------------------------------------------------------------------- files
 
+RESOLVED_KEY = "resolved"  # config.json: what `auto` options resolved to (not an option)
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Options from a `config.json` or an `exp_config.py` (only `name = <literal>` lines)."""
     path = Path(path)
@@ -318,6 +322,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             raise ValueError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a JSON object of options")
+        values.pop(RESOLVED_KEY, None)
     elif path.suffix == ".py":
         values = {}
         for node in ast.parse(text, filename=str(path)).body:
@@ -337,11 +342,16 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return values
 
 
-def save_config(cfg: Config, run_dir: str | Path) -> None:
-    """Write `config.json` and `exp_config.py` (both atomic) into the run dir."""
+def save_config(cfg: Config, run_dir: str | Path, resolved: dict[str, Any] | None = None
+                ) -> None:
+    """Write `config.json` and `exp_config.py` (both atomic) into the run dir; `resolved`
+    (what `auto` options became on this run, e.g. the measured precision) is recorded too."""
     run_dir = Path(run_dir)
-    atomic_write_json(run_dir / "config.json", cfg.to_dict())
+    atomic_write_json(run_dir / "config.json",
+                      {**cfg.to_dict(), **({RESOLVED_KEY: resolved} if resolved else {})})
     lines = ['"""Resolved config of this run: python train_my_ddp.py exp_config.py [--k=v ...]"""']
+    if resolved:
+        lines.append(f"# {RESOLVED_KEY} on this run: {json.dumps(resolved)}")
     for group, cls in GROUPS.items():
         lines.append(f"\n# --- {group}")
         lines += [f"{f.name} = {getattr(cfg, f.name)!r}" for f in fields(cls)]

@@ -26,7 +26,8 @@ def run_dir(tmp_path, tiny_hf_tokenizer_dir):
 
 def test_plain_prompt_streams_the_greedy_continuation(run_dir, capsys):
     run, model, tokenizer = run_dir
-    generate.main(["--ckpt", str(run), "--prompt", "the cat", "--temperature", "0",
+    generate.main(["--ckpt", str(run), "--dtype", "fp32",
+                   "--prompt", "the cat", "--temperature", "0",
                    "--max_new_tokens", "12"])
     prompt = tokenizer.encode("the cat")  # no BOS: the text's own ids
     stop = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
@@ -39,7 +40,8 @@ def test_chat_prompt_uses_the_template(run_dir, capsys):
     from utils.conversation import build_generation_prompt
 
     run, model, tokenizer = run_dir
-    generate.main(["--ckpt", str(run), "--chat", "--prompt", "hi", "--temperature", "0",
+    generate.main(["--ckpt", str(run), "--dtype", "fp32",
+                   "--chat", "--prompt", "hi", "--temperature", "0",
                    "--max_new_tokens", "8", "--system", "be brief"])
     prompt = build_generation_prompt(tokenizer, [{"role": "user", "content": "hi"}],
                                      system="be brief")

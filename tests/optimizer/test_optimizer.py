@@ -17,8 +17,7 @@ from tests.optimizer.helpers import (
     reference_adamw,
     reference_step,
 )
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from utils.precision import DTYPES
 
 
 def make_config(params_dtype: str = "fp32", **overrides) -> OptimizerConfig:

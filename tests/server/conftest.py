@@ -73,7 +73,8 @@ class LiveServer:
 
 
 def start_server(run: Path, *extra_args: str) -> LiveServer:
-    args = serve.parse_args(["--ckpt", str(run), "--device", "cpu", *extra_args])
+    args = serve.parse_args(["--ckpt", str(run), "--device", "cpu", "--dtype", "fp32",
+                             *extra_args])
     return LiveServer(serve.build_app(args))
 
 

@@ -33,7 +33,8 @@ def tokenizer(tiny_hf_tokenizer_dir):
 def generate_py_chat(run_dir, prompt: str, max_new_tokens: int, capsys) -> str:
     """What `generate.py --chat --temperature 0` prints (without its final newline)."""
     capsys.readouterr()
-    generate.main(["--ckpt", str(run_dir), "--chat", "--prompt", prompt, "--temperature", "0",
+    generate.main(["--ckpt", str(run_dir), "--dtype", "fp32",
+                   "--chat", "--prompt", prompt, "--temperature", "0",
                    "--max_new_tokens", str(max_new_tokens), "--device", "cpu"])
     return capsys.readouterr().out.removesuffix("\n")
 
@@ -120,7 +121,8 @@ def test_seeded_sampling_is_reproducible_and_matches_generate_py(client, run_dir
             extra_body={"top_k": 50}).choices[0].message.content
 
     capsys.readouterr()
-    generate.main(["--ckpt", str(run_dir), "--chat", "--prompt", "hi", "--temperature", "1.0",
+    generate.main(["--ckpt", str(run_dir), "--dtype", "fp32",
+                   "--chat", "--prompt", "hi", "--temperature", "1.0",
                    "--top_k", "50", "--top_p", "0.9", "--seed", "7", "--max_new_tokens", "16",
                    "--device", "cpu"])
     assert sample(7) == capsys.readouterr().out.removesuffix("\n")

@@ -32,6 +32,9 @@ def test_task_accuracy_counts_correct_replies_per_task(tmp_path, monkeypatch):
         def eval(self):
             return self
 
+        def to(self, dtype):
+            return self
+
     monkeypatch.setattr(demo_eval, "load_model", lambda ckpt: (FakeModel(), Path(ckpt)))
     monkeypatch.setattr(demo_eval, "load_tokenizer", lambda directory: None)
     monkeypatch.setattr(demo_eval, "generate_samples", lambda model, tok, prompts, **kw: [

@@ -82,6 +82,17 @@ def test_exp_config_round_trip(tmp_path):
     assert again.to_dict() == cfg.to_dict() == from_json.to_dict()
 
 
+def test_resolved_entry_is_recorded_but_not_read_back_as_an_option(tmp_path):
+    cfg, _ = resolve_config(["--dtype=auto"])
+    save_config(cfg, tmp_path, resolved={"precision": {"dtype": "bf16"}})
+    assert json.loads((tmp_path / "config.json").read_text())["resolved"] == {
+        "precision": {"dtype": "bf16"}}
+    assert '"dtype": "bf16"' in (tmp_path / "exp_config.py").read_text()  # as a comment
+    for name in ("config.json", "exp_config.py"):
+        again, _ = resolve_config([str(tmp_path / name)])
+        assert again.to_dict() == cfg.to_dict() and again.dtype == "auto"  # decides afresh
+
+
 def test_resume_uses_saved_config_plus_explicit_overrides(tmp_path):
     run = tmp_path / "run"
     original, _ = resolve_config([f"--out_dir={run}", "--lr=0.002", "--max_iters=40",

@@ -63,7 +63,9 @@ def test_pretrain_reduces_loss_and_writes_the_run_dir(pretrained):
     assert resolve_checkpoint(pretrained).name == "step_000030"
     assert records(pretrained, "samples")[-1]["samples"][0]["prompt"] == "What is 2 + 3?"
     report = (pretrained / "report.md").read_text()
-    assert "## Final metrics" in report
+    assert "## Final metrics" in report and "dtype fp32 (as requested)" in report
+    resolved = json.loads((pretrained / "config.json").read_text())["resolved"]
+    assert resolved["precision"]["dtype"] == "fp32"
     # the kernel line names each op's implementation and why a faster one is not used
     assert "kernels attention=torch-sdpa (" in report and ", adamw=torch-foreach (cpu" in report
     assert records(pretrained, "run")[0]["kernels"].startswith("kernels: attention=")

@@ -28,7 +28,7 @@ from tests.train_helpers import (
 )
 from utils.checkpoint import list_checkpoints
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
