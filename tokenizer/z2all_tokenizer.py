@@ -12,7 +12,7 @@ loads it into `Z2allTokenizer` below, which lives in z2all: nothing in a tokeniz
 imported or run. Both kinds share this format: the byte-level BPE is a `tokenizers` model already;
 the sentencepiece BPE is converted to one (tokenizer/sentencepiece_bpe.py, same ids).
 
-Vocabulary layout (DESIGN §3), worked example V = 512:
+Vocabulary layout (docs/design.md §2.2), worked example V = 512:
 
     ids 0 .. 508   base vocabulary (bytes, merges; never a special token)
     id  509        <|endoftext|>   document separator, EOS and pad (there is no BOS)
