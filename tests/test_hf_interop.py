@@ -38,7 +38,7 @@ def both(request):
 
 
 text = st.lists(st.one_of(
-    st.characters(codec="utf-8", exclude_characters="\u2581"),  # sp's one exception (DESIGN §3)
+    st.characters(codec="utf-8", exclude_characters="\u2581"),  # sp: U+2581 (design.md §2.2)
     st.sampled_from(list("我们的模型日本語😀🚀\u0301")),
     st.sampled_from([" ", "  ", "\t", "\n", "\n\n", "\r\n", " \n", "\u00a0", "\u3000", "\u200b"]),
     st.sampled_from(["hello", "the model", "(x)", "**bold**", "12345"])), max_size=12).map("".join)

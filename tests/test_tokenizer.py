@@ -65,7 +65,7 @@ texts_with_everything = st.lists(
 
 
 def without_meta_symbol(tok, text: str) -> str:
-    """The sentencepiece kind's one documented exception (DESIGN §3): a literal U+2581."""
+    """The sentencepiece kind's one documented exception (design.md §2.2): a literal U+2581."""
     return text.replace("▁", "") if tok.kind == "sentencepiece_bpe" else text
 
 

@@ -9,8 +9,9 @@ split the text into characters, then repeatedly merge the adjacent pair whose co
 the highest-scoring piece; a character that is no piece becomes its UTF-8 byte pieces
 (<0xE4><0xBD><0xA0>). `tokenizers`' BPE does the same given merges ranked by that score, a
 Metaspace pre-tokenizer that only replaces spaces (no split, no prefix) and byte_fallback.
-The one difference: a literal "▁" in the text reads as a space, so it decodes to " " (docs/design.md §2.2
-allows this one exception); tests/test_tokenizer.py checks the ids against sentencepiece's.
+The one difference: a literal "▁" in the text reads as a space, so it decodes to " "
+(docs/design.md §2.2 allows this one exception); tests/test_tokenizer.py checks the ids
+against sentencepiece's.
 """
 
 from __future__ import annotations
