@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -145,4 +146,9 @@ def build_stream_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: s
         collator_class = SFTCollator if task_type == "sft" else DPOCollator
         collate_fn = collator_class(tokenizer.pad_token_id, pad_to_multiple_of, max_seq_len)
     loader = StreamLoader(dataset, batch_size, collate_fn, num_workers, shuffle_buffer)
-    return loader, holdout_items(dataset, valid_samples), collate_fn
+    valid = holdout_items(dataset, valid_samples)
+    if not valid:
+        warnings.warn(f"{data_dir}: no validation samples: the held-out records (every "
+                      f"{settings.holdout_every}th of each shard) made no complete sample, so "
+                      "val_loss is NaN; add data or lower --max_seq_len", stacklevel=2)
+    return loader, valid, collate_fn

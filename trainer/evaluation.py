@@ -66,7 +66,7 @@ def evaluate_language_model(model: torch.nn.Module, loader: DataLoader, tokenize
             text = tokenizer.decode([t for t, k in zip(row, keep) if k])
             byte_count += len(text.encode("utf-8"))
     nll_sum, token_count, byte_count = all_reduce_sum([nll_sum, token_count, byte_count], env)
-    val_loss = nll_sum / max(token_count, 1)
+    val_loss = nll_sum / token_count if token_count else math.nan  # no data: no figure
     return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0)),
             "val_bpb": nll_sum / (math.log(2) * max(byte_count, 1)), "val_tokens": token_count}
 

@@ -94,6 +94,9 @@ def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *, optimize
     if stream is not None:
         _restore_stream(stream, ckpt_dir, state["world_size"], env)
     else:
+        if state["sampler"] is None:
+            raise SystemExit(f"error: --resume: {ckpt_dir} was written with "
+                             "--data_format=stream; resume with the data format it was run with")
         sampler.load_state_dict(state["sampler"])
     if state["world_size"] != env.world_size:
         print(f"rank {env.rank}: world size changed ({state['world_size']} -> "

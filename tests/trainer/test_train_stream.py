@@ -63,6 +63,14 @@ def test_stream_resume_is_bitwise_with_workers(data, tmp_path):
     assert train_losses(pretok) != train_losses(full)
 
 
+def test_a_stream_checkpoint_is_not_resumed_as_pretokenized_data(data, tmp_path):
+    args = stream_args(data, "--max_iters=4", "--stop_at_iter=2")
+    assert run_main([*args, f"--out_dir={tmp_path}"]) == 0
+    with pytest.raises(SystemExit, match="written with --data_format=stream"):
+        run_main([*TINY_ARGS, "--resume", f"--out_dir={tmp_path}", "--data_format=pretok",
+                  f"--data_dir={data['pretrain']}", "--shuffle_buffer=1000"])
+
+
 def torchrun(args: list[str], out_dir: Path) -> subprocess.Popen:
     """2 ranks under torchrun (DataLoader workers need non-daemonic rank processes)."""
     return subprocess.Popen(
