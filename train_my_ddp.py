@@ -29,6 +29,8 @@ import os
 import signal
 import sys
 import time
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +67,7 @@ from trainer.training_checkpoint import (
     restore_training_checkpoint,
     save_training_checkpoint,
 )
-from utils.checkpoint import CheckpointError, resolve_checkpoint
+from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
 from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -154,13 +156,9 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     dtype_name = resolve_dtype(cfg, env)
     log = MetricsLogger(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
 
-    # Resume point: rank 0 verifies the checkpoints, every rank loads the one it names.
-    resume_dir = None
-    if cfg.resume:
-        resume_dir, problem = broadcast_from_main(_find_resume_checkpoint(run_dir)
-                                                  if env.is_main else None, env)
-        if problem:
-            raise SystemExit(f"error: --resume: {problem}")
+    # Resume point: rank 0 verifies the checkpoints, newest first, and names one to every rank.
+    resume_candidates = valid_checkpoints(run_dir) if cfg.resume and env.is_main else iter(())
+    resume_dir = _next_resume_dir(resume_candidates, cfg, env)
     if env.is_main:
         save_config(cfg, run_dir)
         for note in notes:
@@ -173,12 +171,6 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     sampler = StatefulDistributedSampler(len(train_dataset), env.rank, env.world_size, cfg.seed)
     global_batch = cfg.batch_size * cfg.gradient_accumulation_steps * env.world_size
 
-    # Model -> our DDP -> optimizer. All ranks seed alike so they build identical weights.
-    seed_everything(cfg.seed)
-    model = build_model(cfg, len(tokenizer), resume_dir).to(env.device, DTYPES[dtype_name])
-    ddp, optimizer, comm_hook_state = build_ddp_and_optimizer(cfg, model, dtype_name)
-    schedule = LRSchedule(cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters, cfg.lr_schedule)
-
     forward_step = forward_language_model
     if cfg.task_type == "dpo":
         # The reference is the SFT model we started from: always `init_from`, never a copy of
@@ -188,16 +180,35 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         forward_step = functools.partial(forward_dpo, reference=reference, beta=cfg.dpo_beta,
                                          label_smoothing=cfg.dpo_label_smoothing,
                                          nll_weight=cfg.dpo_nll_weight)
+    schedule = LRSchedule(cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters, cfg.lr_schedule)
+
+    # Model -> our DDP -> optimizer (-> the resumed state). A checkpoint that verifies but does
+    # not load on every rank (e.g. an optimizer state of another kind) is skipped with a
+    # warning, and the next older one is tried.
+    while True:
+        seed_everything(cfg.seed)  # all ranks alike, so they build identical weights
+        build = functools.partial(build_model, cfg, len(tokenizer), resume_dir)
+        model, error = _on_every_rank(build, env) if resume_dir else (build(), None)
+        if error is None:
+            model = model.to(env.device, DTYPES[dtype_name])
+            ddp, optimizer, comm_hook_state = build_ddp_and_optimizer(cfg, model, dtype_name)
+            seed_everything(cfg.seed + env.rank)  # dropout differs per rank, reproducibly
+            if resume_dir is not None:
+                state, error = _on_every_rank(functools.partial(
+                    restore_training_checkpoint, resume_dir, env, optimizer=optimizer,
+                    sampler=sampler, comm_hook_state=comm_hook_state, seed=cfg.seed), env)
+        if error is None:
+            break
+        if env.is_main:
+            warnings.warn(f"skipping checkpoint {resume_dir}: its state does not load: {error}",
+                          DamagedCheckpointWarning, stacklevel=1)
+        resume_dir = _next_resume_dir(resume_candidates, cfg, env)
 
     # Counters and state, fresh or from the checkpoint. consumed_samples is counted, not
     # derived from step x global batch, so a resume with another world size or batch size
     # continues the data order where it stopped.
     step, tokens_seen, consumed_samples = 0, 0, 0
-    seed_everything(cfg.seed + env.rank)  # dropout differs per rank, reproducibly
     if resume_dir is not None:
-        state = restore_training_checkpoint(resume_dir, env, optimizer=optimizer,
-                                            sampler=sampler, comm_hook_state=comm_hook_state,
-                                            seed=cfg.seed)
         step, tokens_seen = state["step"], state["tokens_seen"]
         consumed_samples = state["consumed_samples"]
         log.log("resume", step, checkpoint=str(resume_dir))
@@ -318,12 +329,39 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     return 0
 
 
-def _find_resume_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
-    """(newest valid checkpoint, None) or (None, why there is none); damaged ones warn."""
+def _next_resume_dir(candidates: Iterator[Path], cfg: Config, env: DistributedEnv
+                     ) -> Path | None:
+    """The next valid checkpoint to try (rank 0's pick, on every rank); None without --resume.
+    Exits with the reason when none is left. Damaged ones warn."""
+    if not cfg.resume:
+        return None
+    resume_dir, problem = None, None
+    if env.is_main:
+        try:
+            resume_dir = next(candidates)
+        except StopIteration:
+            problem = "no valid checkpoint loads (see the warnings above)"
+        except CheckpointError as error:
+            problem = str(error)
+    resume_dir, problem = broadcast_from_main((resume_dir, problem), env)
+    if problem:
+        raise SystemExit(f"error: --resume: {problem}")
+    return resume_dir
+
+
+def _on_every_rank(load: Callable[[], Any], env: DistributedEnv) -> tuple[Any, str | None]:
+    """(load(), None) when it succeeded on every rank, else (None, why): all ranks agree, so
+    they all go on to the next checkpoint together. Errors of a file that does not load are
+    caught; anything else (a bug) propagates."""
+    result, error = None, None
     try:
-        return resolve_checkpoint(run_dir), None
-    except CheckpointError as error:
-        return None, str(error)
+        result = load()
+    except (CheckpointError, OSError, ValueError, KeyError, RuntimeError) as exception:
+        error = f"{type(exception).__name__}: {exception}"
+    failed_ranks = all_reduce_sum([float(error is not None)], env)[0]
+    if error is None and failed_ranks:
+        error = f"it failed on {int(failed_ranks)} other rank(s)"
+    return (result, None) if error is None else (None, error)
 
 
 def main(argv: list[str] | None = None) -> int:
