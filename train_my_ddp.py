@@ -62,6 +62,7 @@ from trainer.model_setup import build_model
 from trainer.optimizer_setup import build_ddp_and_optimizer
 from trainer.report import write_report
 from trainer.rng_state import seed_everything
+from trainer.run_lock import RunDirInUse, RunLock
 from trainer.throughput import ThroughputMeter
 from trainer.training_checkpoint import (
     restore_training_checkpoint,
@@ -69,6 +70,7 @@ from trainer.training_checkpoint import (
 )
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
 from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
+from utils.parent_death import die_with_parent
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -364,12 +366,35 @@ def _on_every_rank(load: Callable[[], Any], env: DistributedEnv) -> tuple[Any, s
     return (result, None) if error is None else (None, error)
 
 
+@contextlib.contextmanager
+def exclusive_run_dir(run_dir: str, env: DistributedEnv) -> Iterator[list[str]]:
+    """Rank 0 holds the run dir's lock (trainer/run_lock.py) while the run lasts; every rank
+    exits at once when another live trainer holds it. Yields notes to print."""
+    lock = RunLock(run_dir) if env.is_main else None
+    note, problem = None, None
+    if lock is not None:
+        try:
+            note = lock.acquire()
+        except RunDirInUse as error:
+            problem = str(error)
+    problem = broadcast_from_main(problem, env)
+    if problem:
+        raise SystemExit(f"error: {problem}")
+    try:
+        yield [note] if note else []
+    finally:
+        if lock is not None:
+            lock.release()
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg, notes = config_from_argv(argv)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
+        die_with_parent(signal.SIGKILL)
     env = init_distributed(cfg.device, cfg.num_threads)
     try:
-        with StopSignal() as stop_signal:
-            return train(cfg, notes, env, stop_signal)
+        with exclusive_run_dir(cfg.out_dir, env) as lock_notes, StopSignal() as stop_signal:
+            return train(cfg, notes + lock_notes, env, stop_signal)
     finally:
         shutdown_distributed(env)
 
