@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import signal
 import sys
@@ -68,7 +69,12 @@ from trainer.training_checkpoint import (
     restore_training_checkpoint,
     save_training_checkpoint,
 )
-from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
+from utils.checkpoint import (
+    CheckpointError,
+    DamagedCheckpointWarning,
+    list_checkpoints,
+    valid_checkpoints,
+)
 from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
 from utils.parent_death import die_with_parent
 
@@ -249,6 +255,11 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
 
     def save(val_loss: float | None) -> Path:
         optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
+        # The last update may have made them NaN even from a finite loss (e.g. --lr=inf):
+        # such weights never become a checkpoint. Every rank holds the same weights.
+        if not all(torch.isfinite(param).all() for param in model.parameters()):
+            log.close()
+            raise SystemExit(_divergence_error(step, "the weights are not finite", run_dir))
         return save_training_checkpoint(
             env, run_dir / "ckpt", step, model=model, optimizer=optimizer,
             trainer_state={"step": step, "tokens_seen": tokens_seen,
@@ -288,16 +299,21 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         stepped, grad_norm = optimizer.step()
         step += 1
         consumed_samples += global_batch
-        # One small all-reduce per step: did any rank get a stop signal, and the step's tokens.
-        stop_votes, step_tokens = all_reduce_sum(
-            [float(stop_signal.received is not None), meter.local_step_tokens], env)
+        # One small all-reduce per step: did any rank get a stop signal or a non-finite loss,
+        # and the step's tokens.
+        stop_votes, nonfinite_votes, step_tokens = all_reduce_sum(
+            [float(stop_signal.received is not None), float(not torch.isfinite(loss_sum)),
+             meter.local_step_tokens], env)
         stop_requested = stop_votes > 0
+        # Diverged: the weights are (or are about to be) NaN, and every later step and
+        # checkpoint would be too. fp16's loss scaler instead skips such a step and retries.
+        diverged = dtype_name != "fp16" and (nonfinite_votes > 0 or not math.isfinite(grad_norm))
         tokens_seen += int(step_tokens)
         meter.end_step(step_tokens, ddp.comm_bytes_last_step)
         if env.is_main:
             write_heartbeat(run_dir, step)
 
-        if step % cfg.log_interval == 0 or step == stop_step or stop_requested:
+        if step % cfg.log_interval == 0 or step == stop_step or stop_requested or diverged:
             names = ["loss", *extra_sums]
             averages = all_reduce_sum([float(loss_sum), *map(float, extra_sums.values())], env)
             per_step = cfg.gradient_accumulation_steps * env.world_size
@@ -305,6 +321,10 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
                     tokens=tokens_seen, **{n: a / per_step for n, a in zip(names, averages)},
                     **meter.report())
 
+        if diverged:
+            log.close()
+            raise SystemExit(_divergence_error(step, f"the loss or gradient norm is not finite "
+                                                     f"(grad_norm={grad_norm})", run_dir))
         finished = step == stop_step or stop_requested
         val_loss = None
         if step % cfg.eval_interval == 0 or finished:
@@ -329,6 +349,12 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         print(f"stopped by {name} at step {step} (checkpoint saved)", flush=True)
         return 128 + (stop_signal.received or signal.SIGTERM)
     return 0
+
+
+def _divergence_error(step: int, what: str, run_dir: Path) -> str:
+    newest = list_checkpoints(run_dir / "ckpt")
+    return (f"error: step {step}: {what}; stopped without saving. Newest checkpoint: "
+            f"{newest[-1][1] if newest else 'none'}. Lower --lr, or check the data.")
 
 
 def _next_resume_dir(candidates: Iterator[Path], cfg: Config, env: DistributedEnv

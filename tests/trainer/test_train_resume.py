@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.train_helpers import (
     TINY_ARGS,
@@ -201,3 +202,21 @@ def test_resume_with_another_comm_hook_starts_the_hook_fresh(data, tmp_path):
     with pytest.warns(UserWarning, match="comm_hook changed"):
         assert run_main([*args, f"--out_dir={run}", "--resume", "--comm_hook=powersgd"]) == 0
     assert sorted(train_losses(run)) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("save_interval", "caught_by"), [
+    (1, "the weights are"), (5, "the loss or gradient norm is")])
+def test_a_non_finite_loss_stops_the_run_without_saving_it(data, tmp_path, save_interval,
+                                                           caught_by):
+    """--lr=inf turns the weights to NaN after the first update: the run must stop with a
+    message naming the step (at the save of step 1, or at step 2's NaN loss), and no
+    checkpoint may hold the NaN weights."""
+    run_dir = tmp_path / "diverged"
+    args = _pretrain_args(data, "--lr=inf", f"--save_interval={save_interval}",
+                          "--max_iters=6", f"--out_dir={run_dir}")
+    message = rf"error: step \d: {caught_by} not finite.*stopped without saving"
+    with pytest.raises(SystemExit, match=message):
+        run_main(args)
+    for _, ckpt_dir in list_checkpoints(run_dir / "ckpt"):
+        weights = load_file(ckpt_dir / "model.safetensors")
+        assert all(torch.isfinite(tensor).all() for tensor in weights.values()), ckpt_dir
