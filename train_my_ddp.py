@@ -120,7 +120,10 @@ class StopSignal:
     """While active, SIGTERM / SIGINT / SIGHUP only set a flag: the loop finishes the step, all
     ranks agree to stop, save a checkpoint and exit with 128 + signal (so a supervisor knows the
     run is not finished). SIGHUP is what a run started over ssh gets when the connection (or
-    `monitor_process.py --remote`) goes away. The previous handlers come back on exit."""
+    `monitor_process.py --remote`) goes away. The flag is read after each step, so a very
+    long step delays the stop: a second signal ends the process at once, by the signal's
+    default action (the newest checkpoint is intact; `monitor_process.py` sends it, or
+    SIGKILL, after `--kill_grace`). The previous handlers come back on exit."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -134,6 +137,9 @@ class StopSignal:
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:  # asked twice: stop now, the step is not waited for
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
         self.received = signum
 
 

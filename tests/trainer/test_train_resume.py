@@ -220,3 +220,20 @@ def test_a_non_finite_loss_stops_the_run_without_saving_it(data, tmp_path, save_
     for _, ckpt_dir in list_checkpoints(run_dir / "ckpt"):
         weights = load_file(ckpt_dir / "model.safetensors")
         assert all(torch.isfinite(tensor).all() for tensor in weights.values()), ckpt_dir
+
+
+def test_a_second_stop_signal_ends_the_process_at_once():
+    """The first SIGTERM waits for the end of the step (here: a step that never ends), the
+    second one does not."""
+    script = ("import os, signal, time, train_my_ddp\n"
+              "with train_my_ddp.StopSignal() as stop:\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    assert stop.received == signal.SIGTERM\n"
+              "    print('first signal noted', flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    time.sleep(60)\n"
+              "print('survived')\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert result.stdout == "first signal noted\n"
