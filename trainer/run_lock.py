@@ -7,7 +7,8 @@ temporary checkpoints and interleave their logs. So before it writes anything, r
 PID and host written in the file; a second trainer gets `RunDirInUse` naming the holder.
 
 The kernel drops a flock when its holder dies, however it dies (kill -9 included), so a lock
-is never stuck: a file that still names a holder but is not locked was left by a run that
+is never stuck (forked DataLoader workers share it until they see their parent gone,
+within ~5 s): a file that still names a holder but is not locked was left by a run that
 died, and the next run takes it over with a note. `monitor_process.py` asks `lock_holder`
 before it (re)starts a run. flock is enforced on local filesystems and NFSv4 (Linux emulates
 it with byte-range locks there); other network filesystems may not enforce it.

@@ -219,7 +219,8 @@ def test_kill9_of_the_supervisor_or_torchrun_leaves_no_rank_training(data, tmp_p
         assert len(ranks) == 2 and lock_holder(run_dir) is not None
         os.kill(monitor.pid if victim == "supervisor" else agent, signal.SIGKILL)
         wait_until(lambda: all(is_dead(pid) for pid in ranks), "the ranks to die", timeout=10)
-        assert lock_holder(run_dir) is None
+        # Forked DataLoader workers share rank 0's lock until they notice its death (<= 5 s)
+        wait_until(lambda: lock_holder(run_dir) is None, "the lock to be freed", timeout=15)
     finally:
         stop(monitor)
         for pid in [agent, *ranks] if agent else []:
