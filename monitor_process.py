@@ -9,7 +9,9 @@ supervisor turns those into a short pause:
 
 1. it starts the command in its own process group and keeps track of every process below it
    (torchrun starts each rank in a session of its own), so that a signal reaches all of them
-   and nothing is left behind;
+   and nothing is left behind. It first checks the run dir's lock (trainer/run_lock.py): a
+   run dir in use by a live trainer is refused at start, and a relaunch waits up to
+   `--kill_grace` seconds for the old holder to go;
 2. it watches the exit status and `<run>/heartbeat`, which the trainer rewrites every step. A
    live process whose heartbeat has not changed for `--heartbeat_timeout` seconds is hung.
    Until the first new heartbeat of an attempt, `--startup_timeout` applies instead (loading
@@ -40,17 +42,23 @@ Every event goes to `<run>/monitor.log` (and stderr), one per line, timestamp fi
 
 The resume step in RESTART is read from files only (the newest `ckpt/step_*/manifest.json`);
 RESUMED is the trainer's own `{"kind": "resume"}` line in metrics.jsonl, confirming it.
-The supervisor imports nothing of the trainer: it runs a command and reads files.
 
-Exit status: 0 the run finished; 1 gave up after --max_restarts; 3 stuck (same step again and
-again); 128+N stopped by signal N (130 for Ctrl-C, 143 for SIGTERM); 2 bad usage.
+Exit status: 0 the run finished; 1 gave up after --max_restarts (or the run dir stayed locked);
+3 stuck (same step again and again); 128+N stopped by signal N (130 for Ctrl-C, 143 for
+SIGTERM); 2 bad usage, or the run dir is in use by another live trainer.
 
 `--remote user@host` runs the command with `ssh -tt -o BatchMode=yes user@host 'cd DIR &&
 exec ...'`: `-tt` gives the remote side a terminal, so killing the local ssh hangs it up and
 the remote process group dies with it; BatchMode forbids password prompts (key-based auth
 only; no secrets are ever passed). The run dir must then be readable here at the same path
 (a shared filesystem) for hang detection, or pass `--heartbeat_timeout 0` to watch exit
-status only. If the supervisor itself is SIGKILLed, the run keeps going (its own session).
+status only.
+
+If the supervisor itself is killed (even with SIGKILL), the run goes down with it on Linux: the
+command it starts gets `PR_SET_PDEATHSIG` = SIGKILL (utils/parent_death.py), and torchrun's
+ranks set the same for themselves, so nothing trains on unsupervised. Elsewhere the run keeps
+going in its own session, and a new supervisor refuses the run dir while it is locked.
+The supervisor imports nothing of the trainer but its run-dir lock.
 """
 
 from __future__ import annotations
@@ -70,9 +78,12 @@ from pathlib import Path
 
 from monitor.process_tree import RunProcesses
 from monitor.run_progress import HeartbeatWatch, ResumeLines, heartbeat_step, newest_checkpoint_step
+from trainer.run_lock import lock_holder
+from utils.parent_death import die_with_parent
 
 EXIT_GAVE_UP = 1
 EXIT_STUCK = 3
+EXIT_IN_USE = 2
 
 
 @dataclass
@@ -230,11 +241,24 @@ class Supervisor:
         self.processes.signal(signal.SIGKILL)
         self.process.wait()
 
+    @staticmethod
+    def die_with_supervisor() -> None:
+        """In the child between fork and exec: SIGKILL it if the supervisor dies (Linux)."""
+        die_with_parent(signal.SIGKILL)
+
+    def wait_until_unlocked(self, seconds: float) -> str | None:
+        """None once no live trainer holds the run dir's lock, else who still holds it."""
+        deadline = time.monotonic() + seconds
+        while (holder := lock_holder(self.run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return holder
+
     def run_attempt(self, number: int, command: list[str]) -> Attempt:
         heartbeat = HeartbeatWatch(self.run_dir / "heartbeat", self.config.startup_timeout,
                                    self.config.heartbeat_timeout)
         resumes = ResumeLines(self.run_dir / "metrics.jsonl")
-        self.process = subprocess.Popen(command, start_new_session=True)
+        self.process = subprocess.Popen(command, start_new_session=True,
+                                        preexec_fn=self.die_with_supervisor)
         self.processes = RunProcesses(self.process)
         self.log.event("START", f"attempt={number} pid={self.process.pid} "
                                 f"command={shlex.join(command)}")
@@ -291,7 +315,16 @@ class Supervisor:
         config = self.config
         failures: list[Attempt] = []
         command = with_run_flags(self.command, str(self.run_dir), resume=False)
+        if holder := lock_holder(self.run_dir):
+            self.log.event("REFUSED", f"run dir in use by {holder}")
+            print(f"monitor_process: error: run dir {self.run_dir} is in use by {holder}; "
+                  "stop that run first", file=sys.stderr, flush=True)
+            return EXIT_IN_USE
         for restart in range(config.max_restarts + 1):
+            if restart and (holder := self.wait_until_unlocked(config.kill_grace)):
+                return self.finish("gave_up", f"run dir {self.run_dir} still in use by {holder} "
+                                   f"{config.kill_grace}s after the run was killed; not "
+                                   "relaunching over it", EXIT_GAVE_UP, restart)
             attempt = self.run_attempt(restart + 1, self.launchable(command))
             if self.signals_received:
                 return self.interrupted(attempt.number)

@@ -25,10 +25,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import signal
 import sys
 import time
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +65,21 @@ from trainer.model_setup import build_model
 from trainer.optimizer_setup import build_ddp_and_optimizer
 from trainer.report import write_report
 from trainer.rng_state import seed_everything
+from trainer.run_lock import RunDirInUse, RunLock
 from trainer.throughput import ThroughputMeter
 from trainer.training_checkpoint import (
     restore_training_checkpoint,
     save_training_checkpoint,
 )
-from utils.checkpoint import CheckpointError, resolve_checkpoint
+from utils.checkpoint import (
+    CheckpointError,
+    DamagedCheckpointWarning,
+    list_checkpoints,
+    valid_checkpoints,
+)
 from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
 from utils.log_setup import configure_logging
+from utils.parent_death import die_with_parent
 from utils.precision import DTYPES, resolve_dtype
 
 # --------------------------------------------------------------------------- forward steps
@@ -111,7 +121,10 @@ class StopSignal:
     """While active, SIGTERM / SIGINT / SIGHUP only set a flag: the loop finishes the step, all
     ranks agree to stop, save a checkpoint and exit with 128 + signal (so a supervisor knows the
     run is not finished). SIGHUP is what a run started over ssh gets when the connection (or
-    `monitor_process.py --remote`) goes away. The previous handlers come back on exit."""
+    `monitor_process.py --remote`) goes away. The flag is read after each step, so a very
+    long step delays the stop: a second signal ends the process at once, by the signal's
+    default action (the newest checkpoint is intact; `monitor_process.py` sends it, or
+    SIGKILL, after `--kill_grace`). The previous handlers come back on exit."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -125,6 +138,9 @@ class StopSignal:
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:  # asked twice: stop now, the step is not waited for
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
         self.received = signum
 
 
@@ -161,13 +177,9 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     dtype_name = precision.dtype
     log = MetricsLogger(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
 
-    # Resume point: rank 0 verifies the checkpoints, every rank loads the one it names.
-    resume_dir = None
-    if cfg.resume:
-        resume_dir, problem = broadcast_from_main(_find_resume_checkpoint(run_dir)
-                                                  if env.is_main else None, env)
-        if problem:
-            raise SystemExit(f"error: --resume: {problem}")
+    # Resume point: rank 0 verifies the checkpoints, newest first, and names one to every rank.
+    resume_candidates = valid_checkpoints(run_dir) if cfg.resume and env.is_main else iter(())
+    resume_dir = _next_resume_dir(resume_candidates, cfg, env)
     if env.is_main:
         print(precision.reason, flush=True)
         save_config(cfg, run_dir, resolved={"precision": precision.to_dict()})
@@ -193,14 +205,6 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
                                              cfg.seed)
     global_batch = cfg.batch_size * cfg.gradient_accumulation_steps * env.world_size
 
-    # Model -> our DDP -> optimizer. All ranks seed alike so they build identical weights.
-    seed_everything(cfg.seed)
-    model = build_model(cfg, len(tokenizer), resume_dir).to(env.device, DTYPES[dtype_name])
-    if cfg.compile:
-        model.compile_blocks()
-    ddp, optimizer, comm_hook_state = build_ddp_and_optimizer(cfg, model, dtype_name)
-    schedule = LRSchedule(cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters, cfg.lr_schedule)
-
     forward_step = forward_language_model
     if cfg.task_type == "dpo":
         # The reference is the SFT model we started from: always `init_from`, never a copy of
@@ -210,16 +214,38 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         forward_step = functools.partial(forward_dpo, reference=reference, beta=cfg.dpo_beta,
                                          label_smoothing=cfg.dpo_label_smoothing,
                                          nll_weight=cfg.dpo_nll_weight)
+    schedule = LRSchedule(cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters, cfg.lr_schedule)
+
+    # Model -> our DDP -> optimizer (-> the resumed state). A checkpoint that verifies but does
+    # not load on every rank (e.g. an optimizer state of another kind) is skipped with a
+    # warning, and the next older one is tried.
+    while True:
+        seed_everything(cfg.seed)  # all ranks alike, so they build identical weights
+        build = functools.partial(build_model, cfg, len(tokenizer), resume_dir)
+        model, error = _on_every_rank(build, env) if resume_dir else (build(), None)
+        if error is None:
+            model = model.to(env.device, DTYPES[dtype_name])
+            if cfg.compile:
+                model.compile_blocks()
+            ddp, optimizer, comm_hook_state = build_ddp_and_optimizer(cfg, model, dtype_name)
+            seed_everything(cfg.seed + env.rank)  # dropout differs per rank, reproducibly
+            if resume_dir is not None:
+                state, error = _on_every_rank(functools.partial(
+                    restore_training_checkpoint, resume_dir, env, optimizer=optimizer,
+                    sampler=sampler, stream=stream, comm_hook_state=comm_hook_state,
+                    seed=cfg.seed), env)
+        if error is None:
+            break
+        if env.is_main:
+            warnings.warn(f"skipping checkpoint {resume_dir}: its state does not load: {error}",
+                          DamagedCheckpointWarning, stacklevel=1)
+        resume_dir = _next_resume_dir(resume_candidates, cfg, env)
 
     # Counters and state, fresh or from the checkpoint. consumed_samples is counted, not
     # derived from step x global batch, so a resume with another world size or batch size
     # continues the data order where it stopped.
     step, tokens_seen, consumed_samples = 0, 0, 0
-    seed_everything(cfg.seed + env.rank)  # dropout differs per rank, reproducibly
     if resume_dir is not None:
-        state = restore_training_checkpoint(resume_dir, env, optimizer=optimizer,
-                                            sampler=sampler, stream=stream,
-                                            comm_hook_state=comm_hook_state, seed=cfg.seed)
         step, tokens_seen = state["step"], state["tokens_seen"]
         consumed_samples = state["consumed_samples"]
         log.log("resume", step, checkpoint=str(resume_dir))
@@ -262,6 +288,11 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
 
     def save(val_loss: float | None) -> Path:
         optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
+        # The last update may have made them NaN even from a finite loss (e.g. --lr=inf):
+        # such weights never become a checkpoint. Every rank holds the same weights.
+        if not all(torch.isfinite(param).all() for param in model.parameters()):
+            log.close()
+            raise SystemExit(_divergence_error(step, "the weights are not finite", run_dir))
         return save_training_checkpoint(
             env, run_dir / "ckpt", step, model=model, optimizer=optimizer,
             trainer_state={"step": step, "tokens_seen": tokens_seen,
@@ -303,16 +334,21 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
         stepped, grad_norm = optimizer.step()
         step += 1
         consumed_samples += global_batch
-        # One small all-reduce per step: did any rank get a stop signal, and the step's tokens.
-        stop_votes, step_tokens = all_reduce_sum(
-            [float(stop_signal.received is not None), meter.local_step_tokens], env)
+        # One small all-reduce per step: did any rank get a stop signal or a non-finite loss,
+        # and the step's tokens.
+        stop_votes, nonfinite_votes, step_tokens = all_reduce_sum(
+            [float(stop_signal.received is not None), float(not torch.isfinite(loss_sum)),
+             meter.local_step_tokens], env)
         stop_requested = stop_votes > 0
+        # Diverged: the weights are (or are about to be) NaN, and every later step and
+        # checkpoint would be too. fp16's loss scaler instead skips such a step and retries.
+        diverged = dtype_name != "fp16" and (nonfinite_votes > 0 or not math.isfinite(grad_norm))
         tokens_seen += int(step_tokens)
         meter.end_step(step_tokens, ddp.comm_bytes_last_step)
         if env.is_main:
             write_heartbeat(run_dir, step)
 
-        if step % cfg.log_interval == 0 or step == stop_step or stop_requested:
+        if step % cfg.log_interval == 0 or step == stop_step or stop_requested or diverged:
             names = ["loss", *extra_sums]
             averages = all_reduce_sum([float(loss_sum), *map(float, extra_sums.values())], env)
             per_step = cfg.gradient_accumulation_steps * env.world_size
@@ -323,6 +359,10 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
                     tokens=tokens_seen, **{n: a / per_step for n, a in zip(names, averages)},
                     **meter.report())
 
+        if diverged:
+            log.close()
+            raise SystemExit(_divergence_error(step, f"the loss or gradient norm is not finite "
+                                                     f"(grad_norm={grad_norm})", run_dir))
         finished = step == stop_step or stop_requested
         val_loss = None
         if step % cfg.eval_interval == 0 or finished:
@@ -350,21 +390,77 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     return 0
 
 
-def _find_resume_checkpoint(run_dir: Path) -> tuple[Path | None, str | None]:
-    """(newest valid checkpoint, None) or (None, why there is none); damaged ones warn."""
+def _divergence_error(step: int, what: str, run_dir: Path) -> str:
+    newest = list_checkpoints(run_dir / "ckpt")
+    return (f"error: step {step}: {what}; stopped without saving. Newest checkpoint: "
+            f"{newest[-1][1] if newest else 'none'}. Lower --lr, or check the data.")
+
+
+def _next_resume_dir(candidates: Iterator[Path], cfg: Config, env: DistributedEnv
+                     ) -> Path | None:
+    """The next valid checkpoint to try (rank 0's pick, on every rank); None without --resume.
+    Exits with the reason when none is left. Damaged ones warn."""
+    if not cfg.resume:
+        return None
+    resume_dir, problem = None, None
+    if env.is_main:
+        try:
+            resume_dir = next(candidates)
+        except StopIteration:
+            problem = "no valid checkpoint loads (see the warnings above)"
+        except CheckpointError as error:
+            problem = str(error)
+    resume_dir, problem = broadcast_from_main((resume_dir, problem), env)
+    if problem:
+        raise SystemExit(f"error: --resume: {problem}")
+    return resume_dir
+
+
+def _on_every_rank(load: Callable[[], Any], env: DistributedEnv) -> tuple[Any, str | None]:
+    """(load(), None) when it succeeded on every rank, else (None, why): all ranks agree, so
+    they all go on to the next checkpoint together. Errors of a file that does not load are
+    caught; anything else (a bug) propagates."""
+    result, error = None, None
     try:
-        return resolve_checkpoint(run_dir), None
-    except CheckpointError as error:
-        return None, str(error)
+        result = load()
+    except (CheckpointError, OSError, ValueError, KeyError, RuntimeError) as exception:
+        error = f"{type(exception).__name__}: {exception}"
+    failed_ranks = all_reduce_sum([float(error is not None)], env)[0]
+    if error is None and failed_ranks:
+        error = f"it failed on {int(failed_ranks)} other rank(s)"
+    return (result, None) if error is None else (None, error)
+
+
+@contextlib.contextmanager
+def exclusive_run_dir(run_dir: str, env: DistributedEnv) -> Iterator[list[str]]:
+    """Rank 0 holds the run dir's lock (trainer/run_lock.py) while the run lasts; every rank
+    exits at once when another live trainer holds it. Yields notes to print."""
+    lock = RunLock(run_dir) if env.is_main else None
+    note, problem = None, None
+    if lock is not None:
+        try:
+            note = lock.acquire()
+        except RunDirInUse as error:
+            problem = str(error)
+    problem = broadcast_from_main(problem, env)
+    if problem:
+        raise SystemExit(f"error: {problem}")
+    try:
+        yield [note] if note else []
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg, notes = config_from_argv(argv)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
+        die_with_parent(signal.SIGKILL)
     env = init_distributed(cfg.device, cfg.num_threads, timeout_s=60 * cfg.dist_timeout)
     configure_logging(cfg.verbose, env.is_main)
     try:
-        with StopSignal() as stop_signal:
-            return train(cfg, notes, env, stop_signal)
+        with exclusive_run_dir(cfg.out_dir, env) as lock_notes, StopSignal() as stop_signal:
+            return train(cfg, notes + lock_notes, env, stop_signal)
     finally:
         shutdown_distributed(env)
 

@@ -37,6 +37,7 @@ class TrainingOptimizer(Protocol):
     def step(self) -> tuple[bool, float]: ...   # (stepped, global grad norm)
     def finish_param_sync(self) -> None: ...    # the model holds the updated weights after it
     def save_checkpoint(self, optim_dir: str | Path) -> None: ...
+    def checkpoint_files(self) -> list[str]: ...  # what all ranks' saves write to optim_dir
     def load_checkpoint(self, optim_dir: str | Path) -> None: ...
 
 

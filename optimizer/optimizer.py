@@ -182,6 +182,9 @@ class MixedPrecisionOptimizer:
         with atomic_open(Path(optim_dir) / REPLICATED_CHECKPOINT_FILE, "wb") as handle:
             torch.save(self.state_dict(), handle)
 
+    def checkpoint_files(self) -> list[str]:
+        return [REPLICATED_CHECKPOINT_FILE]
+
     def load_checkpoint(self, optim_dir: str | Path) -> None:
         path = Path(optim_dir) / REPLICATED_CHECKPOINT_FILE
         if not path.is_file():

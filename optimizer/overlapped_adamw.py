@@ -205,6 +205,9 @@ class OverlappedAdamW:
             with atomic_open(Path(optim_dir) / CHECKPOINT_FILE, "wb") as file:
                 torch.save(self.state_dict(), file)
 
+    def checkpoint_files(self) -> list[str]:
+        return [CHECKPOINT_FILE]
+
     def load_checkpoint(self, optim_dir: str | os.PathLike) -> None:
         path = Path(optim_dir) / CHECKPOINT_FILE
         if not path.is_file():

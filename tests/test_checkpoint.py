@@ -129,3 +129,35 @@ def test_finish_records_every_file(tmp_path):
     manifest = json.loads((path / "manifest.json").read_text())
     assert set(manifest["files"]) == {"trainer_state.pt", "optim/rank_0.pt"}
     assert manifest["format"] == "z2all-checkpoint" and manifest["step"] == 1
+
+
+def test_a_missing_required_file_is_never_sealed(tmp_path):
+    """The concurrent-writer repro: one rank's shard is not there when rank 0 seals."""
+    tmp_dir = begin_checkpoint(tmp_path, 3)
+    _writer({"w": torch.randn(3)})(tmp_dir)
+    required = ["trainer_state.pt", "optim/rank_0.pt", "optim/rank_1.pt"]
+    with pytest.raises(CheckpointError, match="optim/rank_1.pt missing"):
+        finish_checkpoint(tmp_dir, 3, required=required)
+    assert list_checkpoints(tmp_path) == []
+    torch.save({"shard": torch.ones(1)}, tmp_dir / "optim" / "rank_1.pt")
+    path = finish_checkpoint(tmp_dir, 3, required=required)
+    assert verify_checkpoint(path) is None
+    assert json.loads((path / "manifest.json").read_text())["required"] == sorted(required)
+
+
+def test_verification_fails_when_a_required_file_is_not_in_the_manifest(tmp_path):
+    path, _ = _save(tmp_path, 4)
+    manifest = json.loads((path / "manifest.json").read_text())
+    del manifest["files"]["optim/rank_0.pt"]  # what an incomplete save would have sealed
+    (path / "optim" / "rank_0.pt").unlink()
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    assert "optim/rank_0.pt is required" in verify_checkpoint(path)
+    with pytest.raises(CheckpointError, match="not usable"):
+        resolve_checkpoint(path)
+
+
+def test_a_file_named_like_a_checkpoint_does_not_break_the_next_save(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "step_000005").write_text("not a checkpoint")
+    path, _ = _save(tmp_path, 5)
+    assert verify_checkpoint(path) is None and resolve_checkpoint(tmp_path) == path

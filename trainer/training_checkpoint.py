@@ -11,8 +11,10 @@
       manifest.json                    written last (utils.checkpoint)
 
 The protocol: rank 0 creates the temp dir; barrier; every rank writes its files; barrier;
-rank 0 seals it (manifest, rename); barrier, so no rank runs ahead and e.g. exits while the
-checkpoint is still a temp dir. Everything is loaded with `weights_only=True`.
+rank 0 seals it (manifest, rename) only if every file above is there for every rank (the
+manifest's `required` list, which verification checks); barrier, so no rank runs ahead and
+e.g. exits while the checkpoint is still a temp dir. Everything is loaded with
+`weights_only=True`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 
 from dataset.stream import StreamLoader
+from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE
 from trainer.distributed_env import DistributedEnv, barrier
 from trainer.rng_state import capture_rng_state, restore_rng_state, seed_everything
 from utils.atomic_io import atomic_open
@@ -35,11 +38,19 @@ from utils.checkpoint import (
 )
 
 RANKS_DIR = "ranks"
+OPTIM_DIR = "optim"
 TRAINER_STATE_FORMAT = "z2all-trainer-state"
 
 
 def _rank_file(ckpt_dir: Path, rank: int) -> Path:
     return ckpt_dir / RANKS_DIR / f"rank_{rank:05d}.pt"
+
+
+def required_files(optimizer: Any, world_size: int) -> list[str]:
+    """Every file `restore_training_checkpoint` (and `load_model`) reads, for all ranks."""
+    ranks = [_rank_file(Path(), rank).as_posix() for rank in range(world_size)]
+    optim = [f"{OPTIM_DIR}/{name}" for name in optimizer.checkpoint_files()]
+    return [CONFIG_FILE, WEIGHTS_FILE, TRAINER_STATE, *optim, *ranks]
 
 
 def _save_torch(obj: Any, path: Path) -> None:
@@ -57,7 +68,7 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
         begin_checkpoint(ckpt_root, step)
     barrier(env)
     tmp_dir = ckpt_root / f".tmp_{step_dir_name(step)}"
-    optimizer.save_checkpoint(tmp_dir / "optim")
+    optimizer.save_checkpoint(tmp_dir / OPTIM_DIR)
     _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state, "data": data_state},
                 _rank_file(tmp_dir, env.rank))
     if env.is_main:
@@ -67,7 +78,8 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
     barrier(env)
     final_dir = ckpt_root / step_dir_name(step)
     if env.is_main:
-        finish_checkpoint(tmp_dir, step, keep_last=keep_last, val_loss=val_loss)
+        finish_checkpoint(tmp_dir, step, keep_last=keep_last, val_loss=val_loss,
+                          required=required_files(optimizer, env.world_size))
     barrier(env)
     return final_dir
 
@@ -90,7 +102,7 @@ def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *, optimize
     ranks: RNG streams are reseeded and the comm hook starts fresh, so the run continues
     correctly but is no longer bitwise identical to an uninterrupted one."""
     state = _load_trainer_state(ckpt_dir)
-    optimizer.load_checkpoint(ckpt_dir / "optim")
+    optimizer.load_checkpoint(ckpt_dir / OPTIM_DIR)
     if stream is not None:
         _restore_stream(stream, ckpt_dir, state["world_size"], env)
     else:

@@ -12,13 +12,16 @@ checkpoints or the new one, never something half-written that looks complete:
 1. `begin_checkpoint`: make an empty `ckpt/.tmp_step_000200/` (stale temp dirs from a crash
    are removed first). In a distributed run every rank then writes its own files into it
    (its optimizer shard, ...); the trainer puts a barrier after that.
-2. `finish_checkpoint` (rank 0 only): fsync every file, write `manifest.json` (also fsynced),
-   rename the temp dir to `step_000200` (atomic on POSIX) and fsync `ckpt/` so the rename
-   itself survives a power cut; then update `best` and delete old checkpoints beyond `keep_last`.
-A reader trusts a checkpoint only if `verify_checkpoint` passes: the manifest exists and every
-file listed has the recorded size and sha256. `resolve_checkpoint` walks from the newest step
-down and skips (with a warning) any that fails, so a damaged newest checkpoint costs only the
-steps since the previous one.
+2. `finish_checkpoint` (rank 0 only): check that every file the loader will read (`required`,
+   e.g. one optimizer shard per rank) is there, else refuse to seal; fsync every file, write
+   `manifest.json` (also fsynced), rename the temp dir to `step_000200` (atomic on POSIX) and
+   fsync `ckpt/` so the rename itself survives a power cut; then update `best` and delete old
+   checkpoints beyond `keep_last`.
+A reader trusts a checkpoint only if `verify_checkpoint` passes: the manifest exists, every
+required file is listed, and every file listed has the recorded size and sha256 (a manifest
+without a `required` list requires the files it lists). `valid_checkpoints` walks from the
+newest step down and skips (with a warning) any that fails, so a damaged newest checkpoint
+costs only the steps since the previous one.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,8 @@ class CheckpointError(RuntimeError):
 
 
 class DamagedCheckpointWarning(UserWarning):
-    """A checkpoint was found but failed verification and was skipped."""
+    """A checkpoint was found but failed verification (or its state failed to load) and was
+    skipped."""
 
 
 def step_dir_name(step: int) -> str:
@@ -86,14 +90,25 @@ def begin_checkpoint(ckpt_root: str | os.PathLike, step: int) -> Path:
 
 
 def finish_checkpoint(tmp_dir: str | os.PathLike, step: int, *, keep_last: int = 2,
-                      val_loss: float | None = None) -> Path:
+                      val_loss: float | None = None,
+                      required: list[str] | None = None) -> Path:
     """Seal `tmp_dir` (manifest last), rename it to `step_XXXXXX`, update `best`, prune old ones.
 
-    `val_loss` (if given) is recorded in the manifest; the checkpoint with the lowest recorded
-    val_loss is `best` and is never pruned. Returns the final checkpoint dir.
+    `required`: the relative paths a loader of this checkpoint will read (default: every file
+    written); if one is missing (a rank did not write its shard, another writer removed the
+    temp dir) a `CheckpointError` is raised and nothing is sealed. `val_loss` (if given) is
+    recorded in the manifest; the checkpoint with the lowest recorded val_loss is `best` and
+    is never pruned. Returns the final checkpoint dir.
     """
     tmp_dir = Path(tmp_dir)
     ckpt_root = tmp_dir.parent
+    written = {relpath.as_posix() for relpath in _files_under(tmp_dir)}
+    required = sorted(written if required is None else required)
+    missing = [relpath for relpath in required if relpath not in written]
+    if missing:
+        raise CheckpointError(f"{tmp_dir}: not sealing checkpoint of step {step}: "
+                              f"{', '.join(missing[:3])} missing ({len(missing)} of "
+                              f"{len(required)} required files)")
     files = {}
     for relpath in _files_under(tmp_dir):
         path = tmp_dir / relpath
@@ -103,12 +118,14 @@ def finish_checkpoint(tmp_dir: str | os.PathLike, step: int, *, keep_last: int =
     for sub in {tmp_dir / rel.parent for rel in _files_under(tmp_dir)}:
         fsync_dir(sub)
     manifest = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "step": step,
-                "val_loss": val_loss, "files": files}
+                "val_loss": val_loss, "required": required, "files": files}
     atomic_write_json(tmp_dir / MANIFEST, manifest)
 
     final_dir = ckpt_root / step_dir_name(step)
-    if final_dir.exists():  # e.g. re-saving the same step after a resume: replace it
+    if final_dir.is_dir() and not final_dir.is_symlink():  # e.g. re-saving a step after a resume
         shutil.rmtree(final_dir)
+    elif final_dir.is_symlink() or final_dir.exists():  # a stray file or link by that name
+        final_dir.unlink()
     os.replace(tmp_dir, final_dir)
     fsync_dir(ckpt_root)
     _update_best(ckpt_root)
@@ -195,7 +212,11 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike) -> str | None:
     if manifest.get("format") != CHECKPOINT_FORMAT or manifest.get("version") != CHECKPOINT_VERSION:
         return (f"manifest format {manifest.get('format')!r} v{manifest.get('version')} is not "
                 f"{CHECKPOINT_FORMAT!r} v{CHECKPOINT_VERSION}")
-    for relpath, expected in manifest.get("files", {}).items():
+    files = manifest.get("files", {})
+    for relpath in manifest.get("required", files):
+        if relpath not in files:
+            return f"{relpath} is required but not in the manifest (an incomplete save)"
+    for relpath, expected in files.items():
         path = ckpt_dir / relpath
         if not path.is_file():
             return f"{relpath} is missing"
@@ -207,11 +228,12 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike) -> str | None:
     return None
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint dir (verified), or a run dir / `ckpt` dir -> its newest valid checkpoint.
+def valid_checkpoints(path: str | os.PathLike) -> Iterator[Path]:
+    """A checkpoint dir (verified), or a run dir / `ckpt` dir -> its valid checkpoints, newest
+    first, verified one at a time as the caller asks for the next (hashing is not free).
 
-    Damaged checkpoints newer than the one returned are reported with a
-    `DamagedCheckpointWarning` and skipped; if none is valid a `CheckpointError` says why.
+    Damaged checkpoints are reported with a `DamagedCheckpointWarning` and skipped; if none is
+    valid a `CheckpointError` says why.
     """
     path = Path(path)
     if not path.exists():
@@ -220,20 +242,31 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         problem = verify_checkpoint(path)
         if problem:
             raise CheckpointError(f"checkpoint {path} is not usable: {problem}")
-        return path
+        yield path
+        return
     ckpt_root = path / "ckpt" if (path / "ckpt").is_dir() else path
     candidates = list_checkpoints(ckpt_root)
+    found = False
     for _, ckpt_dir in reversed(candidates):
         problem = verify_checkpoint(ckpt_dir)
         if problem is None:
-            return ckpt_dir
-        warnings.warn(f"skipping damaged checkpoint {ckpt_dir}: {problem}",
-                      DamagedCheckpointWarning, stacklevel=2)
+            found = True
+            yield ckpt_dir
+        else:
+            warnings.warn(f"skipping damaged checkpoint {ckpt_dir}: {problem}",
+                          DamagedCheckpointWarning, stacklevel=2)
+    if found:
+        return
     if candidates:
         raise CheckpointError(f"{ckpt_root}: all {len(candidates)} checkpoints are damaged "
                               "(see the warnings above); nothing to resume from")
     raise CheckpointError(f"{path}: no checkpoint found (expected {ckpt_root}/step_XXXXXX/ "
                           "with a manifest.json); train first or pass a checkpoint dir")
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """The newest valid checkpoint of `path` (see `valid_checkpoints`)."""
+    return next(valid_checkpoints(path))
 
 
 def checkpoint_step(ckpt_dir: str | os.PathLike) -> int:

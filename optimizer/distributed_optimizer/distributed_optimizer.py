@@ -251,6 +251,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         with atomic_open(path, "wb") as handle:
             torch.save(self.state_dict(), handle)
 
+    def checkpoint_files(self) -> list[str]:
+        """One shard file per rank."""
+        return [shard_file_name(rank, self.world_size) for rank in range(self.world_size)]
+
     def load_checkpoint(self, optim_dir: str | Path) -> None:
         """Works whatever the world size of the run that saved (see zero1_checkpoint.py)."""
         my_pieces = [(p.name, p.param_start, p.param_end) for p, _ in self._owned_pieces()]

@@ -6,6 +6,7 @@ its state is a hash chain over the steps, so any lost or repeated step shows in 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -21,6 +22,7 @@ import pytest
 
 import monitor_process as mp
 from monitor import run_progress
+from trainer.run_lock import RunLock
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_TRAINER = [sys.executable, "-m", "tests.fake_trainer"]
@@ -297,3 +299,35 @@ def test_remote_mode_runs_through_ssh_and_restarts(tmp_path):
     assert len(events(run_dir, "RESTART")) == 1
     assert (json.loads((run_dir / "final_state.json").read_text())
             == reference_state(tmp_path, ["--max_iters", "20"]))
+
+
+# ---- one writer per run dir; nothing outlives the supervisor -----------------------------------
+
+def test_a_run_dir_in_use_is_refused_before_starting_anything(tmp_path):
+    run_dir = tmp_path / "run"
+    lock = RunLock(run_dir)
+    lock.acquire()
+    try:
+        monitor = start_monitor(run_dir, ["--max_iters", "3"])
+        stderr = finish(monitor)
+    finally:
+        lock.release()
+    assert monitor.returncode == 2, stderr
+    assert f"run dir {run_dir} is in use by PID {os.getpid()}" in stderr
+    assert events(run_dir, "START") == [] and not (run_dir / "heartbeat").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_kill9_of_the_supervisor_takes_its_run_down(tmp_path):
+    run_dir = tmp_path / "run"
+    monitor = start_monitor(run_dir, ["--max_iters", "100000", "--step_time", "0.05"])
+    try:
+        wait_for(lambda: heartbeat(run_dir) >= 1)
+        (trainer,) = started_pids(run_dir)
+        monitor.kill()
+        monitor.wait()
+        wait_for(lambda: is_dead(trainer), timeout=10)
+    finally:
+        for pid in started_pids(run_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

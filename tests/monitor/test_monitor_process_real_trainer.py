@@ -7,6 +7,7 @@ byte-identical model.safetensors and the same loss at every step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from monitor import run_progress
+from tests.monitor.test_monitor_process import is_dead
 from tests.train_helpers import (
     TINY_ARGS,
     data_args,
@@ -28,6 +30,7 @@ from tests.train_helpers import (
     tiny_training_data,
     train_losses,
 )
+from trainer.run_lock import lock_holder
 
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_STEPS = 100  # steps take milliseconds: room for a late kill on a busy machine
@@ -196,3 +199,30 @@ def test_a_stopped_rank_of_torchrun_is_detected_and_the_run_restarted(data, tmp_
     assert run_on_two_ranks([*args, f"--out_dir={full}"]) == [0]
     assert final_weights(run_dir, 12) == final_weights(full, 12)
     assert train_losses(run_dir) == train_losses(full)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("victim", ["supervisor", "torchrun"])
+def test_kill9_of_the_supervisor_or_torchrun_leaves_no_rank_training(data, tmp_path, victim):
+    """The ranks are in sessions of their own: only PR_SET_PDEATHSIG (the supervisor's for
+    torchrun, each rank's own for torchrun) brings them down, and with them the run dir lock."""
+    run_dir = tmp_path / "supervised"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node=2", "train_my_ddp.py", *trainer_args(data),
+                "--max_iters=1000000", "--save_interval=100000"]
+    monitor = start_monitor(run_dir, ["--max_restarts", "0"], torchrun)
+    agent, ranks = None, []
+    try:
+        wait_until(lambda: heartbeat_step(run_dir) >= 2, "step 2")
+        agent = leader_pids(run_dir)[0]
+        ranks = rank_pids(agent)
+        assert len(ranks) == 2 and lock_holder(run_dir) is not None
+        os.kill(monitor.pid if victim == "supervisor" else agent, signal.SIGKILL)
+        wait_until(lambda: all(is_dead(pid) for pid in ranks), "the ranks to die", timeout=10)
+        # Forked DataLoader workers share rank 0's lock until they notice its death (<= 5 s)
+        wait_until(lambda: lock_holder(run_dir) is None, "the lock to be freed", timeout=15)
+    finally:
+        stop(monitor)
+        for pid in [agent, *ranks] if agent else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

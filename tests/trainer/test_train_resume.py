@@ -12,6 +12,8 @@ a resume that switches to PowerSGD starts its state fresh.
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.train_helpers import (
     TINY_ARGS,
@@ -30,7 +34,13 @@ from tests.train_helpers import (
     tiny_training_data,
     train_losses,
 )
-from utils.checkpoint import DamagedCheckpointWarning, list_checkpoints
+from utils.checkpoint import (
+    DamagedCheckpointWarning,
+    begin_checkpoint,
+    finish_checkpoint,
+    list_checkpoints,
+    verify_checkpoint,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,9 +111,13 @@ def test_two_rank_resume_is_bitwise(data, tmp_path):
     assert run_on_two_ranks(*runs) == [0] * len(runs)
     for name in TWO_RANK_VARIANTS:
         _assert_identical(tmp_path / name / "full", tmp_path / name / "cut", 6, 3)
-    # ZeRO-1 saved one optimizer shard per rank
-    zero1_ckpt = tmp_path / "zero1" / "cut" / "ckpt" / "step_000006" / "optim"
-    assert len(list(zero1_ckpt.iterdir())) >= 2
+    # ZeRO-1 saved one optimizer shard per rank, and the manifest requires both (and both
+    # ranks' RNG files): a save that misses one is never sealed
+    zero1_ckpt = tmp_path / "zero1" / "cut" / "ckpt" / "step_000006"
+    required = json.loads((zero1_ckpt / "manifest.json").read_text())["required"]
+    assert sorted(path.relative_to(zero1_ckpt).as_posix() for path in zero1_ckpt.rglob("*.pt")
+                  ) == sorted(name for name in required if name.endswith(".pt"))
+    assert len([name for name in required if name.startswith("optim/zero1_rank")]) == 2
 
     # Resuming the 2-rank ZeRO-1 run on 1 process with the same global batch (2 x 2 = 1 x 4):
     # the shards are re-cut and the data continues where it stopped; same steps up to
@@ -126,6 +140,25 @@ def test_damaged_newest_checkpoint_is_skipped(data, tmp_path):
     damaged[-3] ^= 0x55
     weights.write_bytes(bytes(damaged))
     with pytest.warns(DamagedCheckpointWarning, match="step_000006.*sha256"):
+        assert run_main([*args, f"--out_dir={cut}", "--max_iters=8", "--resume"]) == 0
+    _assert_identical(tmp_path / "full", cut, 8, 4)
+
+
+def test_a_checkpoint_whose_state_is_refused_is_skipped(data, tmp_path):
+    """It verifies (resealed with a correct manifest) but its optimizer state is of another
+    kind: --resume warns, naming it, and goes on from the one before."""
+    args = _pretrain_args(data, "--save_interval=2", "--keep_last=5")
+    assert run_main([*args, f"--out_dir={tmp_path / 'full'}", "--max_iters=8"]) == 0
+    cut = tmp_path / "cut"
+    assert run_main([*args, f"--out_dir={cut}", "--max_iters=8", "--stop_at_iter=6"]) == 0
+    newest = cut / "ckpt" / "step_000006"
+    required = json.loads((newest / "manifest.json").read_text())["required"]
+    tmp_dir = begin_checkpoint(cut / "ckpt", 6)
+    shutil.copytree(newest, tmp_dir, dirs_exist_ok=True)
+    (tmp_dir / "manifest.json").unlink()
+    torch.save({"format": "someone-else's optimizer"}, tmp_dir / "optim" / "optimizer.pt")
+    assert verify_checkpoint(finish_checkpoint(tmp_dir, 6, required=required, keep_last=5)) is None
+    with pytest.warns(DamagedCheckpointWarning, match="step_000006: its state does not load"):
         assert run_main([*args, f"--out_dir={cut}", "--max_iters=8", "--resume"]) == 0
     _assert_identical(tmp_path / "full", cut, 8, 4)
 
@@ -169,3 +202,38 @@ def test_resume_with_another_comm_hook_starts_the_hook_fresh(data, tmp_path):
     with pytest.warns(UserWarning, match="comm_hook changed"):
         assert run_main([*args, f"--out_dir={run}", "--resume", "--comm_hook=powersgd"]) == 0
     assert sorted(train_losses(run)) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("save_interval", "caught_by"), [
+    (1, "the weights are"), (5, "the loss or gradient norm is")])
+def test_a_non_finite_loss_stops_the_run_without_saving_it(data, tmp_path, save_interval,
+                                                           caught_by):
+    """--lr=inf turns the weights to NaN after the first update: the run must stop with a
+    message naming the step (at the save of step 1, or at step 2's NaN loss), and no
+    checkpoint may hold the NaN weights."""
+    run_dir = tmp_path / "diverged"
+    args = _pretrain_args(data, "--lr=inf", f"--save_interval={save_interval}",
+                          "--max_iters=6", f"--out_dir={run_dir}")
+    message = rf"error: step \d: {caught_by} not finite.*stopped without saving"
+    with pytest.raises(SystemExit, match=message):
+        run_main(args)
+    for _, ckpt_dir in list_checkpoints(run_dir / "ckpt"):
+        weights = load_file(ckpt_dir / "model.safetensors")
+        assert all(torch.isfinite(tensor).all() for tensor in weights.values()), ckpt_dir
+
+
+def test_a_second_stop_signal_ends_the_process_at_once():
+    """The first SIGTERM waits for the end of the step (here: a step that never ends), the
+    second one does not."""
+    script = ("import os, signal, time, train_my_ddp\n"
+              "with train_my_ddp.StopSignal() as stop:\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    assert stop.received == signal.SIGTERM\n"
+              "    print('first signal noted', flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    time.sleep(60)\n"
+              "print('survived')\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert result.stdout == "first signal noted\n"
