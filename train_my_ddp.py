@@ -66,6 +66,7 @@ from trainer.training_checkpoint import (
     save_training_checkpoint,
 )
 from utils.checkpoint import CheckpointError, resolve_checkpoint
+from utils.cli_errors import run_main
 from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -337,4 +338,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))
