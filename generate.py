@@ -23,7 +23,9 @@ import torch
 
 from model.loading import load_model
 from tokenizer import load_tokenizer
+from utils.cli_errors import run_main
 from utils.conversation import build_generation_prompt
+from utils.option_checks import raise_problems, range_problem
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,7 +44,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top_p", type=float, default=None, help="nucleus sampling mass")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    raise_problems([
+        range_problem("--max_new_tokens", args.max_new_tokens, 1),
+        range_problem("--temperature", args.temperature, 0),
+        range_problem("--top_k", args.top_k, 1),
+        range_problem("--top_p", args.top_p, 0, 1, low_open=True),
+    ])
+    return args
 
 
 def default_tokenizer_dir(ckpt: Path, model_dir: Path) -> Path:
@@ -55,7 +64,7 @@ def default_tokenizer_dir(ckpt: Path, model_dir: Path) -> Path:
                 return Path(tokenizer_dir)
     if (model_dir / "tokenizer_config.json").is_file():
         return model_dir
-    raise SystemExit(f"no tokenizer recorded for {ckpt}; pass --tokenizer_dir")
+    raise ValueError(f"{ckpt}: no tokenizer recorded; pass --tokenizer_dir")
 
 
 def prompt_ids(tokenizer, args: argparse.Namespace) -> tuple[list[int], int]:
@@ -105,4 +114,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

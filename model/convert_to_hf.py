@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from safetensors.torch import save
@@ -23,6 +24,7 @@ from model.loading import load_model
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_bytes, atomic_write_json
+from utils.cli_errors import run_main
 
 
 def export_hf(model: Z2allForCausalLM, out_dir: str | os.PathLike,
@@ -60,4 +62,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

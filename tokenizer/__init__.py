@@ -30,6 +30,8 @@ def load_tokenizer(directory: str | os.PathLike) -> PreTrainedTokenizerBase:
     modules) with plain, non-atomic writes; several ranks loading at once could import a
     half-copied file. A file lock in that cache serialises the loads of one machine.
     """
+    if not Path(directory).is_dir():  # else HF reads the path as a Hub repo id and says so
+        raise FileNotFoundError(f"tokenizer dir {directory} does not exist")
     Path(HF_MODULES_CACHE).mkdir(parents=True, exist_ok=True)
     with open(Path(HF_MODULES_CACHE) / ".z2all_load.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+from utils.cli_errors import run_main
+
 DEMO = "data/demo"
 TOKENIZER = "tokenizer/demo_hf"
 OUT = "out"
@@ -164,4 +166,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

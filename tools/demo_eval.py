@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from model.loading import load_model
 from tokenizer import load_tokenizer
 from trainer.evaluation import generate_samples
 from utils.atomic_io import atomic_write_json
+from utils.cli_errors import run_main
+from utils.option_checks import raise_problems, range_problem
 
 
 def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path, tasks_file: str | Path,
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", default="data/demo/eval/tasks.jsonl")
     parser.add_argument("--max_new_tokens", type=int, default=12)
     args = parser.parse_args(argv)
+    raise_problems([range_problem("--max_new_tokens", args.max_new_tokens, 1)])
     result = task_accuracy(args.ckpt, args.tokenizer_dir, args.tasks, args.max_new_tokens)
     print(f"task accuracy of {result['checkpoint']}: {result['accuracy']:.1%}")
     for task, accuracy in result["per_task"].items():
@@ -63,4 +67,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -42,8 +42,12 @@ def range_problem(name: str, value: float | None, low: float | None = None,
     return f"{name} must be {kind}{_interval(low, high, low_open, high_open)}, got {value!r}"
 
 
+def join_problems(problems: Iterable[str | None]) -> str:
+    """Every problem found, in one line ("" if the options were all fine, i.e. all None)."""
+    return "; ".join(problem for problem in problems if problem)
+
+
 def raise_problems(problems: Iterable[str | None]) -> None:
     """One ValueError naming every problem found (the Nones are options that were fine)."""
-    found = [problem for problem in problems if problem]
-    if found:
-        raise ValueError("; ".join(found))
+    if found := join_problems(problems):
+        raise ValueError(found)

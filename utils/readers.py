@@ -150,7 +150,9 @@ def _parse_json_line(path: Path, number: int, line: str) -> RawItem:
         # Only the last line of a file can lack its newline: invalid JSON there means the
         # writer was cut off mid-record, which deserves its own name.
         reason = "malformed_json" if line.endswith("\n") else "truncated"
-        return BadRecordError(path, number, reason, f"{error.msg} at column {error.colno}")
+        # Some messages end in "at" ("Invalid control character at"): say it once.
+        message = error.msg.removesuffix(" at")
+        return BadRecordError(path, number, reason, f"{message} at column {error.colno}")
     if not isinstance(data, dict):
         return BadRecordError(path, number, "not_object", f"got JSON {type(data).__name__}")
     return Record(path, number, data)
