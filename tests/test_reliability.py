@@ -28,6 +28,8 @@ from data_preprocess.chat_records import RecordFormatError, dpo_messages, sft_me
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from dataset.build import build_datasets
 from dataset.dataset_pretrain import PretokDatasetWithIndex
+from model.configuration_z2all import Z2allConfig
+from model.modeling_z2all import Z2allForCausalLM
 from tests.train_helpers import TINY_ARGS, data_args, tiny_training_data
 from tokenizer import train_tokenizer
 from trainer import training_checkpoint
@@ -226,6 +228,7 @@ def test_empty_sft_file_says_there_is_nothing_to_train_on(tmp_path, tiny_hf_toke
 
 
 def test_out_of_vocabulary_ids_name_the_file(tmp_path, data):
+    build_datasets("pretrain", data["pretrain"], data["tokenizer"], 32)  # builds the index
     dataset = PretokDatasetWithIndex(data["pretrain"], 32, "train")
     biggest = max(int(dataset[i]["input_ids"].max()) for i in range(20))
     small_vocab = PretokDatasetWithIndex(data["pretrain"], 32, "train", vocab_size=biggest)
@@ -252,3 +255,16 @@ def test_a_done_file_with_zero_documents_is_redone(tmp_path, tiny_hf_tokenizer_d
     assert note in capsys.readouterr().out
     with pytest.raises(ValueError, match="--batch_size must be >= 1"):
         pipeline.check_options(num_workers=0, batch_size=0)
+
+
+def test_model_vocabulary_smaller_than_the_tokenizer_is_refused(tmp_path, capsys, data):
+    small = Z2allForCausalLM(Z2allConfig.from_preset("tiny", vocab_size=64, hidden_size=32,
+                                                     num_hidden_layers=1, num_attention_heads=2,
+                                                     num_key_value_heads=1))
+    small.save_pretrained(tmp_path / "small")
+    run_dir = tmp_path / "run"
+    argv = [*TINY_ARGS, *data_args(data, "sft"), f"--init_from={tmp_path / 'small'}",
+            f"--out_dir={run_dir}", "--max_iters=2"]
+    assert run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT
+    assert "the model's vocabulary (64) is smaller than the tokenizer's" in one_line_error(capsys)
+    assert not (run_dir / "ckpt").exists() and not (run_dir / "heartbeat").exists()
