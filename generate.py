@@ -24,8 +24,10 @@ import torch
 
 from model.loading import default_tokenizer_dir, load_model
 from tokenizer import load_tokenizer
+from utils.cli_errors import run_main
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.log_setup import configure_logging
+from utils.option_checks import raise_problems, range_problem
 from utils.precision import DTYPES, resolve_dtype
 
 
@@ -47,7 +49,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                         help="auto: as the trainer decides (utils/precision.py)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    raise_problems([
+        range_problem("--max_new_tokens", args.max_new_tokens, 1),
+        range_problem("--temperature", args.temperature, 0),
+        range_problem("--top_k", args.top_k, 1),
+        range_problem("--top_p", args.top_p, 0, 1, low_open=True),
+    ])
+    return args
 
 
 def prompt_ids(tokenizer, args: argparse.Namespace) -> list[int]:
@@ -97,4 +106,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

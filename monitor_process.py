@@ -79,6 +79,8 @@ from pathlib import Path
 from monitor.process_tree import RunProcesses
 from monitor.run_progress import HeartbeatWatch, ResumeLines, heartbeat_step, newest_checkpoint_step
 from trainer.run_lock import lock_holder
+from utils.cli_errors import run_main
+from utils.option_checks import join_problems, range_problem
 from utils.parent_death import die_with_parent
 
 EXIT_GAVE_UP = 1
@@ -388,6 +390,14 @@ def parse_args(argv: list[str]) -> tuple[MonitorConfig, list[str]]:
     if config.out_dir and own_out_dir and Path(config.out_dir) != Path(own_out_dir):
         parser.error(f"--out_dir {config.out_dir} differs from the command's {own_out_dir}")
     config.out_dir = config.out_dir or own_out_dir
+    problem = join_problems([
+        range_problem("--max_restarts", config.max_restarts, 0),
+        range_problem("--stuck_after", config.stuck_after, 0),
+        *(range_problem(f"--{name}", getattr(config, name), 0)
+          for name in ("restart_delay", "max_restart_delay", "heartbeat_timeout",
+                       "startup_timeout", "kill_grace"))])
+    if problem:
+        parser.error(problem)
     return config, command
 
 
@@ -397,4 +407,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

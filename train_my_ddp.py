@@ -77,6 +77,7 @@ from utils.checkpoint import (
     list_checkpoints,
     valid_checkpoints,
 )
+from utils.cli_errors import run_main
 from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
@@ -466,4 +467,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -27,6 +27,7 @@ import importlib.resources
 import json
 import random
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 from data.bilingual_text import bilingual_lesson
 from data.demo_tasks import TASKS
 from utils.atomic_io import atomic_open
+from utils.cli_errors import run_main
 
 SYSTEM_PROMPT = "You are a careful assistant. Answer with the result only."
 
@@ -262,4 +264,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

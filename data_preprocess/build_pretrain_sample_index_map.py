@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ import numpy as np
 
 from data_preprocess.indexed_dataset import IndexedDataset
 from utils.atomic_io import atomic_open, atomic_write_json
+from utils.cli_errors import run_main
+from utils.option_checks import raise_problems, range_problem
 from utils.readers import find_data_files
 
 INDEX_FORMAT, INDEX_VERSION = "z2all-sample-index", 1
@@ -127,6 +130,9 @@ def build_sample_index(data_dir: str | Path, max_seq_len: int,
                        valid_ratio: float = DEFAULT_VALID_RATIO, valid_samples: int | None = None,
                        seed: int = DEFAULT_SEED) -> dict[str, int]:
     """Write the train and valid `.ibin` files of data_dir; return their sample counts."""
+    raise_problems([range_problem("--max_seq_len", max_seq_len, 1),
+                    range_problem("--valid_ratio", valid_ratio, 0, 1, high_open=True),
+                    range_problem("--valid_samples", valid_samples, 0)])
     files = find_token_files(data_dir)
     per_file = slots_per_file(files, max_seq_len)
     first_slot_of_file = np.concatenate([[0], np.cumsum(per_file)[:-1]]).astype(np.int64)
@@ -195,4 +201,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -57,6 +57,18 @@ def to_messages(raw: Any, what: str) -> list[Message]:
     return messages
 
 
+def check_turn_order(messages: list[Message], what: str) -> None:
+    """After an optional system message, turns alternate user, assistant, user, ...: a
+    conversation that starts with the assistant or repeats a role is a broken record."""
+    first_turn = 1 if messages[0]["role"] == "system" else 0
+    for position in range(first_turn, len(messages)):
+        expected = ("user", "assistant")[(position - first_turn) % 2]
+        if messages[position]["role"] != expected:
+            raise RecordFormatError("bad_turn_order", f"{what}: message {position} is "
+                                    f"{messages[position]['role']!r}, expected {expected!r} "
+                                    "(turns alternate user/assistant, starting with user)")
+
+
 def sft_messages(data: dict[str, Any]) -> list[Message]:
     """One SFT record (any supported shape) -> its conversation."""
     if "conversations" in data:
@@ -75,6 +87,7 @@ def sft_messages(data: dict[str, Any]) -> list[Message]:
     else:
         raise RecordFormatError("unknown_format", "expected 'conversations', 'messages' or "
                                 f"'instruction'+'output'; record has {sorted(data)[:8]}")
+    check_turn_order(messages, "conversation")
     if not any(message["role"] == "assistant" for message in messages):
         raise RecordFormatError("no_assistant_turn", "nothing to train on: no assistant message")
     return messages
@@ -102,6 +115,7 @@ def dpo_messages(data: dict[str, Any]) -> tuple[list[Message], list[Message], li
         prompt = to_messages(data["prompt"], "prompt")
     else:
         raise RecordFormatError("unknown_format", "a DPO record needs 'conversations' or 'prompt'")
+    check_turn_order(prompt, "prompt")
     if prompt[-1]["role"] != "user":
         raise RecordFormatError("bad_message", "the DPO prompt must end with a user message")
     return (prompt, response_messages(data["chosen"], "chosen"),

@@ -33,6 +33,7 @@ from data_preprocess.indexed_dataset import IndexedDatasetWriter, prefix_paths, 
 from data_preprocess.worker_pool import batched, make_worker_pool, ordered_map
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
+from utils.option_checks import raise_problems, range_problem
 from utils.readers import ReadStats, find_data_files
 
 SIDECAR_VERSION = 1
@@ -52,6 +53,14 @@ def add_common_arguments(parser: argparse.ArgumentParser, inputs: str, batch_siz
                         help="skip and count malformed records instead of stopping at the first")
     parser.add_argument("--batch_size", type=int, default=batch_size,
                         help=f"{batch_unit} per worker task")
+
+
+def check_options(num_workers: int, batch_size: int, max_seq_len: int | None = None) -> None:
+    """The shared options' ranges, checked before any work (a `--batch_size 0` would read
+    nothing and still mark every file done)."""
+    raise_problems([range_problem("--num_workers", num_workers, 0),
+                    range_problem("--batch_size", batch_size, 1),
+                    range_problem("--max_seq_len", max_seq_len, 2)])
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,11 @@ def finished_sidecar(job: FileJob, expected: dict[str, Any]) -> dict[str, Any] |
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     if any(sidecar.get(key) != value for key, value in expected.items()):
+        return None
+    if sidecar.get("num_documents") == 0 and not sidecar.get("skipped") and \
+            sidecar.get("source_size", 0) > 0:
+        print(f"note: {job.sidecar_path} records 0 documents read from a non-empty "
+              f"{job.relative}; redoing it")
         return None
     outputs = sidecar.get("outputs", [job.prefix.name])
     for name in outputs:

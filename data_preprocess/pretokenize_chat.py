@@ -130,6 +130,7 @@ def pretokenize_chat_data(kind: str, data_dir: str | Path, tokenizer_dir: str | 
                           skip_bad_records: bool = False,
                           batch_size: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
     """Render every SFT/DPO file under data_dir into out_dir; return the run's report."""
+    pipeline.check_options(num_workers, batch_size, max_seq_len)
     dtype, settings = pipeline.tokenizer_settings(f"z2all-{kind}", tokenizer_dir)
     settings.update(max_seq_len=max_seq_len, system_prompt=system_prompt)
     task = pipeline.PretokenizeTask(

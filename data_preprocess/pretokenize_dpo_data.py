@@ -7,7 +7,11 @@ Optional: training builds the same output online as a cache (dataset/build.py) w
 raw folder. The format, template and truncation policy: data_preprocess/pretokenize_chat.py.
 """
 
+import functools
+import sys
+
 from data_preprocess.pretokenize_chat import main
+from utils.cli_errors import run_main
 
 if __name__ == "__main__":
-    main("dpo")
+    sys.exit(run_main(functools.partial(main, "dpo")))

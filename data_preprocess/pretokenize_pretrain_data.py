@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 from data_preprocess import pipeline
 from data_preprocess.indexed_dataset import IndexedDatasetWriter
 from data_preprocess.worker_pool import worker_state
+from utils.cli_errors import run_main
 from utils.readers import ReadStats, iter_texts
 
 DEFAULT_BATCH_SIZE = 512  # texts per task: large enough to amortise inter-process transfer
@@ -71,6 +73,7 @@ def pretokenize_pretrain_data(data_dir: str | Path, tokenizer_dir: str | Path,
                               skip_bad_records: bool = False,
                               batch_size: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
     """Tokenize every data file under `data_dir` into `out_dir`; return the run's report."""
+    pipeline.check_options(num_workers, batch_size)
     dtype, settings = pipeline.tokenizer_settings("z2all-pretok", tokenizer_dir)
     settings["text_key"] = list(text_key)
     task = pipeline.PretokenizeTask(
@@ -94,4 +97,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

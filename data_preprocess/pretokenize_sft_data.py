@@ -8,7 +8,11 @@ Optional: training can also read the raw files and build the same output as a ca
 The format, template and truncation policy: data_preprocess/pretokenize_chat.py.
 """
 
+import functools
+import sys
+
 from data_preprocess.pretokenize_chat import main
+from utils.cli_errors import run_main
 
 if __name__ == "__main__":
-    main("sft")
+    sys.exit(run_main(functools.partial(main, "sft")))

@@ -108,8 +108,9 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
         valid_sidecar = index_path(data_dir, max_seq_len, "valid").with_suffix(".ibin.json")
         prepare_once(valid_sidecar, build_index, f"the L={max_seq_len} sample index of "
                      f"{data_dir}", prepare_timeout_s)  # valid is written after train
-        return (PretokDatasetWithIndex(data_dir, max_seq_len, "train"),
-                PretokDatasetWithIndex(data_dir, max_seq_len, "valid"), default_collate)
+        return (PretokDatasetWithIndex(data_dir, max_seq_len, "train", len(tokenizer)),
+                PretokDatasetWithIndex(data_dir, max_seq_len, "valid", len(tokenizer)),
+                default_collate)
 
     store_dir = chat_store_dir(task_type, data_dir, tokenizer_dir, tokenizer.fingerprint,
                                max_seq_len, system_prompt, cache_dir, num_workers,

@@ -153,6 +153,9 @@ def split_train_valid(store: ChatTokenStore, valid_ratio: float,
     def is_valid_file(source: str) -> bool:
         return Path(source).name.lower().startswith(VALID_FILE_PREFIXES)
 
+    if len(store) == 0:
+        raise ValueError(f"{store.directory}: no samples to train on: its files hold no usable "
+                         "records (empty files, or every record was skipped)")
     valid = store.samples_of_files(is_valid_file)
     if len(valid) == 0 and len(store) >= 2 and valid_ratio > 0:
         count = min(max(1, round(valid_ratio * len(store))), len(store) - 1)

@@ -25,9 +25,11 @@ from data_preprocess.indexed_dataset import IndexedDataset
 
 
 class PretokDatasetWithIndex(Dataset):
-    def __init__(self, data_dir: str | Path, max_seq_len: int, split: str = "train") -> None:
+    def __init__(self, data_dir: str | Path, max_seq_len: int, split: str = "train",
+                 vocab_size: int | None = None) -> None:
         self.data_dir, self.max_seq_len, self.split = Path(data_dir), max_seq_len, split
         self.index_path = index_path(data_dir, max_seq_len, split)
+        self.vocab_size = vocab_size  # when given, every sample's ids are checked against it
         # Refuses to load (naming the file) if a .bin changed, appeared or vanished since.
         sidecar = load_index_sidecar(data_dir, max_seq_len, split)
         self.num_samples = sidecar["num_samples"]
@@ -57,5 +59,11 @@ class PretokDatasetWithIndex(Dataset):
         samples, tokens = self._open()
         file_index, offset = (int(value) for value in samples[index])
         window = tokens[file_index][offset: offset + self.max_seq_len + 1]
+        if self.vocab_size is not None and window.max() >= self.vocab_size:
+            # Said here, naming the file, rather than as a bare IndexError inside the model.
+            raise ValueError(
+                f"{self.token_file_prefixes[file_index]}.bin: token id {int(window.max())} at "
+                f"or after token {offset} is outside the tokenizer's vocabulary "
+                f"({self.vocab_size}); the file is damaged or from another tokenizer")
         window = torch.from_numpy(window.astype(np.int64))
         return {"input_ids": window[:-1], "labels": window[1:]}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from safetensors.torch import save
@@ -27,6 +28,7 @@ from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from tokenizer import load_tokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
 from utils.atomic_io import atomic_write_bytes, atomic_write_json
+from utils.cli_errors import run_main
 from utils.conversation import IM_END
 from utils.log_setup import configure_logging
 
@@ -75,4 +77,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

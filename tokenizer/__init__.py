@@ -25,6 +25,8 @@ from .z2all_tokenizer import CONFIG_FILE, TOKENIZER_FILE, Z2allTokenizer
 def load_tokenizer(directory: str | os.PathLike) -> Z2allTokenizer:
     """The tokenizer saved in `directory` (by tokenizer.train_tokenizer or model.convert_to_hf)."""
     directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"tokenizer dir {directory} does not exist")
     tokenizer_file, config_file = directory / TOKENIZER_FILE, directory / CONFIG_FILE
     for required in (tokenizer_file, config_file):
         if not required.is_file():

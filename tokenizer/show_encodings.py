@@ -8,10 +8,12 @@ the ids, and tokens per character (lower = more text per token = cheaper trainin
 from __future__ import annotations
 
 import argparse
+import sys
 
 from transformers import PreTrainedTokenizerBase
 
 from tokenizer import load_tokenizer
+from utils.cli_errors import run_main
 
 SAMPLES = {
     "English": "The quick brown fox jumps over the lazy dog.",
@@ -49,10 +51,10 @@ def show(directory: str) -> dict[str, float]:
     return ratios
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("directories", nargs="+", help="saved tokenizer directories")
-    directories = parser.parse_args().directories
+    directories = parser.parse_args(argv).directories
     table = {directory: show(directory) for directory in directories}
     print(f"\ntokens per character  {'':>9} " + " ".join(f"{d[-24:]:>24}" for d in directories))
     for name in SAMPLES:
@@ -60,4 +62,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -31,6 +32,8 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from utils.atomic_io import fsync_dir
+from utils.cli_errors import run_main
+from utils.option_checks import raise_problems, range_problem
 from utils.readers import ReadStats, iter_texts_from
 
 from . import load_tokenizer
@@ -82,7 +85,13 @@ def parse_args(argv: list[str] | None = None) -> TrainTokenizerConfig:
         else:
             kwargs["required"] = True
         parser.add_argument(f"--{option.name}", **kwargs)
-    return TrainTokenizerConfig(**vars(parser.parse_args(argv)))
+    config = TrainTokenizerConfig(**vars(parser.parse_args(argv)))
+    # Byte-level BPE starts from the 256 byte tokens; sentencepiece needs one piece at least.
+    min_vocab = (256 if config.type == "hf" else 1) + len(SPECIAL_TOKENS)
+    raise_problems([range_problem("--vocab_size", config.vocab_size, min_vocab),
+                    range_problem("--max_documents", config.max_documents, 1),
+                    range_problem("--sp_max_sentences", config.sp_max_sentences, 1)])
+    return config
 
 
 def train_raw_model(kind: str, texts: Iterable[str], base_vocab_size: int, seed: int = 0,
@@ -179,7 +188,12 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     stats = ReadStats()
     training = dataclasses.asdict(config)
-    tokenizer = build_tokenizer(config.type, stream_documents(config, stats), config.vocab_size,
+    texts = stream_documents(config, stats)
+    first = next(texts, None)  # an empty corpus is refused here, not as "too small" later
+    if first is None:
+        raise ValueError(f"no text found in {' '.join(config.input)} (looked for the "
+                         f"{' / '.join(config.text_key)} field of each record)")
+    tokenizer = build_tokenizer(config.type, itertools.chain([first], texts), config.vocab_size,
                                 config.out, training=training, seed=config.seed,
                                 sp_max_sentences=config.sp_max_sentences)
     skipped = sum(stats.skipped.values())
@@ -191,4 +205,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -53,6 +53,7 @@ import sys
 import time
 from pathlib import Path
 
+from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
 
 DEMO = "data/demo"
@@ -210,4 +211,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

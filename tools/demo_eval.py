@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from model.loading import load_model
 from tokenizer import load_tokenizer
 from trainer.evaluation import generate_samples
 from utils.atomic_io import atomic_write_json
+from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
+from utils.option_checks import raise_problems, range_problem
 from utils.precision import DTYPES, resolve_dtype
 
 
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="auto: as the trainer decides (utils/precision.py)")
     args = parser.parse_args(argv)
     configure_logging()
+    raise_problems([range_problem("--max_new_tokens", args.max_new_tokens, 1)])
     result = task_accuracy(args.ckpt, args.tokenizer_dir, args.tasks, args.max_new_tokens,
                            args.dtype)
     print(f"task accuracy of {result['checkpoint']}: {result['accuracy']:.1%}")
@@ -72,4 +76,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -12,11 +12,14 @@ when a loss looks wrong: a label off by one, or a mask over the prompt, is visib
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from dataset.build import TASK_TYPES, build_datasets
 from tokenizer import load_tokenizer
+from utils.cli_errors import run_main
 from utils.labels import IGNORE_INDEX
+from utils.option_checks import raise_problems, range_problem
 
 TEXT_WIDTH = 16
 
@@ -80,12 +83,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="samples collated together (padding shows as 'pad')")
     parser.add_argument("--max_rows", type=int, default=40, help="positions shown per sample")
     args = parser.parse_args(argv)
+    raise_problems([range_problem("--max_seq_len", args.max_seq_len, 2),
+                    range_problem("--index", args.index, 0),
+                    range_problem("--batch_size", args.batch_size, 1),
+                    range_problem("--max_rows", args.max_rows, 1)])
     train, valid, collate_fn = build_datasets(args.task_type, args.data_dir, args.tokenizer_dir,
                                               args.max_seq_len, seed=args.seed)
     dataset = train if args.split == "train" else valid
     stop = min(args.index + args.batch_size, len(dataset))
     if not 0 <= args.index < stop:
-        raise SystemExit(f"--index {args.index} outside the {args.split} set ({len(dataset)})")
+        raise ValueError(f"--index {args.index} outside the {args.split} set ({len(dataset)})")
     batch = collate_fn([dataset[i] for i in range(args.index, stop)])
     print(f"{args.task_type} {args.split} samples {args.index}..{stop - 1} of {len(dataset)}; "
           "label = the token to predict at this position, -100 = not trained")
@@ -93,4 +100,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -25,6 +25,7 @@ import argparse
 import io
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from utils.atomic_io import atomic_write_bytes
+from utils.cli_errors import run_main
 
 
 @dataclass(frozen=True)
@@ -253,4 +255,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main))

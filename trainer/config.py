@@ -28,7 +28,11 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+
+from trainer.model_setup import preset_model_config
 from utils.atomic_io import atomic_write_json, atomic_write_text
+from utils.option_checks import raise_problems, range_problem
 
 
 def option(default: Any, help: str) -> Any:  # noqa: A002 - `help` reads best in the knobs below
@@ -202,8 +206,34 @@ class Config:
         return {k: v for k, v in self.to_dict().items() if v != defaults[k]}
 
     def check(self) -> None:
-        """Combinations that cannot work fail here, before any data or model is built."""
-        problems = []
+        """Every option in range and every combination workable, before any data or model is
+        built; all problems are reported together, in one line."""
+        problems = [range_problem(f"--{name}", getattr(self, name), low=low)
+                    for name, low in _LOWER_BOUNDS.items()]
+        lr_problem = range_problem("--lr", self.lr, 0, low_open=True)
+        # Bounds that are other options apply once those are valid (one message per mistake).
+        max_warmup = self.max_iters if self.max_iters >= 1 else None
+        problems += [
+            lr_problem,
+            range_problem("--min_lr", self.min_lr, 0, None if lr_problem else self.lr),
+            range_problem("--adam_beta1", self.adam_beta1, 0, 1, high_open=True),
+            range_problem("--adam_beta2", self.adam_beta2, 0, 1, high_open=True),
+            range_problem("--adam_eps", self.adam_eps, 0, low_open=True),
+            range_problem("--dropout", self.dropout, 0, 1, high_open=True),
+            range_problem("--dpo_beta", self.dpo_beta, 0, low_open=True),
+            range_problem("--dpo_label_smoothing", self.dpo_label_smoothing, 0, 0.5,
+                          high_open=True),
+            range_problem("--peak_flops", self.peak_flops, 0, low_open=True),
+            range_problem("--initial_loss_scale", self.initial_loss_scale, 0, low_open=True),
+            range_problem("--min_loss_scale", self.min_loss_scale, 0, self.initial_loss_scale,
+                          low_open=True),
+            range_problem("--warmup_iters", self.warmup_iters, 0, max_warmup),
+            range_problem("--stop_at_iter", self.stop_at_iter, 1),
+            range_problem("--dist_timeout", self.dist_timeout, 0, low_open=True),
+        ]
+        if self.stop_at_iter is not None and self.stop_at_iter > self.max_iters:
+            problems.append(f"--stop_at_iter={self.stop_at_iter} is beyond "
+                            f"--max_iters={self.max_iters}")
         if self.task_type == "dpo" and not self.init_from:
             problems.append("--task_type=dpo needs --init_from=<the SFT model>: it is both the "
                             "starting policy and the frozen reference")
@@ -213,17 +243,29 @@ class Config:
         if self.data_format != "stream" and (self.data_mix or self.skip_bad_records):
             problems.append("--data_mix and --skip_bad_records apply to raw shards: add "
                             "--data_format=stream")
-        if self.stop_at_iter is not None and self.stop_at_iter > self.max_iters:
-            problems.append(f"--stop_at_iter={self.stop_at_iter} is beyond "
-                            f"--max_iters={self.max_iters}")
-        if self.dist_timeout <= 0:
-            problems.append(f"--dist_timeout must be > 0 minutes, got {self.dist_timeout}")
-        for name in ("batch_size", "gradient_accumulation_steps", "max_seq_len", "log_interval",
-                     "eval_interval", "save_interval", "eval_iters"):
-            if getattr(self, name) < 1:
-                problems.append(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if problems:
-            raise ValueError("; ".join(problems))
+        if self.device not in ("auto", "cpu", "cuda"):
+            problems.append(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        elif self.device == "cuda" and not torch.cuda.is_available():
+            problems.append("--device=cuda but CUDA is not available here: use --device=cpu "
+                            "(or auto)")
+        if self.init_from is None and not any(problems):  # a fresh model: its shape, as
+            try:                                               # the model will check it
+                preset_model_config(self, vocab_size=1)  # the tokenizer is not loaded yet
+            except ValueError as error:
+                problems.append(f"model: {error}")
+        raise_problems(problems)
+
+
+# Lower bounds of the options that only have one (unset optional options are not checked).
+_LOWER_BOUNDS: dict[str, int] = {
+    **dict.fromkeys(("batch_size", "gradient_accumulation_steps", "max_seq_len", "max_iters",
+                     "log_interval", "eval_interval", "save_interval", "eval_iters",
+                     "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "num_threads", "bucket_size",
+                     "loss_scale_window", "hysteresis", "powersgd_rank", "max_new_tokens"), 1),
+    **dict.fromkeys(("num_workers", "keep_last", "weight_decay", "grad_clip", "dpo_nll_weight",
+                     "powersgd_warmup_iters", "seed", "shuffle_buffer"), 0),
+}
 
 
 _OPTION_GROUP: dict[str, str] = {f.name: group for group, cls in GROUPS.items()
@@ -420,12 +462,10 @@ def format_help() -> str:
 
 
 def config_from_argv(argv: list[str] | None = None) -> tuple[Config, list[str]]:
-    """Entry-point helper: prints help and exits on --help, exits with the message on errors."""
+    """Entry-point helper: prints help and exits on --help; a bad option raises ValueError
+    (the entry point's `utils.cli_errors.run_main` prints it in one line, exit code 2)."""
     argv = sys.argv[1:] if argv is None else argv
     if "--help" in argv or "-h" in argv:
         print(format_help())
         raise SystemExit(0)
-    try:
-        return resolve_config(argv)
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"error: {error}") from None
+    return resolve_config(argv)

@@ -15,6 +15,14 @@ MODEL_OVERRIDES = ("hidden_size", "num_hidden_layers", "num_attention_heads",
                    "num_key_value_heads", "intermediate_size", "dropout")
 
 
+def preset_model_config(cfg: Any, vocab_size: int) -> Z2allConfig:
+    """`--model_preset` with the command line's overrides; raises ValueError on a bad shape."""
+    overrides = {name: getattr(cfg, name) for name in MODEL_OVERRIDES
+                 if getattr(cfg, name) is not None}
+    return Z2allConfig.from_preset(cfg.model_preset, vocab_size=vocab_size,
+                                   max_position_embeddings=cfg.max_seq_len, **overrides)
+
+
 def build_model(cfg: Any, tokenizer_size: int, resume_dir: Path | None) -> Z2allForCausalLM:
     """The model to train: resumed > init_from > a fresh `model_preset` sized for the data."""
     if resume_dir is not None:
@@ -22,10 +30,7 @@ def build_model(cfg: Any, tokenizer_size: int, resume_dir: Path | None) -> Z2all
     elif cfg.init_from:
         model, _ = load_model(cfg.init_from)
     else:
-        overrides = {name: getattr(cfg, name) for name in MODEL_OVERRIDES
-                     if getattr(cfg, name) is not None}
-        config = Z2allConfig.from_preset(cfg.model_preset, vocab_size=tokenizer_size,
-                                         max_position_embeddings=cfg.max_seq_len, **overrides)
+        config = preset_model_config(cfg, tokenizer_size)
         config.activation_checkpointing = cfg.activation_checkpointing
         return Z2allForCausalLM(config)
     if model.config.vocab_size < tokenizer_size:

@@ -33,9 +33,11 @@ from utils.checkpoint import (
     TRAINER_STATE,
     begin_checkpoint,
     finish_checkpoint,
+    list_checkpoints,
     load_torch,
     step_dir_name,
 )
+from utils.cli_errors import disk_full_explained
 
 RANKS_DIR = "ranks"
 OPTIM_DIR = "optim"
@@ -63,25 +65,31 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
                              comm_hook_state: dict[str, Any] | None, keep_last: int,
                              val_loss: float | None,
                              data_state: dict[str, Any] | None = None) -> Path:
-    """Collective: every rank must call it at the same step. Returns the checkpoint dir."""
-    if env.is_main:
-        begin_checkpoint(ckpt_root, step)
-    barrier(env)
+    """Collective: every rank must call it at the same step. Returns the checkpoint dir.
+
+    A full disk ends the run with a `DiskFullError` that names the checkpoint being written and
+    the newest earlier one, which the temp-dir-then-rename protocol leaves untouched."""
+    previous = list_checkpoints(ckpt_root)
+    intact = (f"the previous checkpoint {previous[-1][1]} is intact" if previous
+              else "no earlier checkpoint exists")
     tmp_dir = ckpt_root / f".tmp_{step_dir_name(step)}"
-    optimizer.save_checkpoint(tmp_dir / OPTIM_DIR)
-    _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state, "data": data_state},
-                _rank_file(tmp_dir, env.rank))
-    if env.is_main:
-        model.save_pretrained(tmp_dir)
-        _save_torch({"format": TRAINER_STATE_FORMAT, "version": 1, **trainer_state,
-                     "world_size": env.world_size}, tmp_dir / TRAINER_STATE)
+    with disk_full_explained(tmp_dir, intact):
+        if env.is_main:
+            begin_checkpoint(ckpt_root, step)
+        barrier(env)
+        optimizer.save_checkpoint(tmp_dir / OPTIM_DIR)
+        _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state,
+                     "data": data_state}, _rank_file(tmp_dir, env.rank))
+        if env.is_main:
+            model.save_pretrained(tmp_dir)
+            _save_torch({"format": TRAINER_STATE_FORMAT, "version": 1, **trainer_state,
+                         "world_size": env.world_size}, tmp_dir / TRAINER_STATE)
+        barrier(env)
+        if env.is_main:
+            finish_checkpoint(tmp_dir, step, keep_last=keep_last, val_loss=val_loss,
+                              required=required_files(optimizer, env.world_size))
     barrier(env)
-    final_dir = ckpt_root / step_dir_name(step)
-    if env.is_main:
-        finish_checkpoint(tmp_dir, step, keep_last=keep_last, val_loss=val_loss,
-                          required=required_files(optimizer, env.world_size))
-    barrier(env)
-    return final_dir
+    return ckpt_root / step_dir_name(step)
 
 
 def _load_trainer_state(ckpt_dir: Path) -> dict[str, Any]:

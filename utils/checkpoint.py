@@ -49,8 +49,8 @@ BEST_LINK = "best"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used (missing, damaged, wrong format)."""
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (missing, damaged, wrong format): bad input."""
 
 
 class DamagedCheckpointWarning(UserWarning):

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,8 @@ import pyarrow.parquet as pq
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet", ".txt")
 PARQUET_BATCH_ROWS = 1024  # rows per record batch: bounds memory, amortises pyarrow's overhead
+# Data-like files no reader handles (convert them first): reported when a folder is scanned.
+LOOKS_LIKE_DATA = (".csv", ".tsv", ".ndjson", ".gz", ".bz2", ".xz", ".zst", ".zip", ".arrow")
 UTF8_BOM = b"\xef\xbb\xbf"  # some editors start UTF-8 files with it; it is not part of the data
 
 
@@ -99,10 +102,19 @@ def find_data_files(
     found: set[Path] = set()
     for path in map(Path, paths):
         if path.is_dir():
+            unreadable = []
             for candidate in path.rglob("*"):
                 hidden = any(part.startswith(".") for part in candidate.relative_to(path).parts)
-                if candidate.is_file() and not hidden and candidate.suffix.lower() in extensions:
+                if not candidate.is_file() or hidden:
+                    continue
+                if candidate.suffix.lower() in extensions:
                     found.add(candidate)
+                elif candidate.suffix.lower() in LOOKS_LIKE_DATA:
+                    unreadable.append(candidate.relative_to(path).as_posix())
+            if unreadable:  # said, not silently dropped: the user may think they were read
+                shown = ", ".join(sorted(unreadable)[:5]) + (", ..." if len(unreadable) > 5 else "")
+                print(f"note: {path}: skipping {len(unreadable)} files of unsupported type: "
+                      f"{shown} (supported: {' '.join(extensions)})", file=sys.stderr)
         elif path.is_file():
             if path.suffix.lower() not in extensions:
                 raise ValueError(f"{path}: unsupported file type; expected one of {extensions}")
@@ -150,7 +162,9 @@ def _parse_json_line(path: Path, number: int, line: str) -> RawItem:
         # Only the last line of a file can lack its newline: invalid JSON there means the
         # writer was cut off mid-record, which deserves its own name.
         reason = "malformed_json" if line.endswith("\n") else "truncated"
-        return BadRecordError(path, number, reason, f"{error.msg} at column {error.colno}")
+        # Some messages end in "at" ("Invalid control character at"): say it once.
+        message = error.msg.removesuffix(" at")
+        return BadRecordError(path, number, reason, f"{message} at column {error.colno}")
     if not isinstance(data, dict):
         return BadRecordError(path, number, "not_object", f"got JSON {type(data).__name__}")
     return Record(path, number, data)

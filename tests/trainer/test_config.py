@@ -6,6 +6,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from trainer.config import (
     Config,
@@ -42,11 +43,39 @@ def test_values_are_parsed_by_the_field_type():
     ("--comm_hook=overlap_optim", "add --grad_clip=0"),
     ("--stop_at_iter=5000", "beyond --max_iters"),
     ("--batch_size=0", "--batch_size must be >= 1"),
-    ("--dist_timeout=0", "--dist_timeout must be > 0 minutes"),
+    ("--dist_timeout=0", "--dist_timeout must be > 0"),
+    ("--max_iters=-1", r"^--max_iters must be >= 1, got -1$"),  # not also warmup > max_iters
+    ("--max_iters=0", "--max_iters must be >= 1"),
+    ("--stop_at_iter=0", "--stop_at_iter must be >= 1"),
+    ("--lr=nan", r"^--lr must be a finite number > 0, got nan$"),
+    ("--lr=inf", "--lr must be a finite number > 0"),
+    ("--min_lr=0.1", r"--min_lr must be in \[0, 0.0006\]"),
+    ("--hidden_size=0", "--hidden_size must be >= 1"),
+    ("--hidden_size=30", "model: hidden_size 30 is not divisible by num_attention_heads"),
+    ("--grad_clip=nan", "--grad_clip must be a finite number >= 0"),
+    ("--grad_clip=-1", "--grad_clip must be >= 0"),
+    ("--dpo_beta=0", "--dpo_beta must be > 0"),
+    ("--dpo_label_smoothing=0.5", r"--dpo_label_smoothing must be in \[0, 0.5\)"),
+    ("--peak_flops=-1", "--peak_flops must be > 0"),
+    ("--warmup_iters=2000", r"--warmup_iters must be in \[0, 1000\]"),
+    ("--num_workers=-1", "--num_workers must be >= 0"),
+    ("--adam_beta2=1", r"--adam_beta2 must be in \[0, 1\)"),
+    ("--device=tpu", "--device must be auto, cpu or cuda"),
 ])
 def test_bad_arguments_name_the_key(arg, message):
     with pytest.raises(ValueError, match=message):
         resolve_config([arg])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_refused_up_front():
+    with pytest.raises(ValueError, match="--device=cuda but CUDA is not available"):
+        resolve_config(["--device=cuda"])
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ValueError, match="--batch_size must be >= 1.*--lr must be a finite"):
+        resolve_config(["--batch_size=0", "--lr=nan"])
 
 
 def test_file_then_command_line_precedence(tmp_path):
@@ -96,7 +125,7 @@ def test_resolved_entry_is_recorded_but_not_read_back_as_an_option(tmp_path):
 def test_resume_uses_saved_config_plus_explicit_overrides(tmp_path):
     run = tmp_path / "run"
     original, _ = resolve_config([f"--out_dir={run}", "--lr=0.002", "--max_iters=40",
-                                  "--stop_at_iter=20"])
+                                  "--warmup_iters=4", "--stop_at_iter=20"])
     save_config(original, run)
     with pytest.warns(UserWarning, match="max_iters changed 40 -> 50.*reproducibility"):
         resumed, notes = resolve_config([f"--out_dir={run}", "--resume", "--max_iters=50",
