@@ -18,25 +18,19 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 
-from model.loading import default_tokenizer_dir, load_model
-from tokenizer import load_tokenizer
+from model.loading import add_model_arguments, load_for_inference
 from utils.cli_errors import run_main
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
-from utils.precision import DTYPES, resolve_dtype
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ckpt", required=True,
-                        help="run dir, checkpoint dir, save_pretrained dir or HF Llama dir")
-    parser.add_argument("--tokenizer_dir", default=None,
-                        help="default: tokenizer_dir from the run's config.json")
+    add_model_arguments(parser)
     parser.add_argument("--prompt", default="", help="text to continue (or the user message)")
     parser.add_argument("--chat", action="store_true",
                         help="format as a chat turn (ChatML) and stop at <|im_end|>")
@@ -46,9 +40,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top_k", type=int, default=None, help="sample among the k best")
     parser.add_argument("--top_p", type=float, default=None, help="nucleus sampling mass")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                        help="auto: as the trainer decides (utils/precision.py)")
     args = parser.parse_args(argv)
     raise_problems([
         range_problem("--max_new_tokens", args.max_new_tokens, 1),
@@ -88,13 +79,8 @@ def print_streaming(tokenizer, new_tokens: Iterable[int], stop: list[int]) -> li
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     configure_logging()
-    model, model_dir = load_model(args.ckpt)
-    tokenizer_dir = args.tokenizer_dir or default_tokenizer_dir(Path(args.ckpt), model_dir)
-    tokenizer = load_tokenizer(tokenizer_dir)
+    model, tokenizer = load_for_inference(args)
     device = torch.device(args.device)
-    precision = resolve_dtype(args.dtype, device)
-    print(precision.reason, file=sys.stderr)  # stdout holds only the generated text
-    model = model.to(device=device, dtype=DTYPES[precision.dtype]).eval()
     ids, stop = prompt_ids(tokenizer, args), stop_ids(tokenizer)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     stream = model.stream_generate(

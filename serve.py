@@ -16,32 +16,21 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
-from model.loading import default_tokenizer_dir, load_model
-from model.modeling_z2all import Z2allForCausalLM
+from model.loading import add_model_arguments, load_for_inference
 from server.app import ServedModel, create_app
 from server.engine import Engine
-from tokenizer import load_tokenizer
-from utils.precision import DTYPES, resolve_dtype
+from utils.cli_errors import run_main
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ckpt", required=True,
-                        help="run dir, checkpoint dir, save_pretrained dir or HF Llama dir")
-    parser.add_argument("--tokenizer_dir", default=None,
-                        help="default: tokenizer_dir from the run's config.json")
+    add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on; 0.0.0.0 exposes the server to the network")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api_key", default=os.environ.get("Z2ALL_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on /v1/* "
                              "(default: $Z2ALL_API_KEY; none = no authentication)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                        help="auto: measured on CPU (bf16 only where clearly faster), bf16 on "
-                             "CUDA where supported")
     parser.add_argument("--max_batch_size", type=int, default=16,
                         help="requests decoded together at most; the others wait")
     parser.add_argument("--max_waiting", type=int, default=64,
@@ -71,20 +60,8 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
             "KEY') or bind to 127.0.0.1.")
 
 
-def load_model_and_tokenizer(ckpt: str, tokenizer_dir: str | None, device: torch.device,
-                             dtype: str = "auto") -> tuple[Z2allForCausalLM, object]:
-    """The model (in the precision `--dtype` picks, in eval mode) and its tokenizer, as
-    generate.py loads them."""
-    model, model_dir = load_model(ckpt)
-    tokenizer = load_tokenizer(tokenizer_dir or default_tokenizer_dir(Path(ckpt), model_dir))
-    precision = resolve_dtype(dtype, device)
-    print(precision.reason, file=sys.stderr)
-    return model.to(device=device, dtype=DTYPES[precision.dtype]).eval(), tokenizer
-
-
 def build_app(args: argparse.Namespace):
-    model, tokenizer = load_model_and_tokenizer(args.ckpt, args.tokenizer_dir,
-                                                torch.device(args.device), args.dtype)
+    model, tokenizer = load_for_inference(args)
     served = ServedModel(name=Path(args.ckpt).resolve().name, tokenizer=tokenizer,
                          context_length=model.config.max_position_embeddings)
     engine = Engine(model, args.max_batch_size, args.max_waiting)
@@ -105,4 +82,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -13,12 +13,19 @@ everywhere (never loaded because the caller named its folder directly).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
+import torch
+
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
+from tokenizer import load_tokenizer
+from tokenizer.z2all_tokenizer import Z2allTokenizer
 from utils.checkpoint import MANIFEST, resolve_checkpoint
+from utils.precision import DTYPES, resolve_dtype
 
 
 def is_hf_llama_dir(path: Path) -> bool:
@@ -58,3 +65,30 @@ def default_tokenizer_dir(ckpt: Path, model_dir: Path) -> Path:
     if (model_dir / "tokenizer_config.json").is_file():
         return model_dir
     raise ValueError(f"no tokenizer recorded for {ckpt}; pass --tokenizer_dir")
+
+
+# ------------------------------------------------------------------ model runners' shared CLI
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--ckpt`, `--tokenizer_dir`, `--device`, `--dtype`: how every model runner (generate.py,
+    serve.py) is told which model to run and how."""
+    parser.add_argument("--ckpt", required=True,
+                        help="run dir, checkpoint dir, save_pretrained dir or HF Llama dir")
+    parser.add_argument("--tokenizer_dir", default=None,
+                        help="default: tokenizer_dir from the run's config.json")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="auto: as the trainer decides (utils/precision.py: measured on "
+                             "CPU, bf16 on CUDA where supported)")
+
+
+def load_for_inference(args: argparse.Namespace) -> tuple[Z2allForCausalLM, Z2allTokenizer]:
+    """The model (on `--device`, in the precision `--dtype` resolves to, in eval mode) and its
+    tokenizer. The precision choice is printed to stderr: stdout may be the generated text."""
+    model, model_dir = load_model(args.ckpt)
+    tokenizer = load_tokenizer(args.tokenizer_dir
+                               or default_tokenizer_dir(Path(args.ckpt), model_dir))
+    device = torch.device(args.device)
+    precision = resolve_dtype(args.dtype, device)
+    print(precision.reason, file=sys.stderr)
+    return model.to(device=device, dtype=DTYPES[precision.dtype]).eval(), tokenizer
