@@ -59,11 +59,14 @@ def test_model_bf16_on_cuda_matches_fp32_on_cpu(padded):
         assert _relative_error(got.grad, expected.grad) < 5e-2, name
 
 
-def _ddp_grads(model, process_group, device, steps=2):
+def _ddp_grads(model, process_group, device, steps=2, bucket_size=60, state=None):
+    """main_grad of every parameter after each of `steps` steps; with `state`, PowerSGD."""
     ddp = DistributedDataParallel(copy.deepcopy(model).to(device),
-                                  DistributedDataParallelConfig(bucket_size=60,
+                                  DistributedDataParallelConfig(bucket_size=bucket_size,
                                                                 overlap_grad_reduce=True),
                                   process_group=process_group)
+    if state is not None:
+        ddp.register_comm_hook(state, powerSGD_hook)
     grads = []
     for step in range(steps):
         inputs, targets = make_batch(0, step, 0)
@@ -87,20 +90,9 @@ def test_nccl_ddp_matches_gloo():
 
 
 def _powersgd_grads(model, process_group, device, steps=3):
-    ddp = DistributedDataParallel(copy.deepcopy(model).to(device),
-                                  DistributedDataParallelConfig(bucket_size=None),
-                                  process_group=process_group)
     state = PowerSGDState(process_group, matrix_approximation_rank=2, start_powerSGD_iter=1,
                           min_compression_rate=0.0)
-    ddp.register_comm_hook(state, powerSGD_hook)
-    grads = []
-    for step in range(steps):
-        inputs, targets = make_batch(0, step, 0)
-        mse_loss(ddp, inputs.to(device), targets.to(device)).backward()
-        ddp.finish_grad_sync()
-        grads.append([p.main_grad.cpu().clone() for p in ddp.module.parameters()])
-        ddp.zero_grad_buffer()
-    return grads, state
+    return _ddp_grads(model, process_group, device, steps, bucket_size=None, state=state), state
 
 
 def _powersgd_side_stream_vs_cpu(rank: int, world_size: int) -> None:

@@ -65,7 +65,7 @@ CASES = [
     (train_my_ddp.main, ["--dpo_beta=0"], "--dpo_beta must be > 0"),
     (train_my_ddp.main, ["--dpo_label_smoothing=0.5"], "--dpo_label_smoothing must be in"),
     (train_my_ddp.main, ["--peak_flops=-1"], "--peak_flops must be > 0"),
-    (train_my_ddp.main, ["--warmup_iters=20", "--max_iters=10"], "--warmup_iters must be in"),
+    (train_my_ddp.main, ["--warmup_iters=-5"], "--warmup_iters must be >= 0"),
     (train_my_ddp.main, ["--lr=1e-3", "--min_lr=1e-2"], "--min_lr must be in [0, 0.001]"),
     (train_my_ddp.main, ["--lrr=1"], "did you mean --lr"),
     (generate.main, ["--ckpt={tmp}/nothing", "--temperature=-1"], "--temperature must be >= 0"),

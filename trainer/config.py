@@ -212,7 +212,6 @@ class Config:
                     for name, low in _LOWER_BOUNDS.items()]
         lr_problem = range_problem("--lr", self.lr, 0, low_open=True)
         # Bounds that are other options apply once those are valid (one message per mistake).
-        max_warmup = self.max_iters if self.max_iters >= 1 else None
         problems += [
             lr_problem,
             range_problem("--min_lr", self.min_lr, 0, None if lr_problem else self.lr),
@@ -227,7 +226,7 @@ class Config:
             range_problem("--initial_loss_scale", self.initial_loss_scale, 0, low_open=True),
             range_problem("--min_loss_scale", self.min_loss_scale, 0, self.initial_loss_scale,
                           low_open=True),
-            range_problem("--warmup_iters", self.warmup_iters, 0, max_warmup),
+            range_problem("--warmup_iters", self.warmup_iters, 0),  # > max_iters: never decays
             range_problem("--stop_at_iter", self.stop_at_iter, 1),
             range_problem("--dist_timeout", self.dist_timeout, 0, low_open=True),
         ]

@@ -44,7 +44,7 @@ def test_values_are_parsed_by_the_field_type():
     ("--stop_at_iter=5000", "beyond --max_iters"),
     ("--batch_size=0", "--batch_size must be >= 1"),
     ("--dist_timeout=0", "--dist_timeout must be > 0"),
-    ("--max_iters=-1", r"^--max_iters must be >= 1, got -1$"),  # not also warmup > max_iters
+    ("--max_iters=-1", r"^--max_iters must be >= 1, got -1$"),
     ("--max_iters=0", "--max_iters must be >= 1"),
     ("--stop_at_iter=0", "--stop_at_iter must be >= 1"),
     ("--lr=nan", r"^--lr must be a finite number > 0, got nan$"),
@@ -57,7 +57,7 @@ def test_values_are_parsed_by_the_field_type():
     ("--dpo_beta=0", "--dpo_beta must be > 0"),
     ("--dpo_label_smoothing=0.5", r"--dpo_label_smoothing must be in \[0, 0.5\)"),
     ("--peak_flops=-1", "--peak_flops must be > 0"),
-    ("--warmup_iters=2000", r"--warmup_iters must be in \[0, 1000\]"),
+    ("--warmup_iters=-1", "--warmup_iters must be >= 0"),
     ("--num_workers=-1", "--num_workers must be >= 0"),
     ("--adam_beta2=1", r"--adam_beta2 must be in \[0, 1\)"),
     ("--device=tpu", "--device must be auto, cpu or cuda"),

@@ -22,15 +22,9 @@ from tests.train_helpers import (
     records,
     run_main,
     run_on_two_ranks,
-    tiny_training_data,
     train_losses,
 )
 from utils.checkpoint import resolve_checkpoint
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory, tiny_hf_tokenizer_dir):
-    return tiny_training_data(tmp_path_factory.getbasetemp(), tiny_hf_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,6 @@ from tests.train_helpers import (
     records,
     run_main,
     run_on_two_ranks,
-    tiny_training_data,
     train_losses,
 )
 from utils.checkpoint import (
@@ -43,11 +42,6 @@ from utils.checkpoint import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory, tiny_hf_tokenizer_dir):
-    return tiny_training_data(tmp_path_factory.getbasetemp(), tiny_hf_tokenizer_dir)
 
 
 def _pretrain_args(data, *extra):

@@ -23,17 +23,11 @@ from tests.train_helpers import (
     final_weights,
     records,
     run_main,
-    tiny_training_data,
     train_losses,
 )
 from utils.checkpoint import list_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory, tiny_hf_tokenizer_dir):
-    return tiny_training_data(tmp_path_factory.getbasetemp(), tiny_hf_tokenizer_dir)
 
 
 def stream_args(data, *extra: str) -> list[str]:
