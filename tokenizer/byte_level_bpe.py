@@ -16,6 +16,12 @@ from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tokenizer.long_texts import bounded_pieces
+
+# The trainer splits each training text into words in memory at once: longer documents are fed
+# in pieces of at most this many bytes (tokenizer/long_texts.py).
+MAX_TRAINING_PIECE_BYTES = 1 << 20
+
 CJK = r"\p{Han}\p{Hiragana}\p{Katakana}"
 # Alternatives in order (the first that matches at a position wins); it extends GPT-4's
 # cl100k pattern (public in tiktoken) in two places, marked *:
@@ -63,5 +69,6 @@ def train_byte_level_bpe(texts: Iterable[str], base_vocab_size: int, show_progre
     trainer = trainers.BpeTrainer(vocab_size=base_vocab_size, initial_alphabet=alphabet,
                                   special_tokens=[], show_progress=show_progress)
     tokenizer = untrained_tokenizer()
-    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.train_from_iterator(bounded_pieces(texts, MAX_TRAINING_PIECE_BYTES),
+                                  trainer=trainer)
     return tokenizer

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import sentencepiece
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from tokenizer.long_texts import bounded_pieces
 
 META_SYMBOL = "\u2581"  # how sentencepiece writes a space inside its pieces
 # sentencepiece skips training sentences longer than `max_sentence_length` bytes, so longer
@@ -53,36 +55,13 @@ def sentencepiece_settings(base_vocab_size: int, max_sentences: int, show_progre
     )
 
 
-def training_sentences(texts: Iterable[str], max_bytes: int = MAX_SENTENCE_BYTES
-                       ) -> Iterator[str]:
-    """Each text as one sentence, or cut into consecutive sentences of <= max_bytes bytes."""
-    max_chars = max_bytes // 4  # a character is at most 4 UTF-8 bytes
-    for text in texts:
-        if len(text) <= max_chars or len(text.encode("utf-8")) <= max_bytes:
-            yield text
-            continue
-        chunk: list[str] = []
-        chunk_bytes = 0
-        for line in text.splitlines(keepends=True):
-            for start in range(0, len(line), max_chars):
-                piece = line[start:start + max_chars]
-                piece_bytes = len(piece.encode("utf-8"))
-                if chunk and chunk_bytes + piece_bytes > max_bytes:
-                    yield "".join(chunk)
-                    chunk, chunk_bytes = [], 0
-                chunk.append(piece)
-                chunk_bytes += piece_bytes
-        if chunk:
-            yield "".join(chunk)
-
-
 def train_sentencepiece_bpe(texts: Iterable[str], base_vocab_size: int, seed: int = 0,
                             max_sentences: int = 2_000_000, show_progress: bool = True) -> bytes:
     """Train on the stream `texts` (consumed once); returns the serialized model."""
     sentencepiece.set_random_generator_seed(seed)  # the reservoir sample of sentences
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=training_sentences(texts), model_writer=model,
+        sentence_iterator=bounded_pieces(texts, MAX_SENTENCE_BYTES), model_writer=model,
         **sentencepiece_settings(base_vocab_size, max_sentences, show_progress))
     return model.getvalue()
 
