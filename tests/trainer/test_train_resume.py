@@ -13,6 +13,7 @@ a resume that switches to PowerSGD starts its state fresh.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from tests.train_helpers import (
     run_on_two_ranks,
     train_losses,
 )
+from trainer.lr_schedule import LRSchedule
 from utils.checkpoint import (
     DamagedCheckpointWarning,
     begin_checkpoint,
@@ -200,13 +202,15 @@ def test_resume_with_another_comm_hook_starts_the_hook_fresh(data, tmp_path):
 
 @pytest.mark.parametrize(("save_interval", "caught_by"), [
     (1, "the weights are"), (5, "the loss or gradient norm is")])
-def test_a_non_finite_loss_stops_the_run_without_saving_it(data, tmp_path, save_interval,
-                                                           caught_by):
-    """--lr=inf turns the weights to NaN after the first update: the run must stop with a
-    message naming the step (at the save of step 1, or at step 2's NaN loss), and no
-    checkpoint may hold the NaN weights."""
+def test_a_non_finite_loss_stops_the_run_without_saving_it(data, tmp_path, monkeypatch,
+                                                           save_interval, caught_by):
+    """An infinite learning rate (the options refuse `--lr=inf`, so the schedule is patched)
+    turns the weights to NaN after the first update: the run must stop with a message naming
+    the step (at the save of step 1, or at step 2's NaN loss), and no checkpoint may hold the
+    NaN weights."""
+    monkeypatch.setattr(LRSchedule, "__call__", lambda self, step: math.inf)
     run_dir = tmp_path / "diverged"
-    args = _pretrain_args(data, "--lr=inf", f"--save_interval={save_interval}",
+    args = _pretrain_args(data, f"--save_interval={save_interval}",
                           "--max_iters=6", f"--out_dir={run_dir}")
     message = rf"error: step \d: {caught_by} not finite.*stopped without saving"
     with pytest.raises(SystemExit, match=message):
