@@ -43,6 +43,7 @@ def test_values_are_parsed_by_the_field_type():
     ("--stop_at_iter=5000", "beyond --max_iters"),
     ("--batch_size=0", "--batch_size must be >= 1"),
     ("--dist_timeout=0", "--dist_timeout must be > 0 minutes"),
+    ("--pack_samples", "--pack_samples packs SFT samples"),
 ])
 def test_bad_arguments_name_the_key(arg, message):
     with pytest.raises(ValueError, match=message):
