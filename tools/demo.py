@@ -53,6 +53,7 @@ import sys
 import time
 from pathlib import Path
 
+from tools.stage_progress import run_with_progress, training_steps
 from utils.log_setup import configure_logging
 
 DEMO = "data/demo"
@@ -117,7 +118,11 @@ def run_stage(name: str, argv: list[str]) -> tuple[float, float]:
     print(f"\n=== {name}: python {' '.join(argv)}", flush=True)
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run([sys.executable, *argv], check=True)
+    steps = training_steps(argv)
+    if steps:  # a training stage: a progress bar with the time left
+        run_with_progress(argv, steps, name)
+    else:
+        subprocess.run([sys.executable, *argv], check=True)
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     return time.perf_counter() - start, cpu
