@@ -66,9 +66,10 @@ VOCAB = "512"  # small: made-up words split into letters and short pieces (see a
 TRAIN_COMMON = [f"--tokenizer_dir={TOKENIZER}", "--dtype=auto", "--log_interval=10",
                 "--keep_last=1", "--max_new_tokens=16"]
 # Pretraining runs as 2 processes of our DDP with ZeRO-1 (the optimizer state sharded over the
-# ranks), as on a multi-GPU node: torchrun starts the ranks, gloo carries the gradients.
-PRETRAIN_RANKS = 2
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={PRETRAIN_RANKS}"]
+# ranks), as on a multi-GPU node: torchrun starts the ranks, gloo carries the gradients. SFT
+# runs as 2 ranks too (plain DDP): one thread per rank is faster than 2 threads in 1 process.
+RANKS = 2
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={RANKS}"]
 CHAT_PROMPTS = '--eval_prompts=["What is 3 + 4?", "Reverse the word \\"kato\\".", ' \
                '"Repeat the word \\"mira\\"."]'
 
@@ -88,16 +89,17 @@ STAGES: list[tuple[str, list[str]]] = [
                   "--use_distributed_optimizer",
                   f"--data_dir={DEMO}/pretrain_pretok", f"--out_dir={OUT}/demo_pretrain",
                   "--model_preset=tiny", "--max_seq_len=256",
-                  f"--batch_size={16 // PRETRAIN_RANKS}",  # x 2 ranks = 16 sequences a step
-                  "--max_iters=300", "--warmup_iters=20", "--lr=3e-3", "--min_lr=3e-4",
+                  f"--batch_size={16 // RANKS}",  # x 2 ranks = 16 sequences a step
+                  "--max_iters=400", "--warmup_iters=20", "--lr=3e-3", "--min_lr=3e-4",
                   "--eval_interval=100", "--eval_iters=4", "--save_interval=100",
                   '--eval_prompts=["ROMEO.", "The king"]']),
-    ("sft", ["train_my_ddp.py", *TRAIN_COMMON, "--task_type=sft",
+    ("sft", [*TORCHRUN, "train_my_ddp.py", *TRAIN_COMMON, "--task_type=sft",
              f"--init_from={OUT}/demo_pretrain", f"--data_dir={DEMO}/sft",
-             f"--out_dir={OUT}/demo_sft", "--max_seq_len=128", "--batch_size=16",
-             "--max_iters=7000", "--warmup_iters=30", "--lr=3e-3", "--min_lr=3e-4",
-             "--weight_decay=0.0", "--eval_interval=500", "--eval_iters=4",
-             "--save_interval=500", CHAT_PROMPTS]),
+             f"--out_dir={OUT}/demo_sft", "--max_seq_len=128", "--pack_samples",
+             f"--batch_size={16 // RANKS}",  # x 2 ranks = 16 samples a step, packed
+             "--max_iters=6000", "--warmup_iters=30", "--lr=3e-3", "--min_lr=3e-4",
+             "--weight_decay=0.0", "--eval_interval=1000", "--eval_iters=4",
+             "--save_interval=1000", CHAT_PROMPTS]),
     ("accuracy_sft", ["-m", "tools.demo_eval", "--ckpt", f"{OUT}/demo_sft", "--tokenizer_dir",
                       TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl"]),
     ("dpo", ["train_my_ddp.py", *TRAIN_COMMON, "--task_type=dpo",
