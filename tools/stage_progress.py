@@ -39,8 +39,8 @@ def run_with_progress(argv: list[str], total_steps: int, label: str) -> int:
         for line in child.stdout:
             step_line = STEP_LINE.match(line)
             if step_line:
+                bar.set_postfix(loss=step_line[2], refresh=False)  # shown by the update
                 bar.update(int(step_line[1]) - bar.n)
-                bar.set_postfix(loss=step_line[2], refresh=False)
             else:
                 bar.write(line.rstrip("\n"))
     if child.returncode:
