@@ -1,6 +1,6 @@
 """Benchmark: continuous batching vs one generation at a time, in the server's engine.
 
-    python bench/bench_serve.py [--quick] [--requests 32] [--max_batch_size 16]
+    python bench/bench_serve.py [--quick | --smoke] [--requests 32] [--max_batch_size 16]
 
 The same requests (random prompts of 8..64 tokens, 16..64 new tokens each, greedy) go through
 `server.engine.Engine` twice: with max_batch_size=1 (a request queue with one generation in
@@ -56,6 +56,8 @@ def run_requests(model: Z2allForCausalLM, max_batch_size: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 requests, 1 repeat")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 requests, batch 2, 1 repeat: only checks that it runs")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max_batch_size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
@@ -64,6 +66,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.requests, args.repeats = 8, 1
+    if args.smoke:
+        args.requests, args.repeats, args.max_batch_size = 2, 1, 2
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = Z2allForCausalLM(Z2allConfig.from_preset(args.preset)).eval()

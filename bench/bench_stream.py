@@ -1,6 +1,6 @@
 """Does the on-the-fly stream keep up with training? Samples/s side by side, and the ratios.
 
-    python bench/bench_stream.py [--quick] [--seq_len 256] [--batch_size 8]
+    python bench/bench_stream.py [--quick | --smoke] [--seq_len 256] [--batch_size 8]
 
 Measured on this machine, one after another, all with L = seq_len:
 1. stream:  `StreamLoader` (dataset/stream.py) with 2 DataLoader workers reading raw .jsonl
@@ -103,21 +103,26 @@ def training_rate(preset: str, args: argparse.Namespace, steps: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller corpus, fewer steps")
+    parser.add_argument("--smoke", action="store_true",
+                        help="10 batches, 1 step of the tiny model: only checks that it runs")
     parser.add_argument("--seq_len", type=int, default=256)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--num_batches", type=int, default=None)
     args = parser.parse_args(argv)
-    args.num_batches = args.num_batches or (100 if args.quick else 400)
+    args.num_batches = args.num_batches or (10 if args.smoke else 100 if args.quick else 400)
     torch.set_num_threads(1)
-    texts = corpus_texts()
+    use_demo = not args.smoke  # the demo's corpus and tokenizer where built; --smoke never
+    texts = corpus_texts(use_demo, 100 if args.smoke else 3000)
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
-        tokenizer = tokenizer_dir(texts, scratch)
-        shards = write_shards(texts, scratch / "shards", repeats=1 if args.quick else 3)
+        tokenizer = tokenizer_dir(texts, scratch, use_demo)
+        shards = write_shards(texts, scratch / "shards",
+                              repeats=1 if args.quick or args.smoke else 3)
         stream_first, stream = stream_rate(shards, tokenizer, args)
         pretok_first, pretok = pretok_rate(shards, tokenizer, scratch, args)
-    steps = 2 if args.quick else 5
-    training = {preset: training_rate(preset, args, steps) for preset in ("tiny", "0.1B")}
+    steps = 1 if args.smoke else 2 if args.quick else 5
+    presets = ("tiny",) if args.smoke else ("tiny", "0.1B")
+    training = {preset: training_rate(preset, args, steps) for preset in presets}
 
     print(f"L={args.seq_len}, batch {args.batch_size}, {NUM_WORKERS} DataLoader workers, "
           f"{torch.get_num_threads()} torch thread")
