@@ -69,11 +69,15 @@ def packed_tokens_for(key_padding_mask: torch.Tensor, query_len: int) -> kernels
     queries are the newest `query_len` keys, so each row's real queries are its last real keys,
     which is what flash-attn's bottom-right aligned causal mask assumes."""
 
+    samples_per_row = int(key_padding_mask.max())  # 1, or the most samples packed in a row
+
     def coordinates_and_offsets(sample_ids: torch.Tensor
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         rows, cols = sample_ids.nonzero(as_tuple=True)  # row-major: each sample contiguous
-        _, lengths = torch.unique_consecutive(torch.stack((rows, sample_ids[rows, cols])),
-                                              dim=1, return_counts=True)
+        # Sequence (row, sample) for every real token; the same count of sequences for queries
+        # and keys, empty ones included, so their offsets stay aligned.
+        sequence = rows * samples_per_row + sample_ids[rows, cols].long() - 1
+        lengths = torch.bincount(sequence, minlength=len(sample_ids) * samples_per_row)
         offsets = F.pad(lengths.cumsum(dim=0), (1, 0)).to(torch.int32)
         return rows, cols, offsets, int(lengths.max())
 

@@ -9,7 +9,7 @@ import torch
 
 from dataset.dataset_sft import SFTCollator, chat_item
 from dataset.sft_packing import PackingSFTCollator, first_fit_decreasing
-from model.attention import attention_mask_for, position_ids_for
+from model.attention import attention_mask_for, packed_tokens_for, position_ids_for
 from tests.model.model_helpers import VOCAB, small_model
 from utils.labels import IGNORE_INDEX
 
@@ -59,6 +59,13 @@ def test_attention_never_crosses_a_sample_boundary():
                 same = mask[row, query] == mask[row, key] and mask[row, key] > 0
                 expected = key <= query and (same or key == query)
                 assert allowed[row, 0, query, key].item() == expected, (row, query, key)
+
+
+def test_flash_varlen_sees_one_sequence_per_packed_sample():
+    """cu_seqlens: (row 0, sample 1) 2 tokens, (0, 2) 3, (1, 1) 3, (1, 2) none."""
+    packed = packed_tokens_for(torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 0, 0, 0]]), 6)
+    assert packed.cu_seqlens_q.tolist() == packed.cu_seqlens_k.tolist() == [0, 2, 5, 8, 8]
+    assert packed.max_seqlen_q == 3 and packed.query_cols.tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
 
 
 def test_changing_one_sample_leaves_the_others_unchanged():
