@@ -201,7 +201,8 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
             skip_bad_records=cfg.skip_bad_records)
     else:
         train_dataset, valid_dataset, collate_fn = build_datasets(
-            cfg.task_type, cfg.data_dir, cfg.tokenizer_dir, cfg.max_seq_len, seed=cfg.seed)
+            cfg.task_type, cfg.data_dir, cfg.tokenizer_dir, cfg.max_seq_len, seed=cfg.seed,
+            pack_samples=cfg.pack_samples)
         sampler = StatefulDistributedSampler(len(train_dataset), env.rank, env.world_size,
                                              cfg.seed)
     global_batch = cfg.batch_size * cfg.gradient_accumulation_steps * env.world_size

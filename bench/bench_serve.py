@@ -56,15 +56,18 @@ def run_requests(model: Z2allForCausalLM, max_batch_size: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 requests, 1 repeat")
-    parser.add_argument("--smoke", action="store_true", help="4 short requests, 1 repeat")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 requests, batch 2, 1 repeat: only checks that it runs")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max_batch_size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    if args.quick or args.smoke:
-        args.requests, args.repeats = (4 if args.smoke else 8), 1
+    if args.quick:
+        args.requests, args.repeats = 8, 1
+    if args.smoke:
+        args.requests, args.repeats, args.max_batch_size = 2, 1, 2
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = Z2allForCausalLM(Z2allConfig.from_preset(args.preset)).eval()

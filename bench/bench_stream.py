@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller corpus, fewer steps")
     parser.add_argument("--smoke", action="store_true",
-                        help="seconds: a generated corpus, short windows, the tiny preset only")
+                        help="10 batches, 1 step of the tiny model: only checks that it runs")
     parser.add_argument("--seq_len", type=int, default=256)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--num_batches", type=int, default=None)
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         args.seq_len = min(args.seq_len, 64)
     args.num_batches = args.num_batches or (10 if args.smoke else 100 if args.quick else 400)
     torch.set_num_threads(1)
-    use_demo = not args.smoke
-    texts = corpus_texts(use_demo, 200 if args.smoke else 3000)
+    use_demo = not args.smoke  # the demo's corpus and tokenizer where built; --smoke never
+    texts = corpus_texts(use_demo, 100 if args.smoke else 3000)
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
         tokenizer = tokenizer_dir(texts, scratch, use_demo)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                               repeats=1 if args.quick or args.smoke else 3)
         stream_first, stream = stream_rate(shards, tokenizer, args)
         pretok_first, pretok = pretok_rate(shards, tokenizer, scratch, args)
-    steps = 2 if args.quick or args.smoke else 5
+    steps = 1 if args.smoke else 2 if args.quick else 5
     presets = ("tiny",) if args.smoke else ("tiny", "0.1B")
     training = {preset: training_rate(preset, args, steps) for preset in presets}
 

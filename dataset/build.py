@@ -41,6 +41,7 @@ from dataset.dataset_dpo import DPOCollator, DPODataset
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from dataset.dataset_sft import SFTCollator, SupervisedDataset
 from dataset.prepare import DEFAULT_PREPARE_TIMEOUT_S, prepare_once
+from dataset.sft_packing import PackingSFTCollator
 from dataset.stream import StreamDataset, StreamLoader, StreamSettings, holdout_items
 from dataset.stream_shards import find_sources
 from tokenizer import load_tokenizer
@@ -94,10 +95,15 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
                    valid_ratio: float = DEFAULT_VALID_RATIO, system_prompt: str | None = None,
                    cache_dir: str | Path | None = None, num_workers: int = DEFAULT_WORKERS,
                    prepare_timeout_s: float = DEFAULT_PREPARE_TIMEOUT_S,
-                   pad_to_multiple_of: int = 8) -> tuple[Dataset, Dataset, Any]:
-    """(train, valid, collate_fn) for `task_type`; see the module docstring for the sources."""
+                   pad_to_multiple_of: int = 8, pack_samples: bool = False
+                   ) -> tuple[Dataset, Dataset, Any]:
+    """(train, valid, collate_fn) for `task_type`; see the module docstring for the sources.
+    pack_samples (sft): each batch's samples end to end in rows of max_seq_len
+    (dataset/sft_packing.py)."""
     if task_type not in TASK_TYPES:
         raise ValueError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
+    if pack_samples and task_type != "sft":
+        raise ValueError(f"packing is for sft samples, not {task_type}")
     data_dir = Path(data_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
     if task_type == "pretrain":
@@ -119,6 +125,8 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
     train_ids, valid_ids = split_train_valid(store, valid_ratio, seed)
     dataset_class, collator_class = ((SupervisedDataset, SFTCollator) if task_type == "sft"
                                      else (DPODataset, DPOCollator))
+    if pack_samples:
+        collator_class = PackingSFTCollator
     collate_fn = collator_class(tokenizer.pad_token_id, pad_to_multiple_of, max_seq_len)
     return dataset_class(store, train_ids), dataset_class(store, valid_ids), collate_fn
 

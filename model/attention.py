@@ -12,6 +12,13 @@ so each prompt's first real token is at position 0 whatever its padding. Queries
 earlier real tokens; with SDPA a pad query attends to itself only, which keeps its row of the
 softmax from being empty (an all -inf row would give NaN, and NaN * 0 still poisons real rows);
 flash-attn's varlen path drops pad queries and gives them output 0.
+
+Packed rows (several short samples end to end in one row, dataset/sft_packing.py) use the same
+mask with the sample's number instead of 1. Positions restart at each sample, and attention is
+block-diagonal: a token sees only earlier tokens of its own sample, as if each sample were
+alone in its row:
+
+    attention_mask  [[1, 1, 1, 2, 2, 3, 0]]   position_ids  [[0, 1, 2, 0, 1, 0, 0]]
 """
 
 from __future__ import annotations
@@ -28,10 +35,15 @@ from model.kv_cache import KVCache
 def position_ids_for(key_padding_mask: torch.Tensor | None, query_len: int, past_len: int,
                      device: torch.device) -> torch.Tensor:
     """Positions of the `query_len` newest tokens: [1, T] without padding, else [B, T]
-    counting real tokens only. `key_padding_mask` [B, past_len + query_len], 1 = real."""
+    counting the real tokens of each sample from 0. `key_padding_mask` [B, past_len +
+    query_len]: 0 = padding, else the token's sample number (1 when a row holds one sample)."""
     if key_padding_mask is None:
         return torch.arange(past_len, past_len + query_len, device=device)[None]
-    return (key_padding_mask.long().cumsum(dim=-1) - 1).clamp(min=0)[:, past_len:]
+    sample_ids = key_padding_mask.long()
+    column = torch.arange(sample_ids.shape[1], device=device).expand_as(sample_ids)
+    starts_sample = F.pad(sample_ids[:, 1:] != sample_ids[:, :-1], (1, 0), value=True)
+    sample_start = torch.where(starts_sample, column, 0).cummax(dim=-1).values
+    return torch.where(sample_ids > 0, column - sample_start, 0)[:, past_len:]
 
 
 def attention_mask_for(key_padding_mask: torch.Tensor | None, query_len: int, past_len: int,
@@ -44,25 +56,36 @@ def attention_mask_for(key_padding_mask: torch.Tensor | None, query_len: int, pa
     query_pos = torch.arange(past_len, past_len + query_len, device=device)[:, None]
     key_pos = torch.arange(past_len + query_len, device=device)[None, :]
     is_self = key_pos == query_pos
-    allowed = (key_pos <= query_pos) & (key_padding_mask.bool()[:, None, :] | is_self)
+    sample_ids = key_padding_mask.long()
+    key_sample, query_sample = sample_ids[:, None, :], sample_ids[:, past_len:, None]
+    same_sample = (key_sample == query_sample) & (key_sample > 0)
+    allowed = (key_pos <= query_pos) & (same_sample | is_self)
     return allowed[:, None], False
 
 
 def packed_tokens_for(key_padding_mask: torch.Tensor, query_len: int) -> kernels.PackedTokens:
-    """Real-token coordinates and per-row offsets of a padded batch (flash-attn varlen). The
+    """Real-token coordinates and offsets of a padded batch (flash-attn varlen): one sequence
+    per row, or per sample of a packed row (its samples numbered 1, 2, ... left to right). The
     queries are the newest `query_len` keys, so each row's real queries are its last real keys,
     which is what flash-attn's bottom-right aligned causal mask assumes."""
-    query_mask = key_padding_mask[:, -query_len:].bool()
-    key_mask = key_padding_mask.bool()
 
-    def offsets(mask: torch.Tensor) -> torch.Tensor:
-        return F.pad(mask.sum(dim=1).cumsum(dim=0), (1, 0)).to(torch.int32)
+    samples_per_row = int(key_padding_mask.max())  # 1, or the most samples packed in a row
 
-    query_rows, query_cols = query_mask.nonzero(as_tuple=True)
-    key_rows, key_cols = key_mask.nonzero(as_tuple=True)
-    return kernels.PackedTokens(
-        query_rows, query_cols, key_rows, key_cols, offsets(query_mask), offsets(key_mask),
-        max_seqlen_q=int(query_mask.sum(dim=1).max()), max_seqlen_k=int(key_mask.sum(dim=1).max()))
+    def coordinates_and_offsets(sample_ids: torch.Tensor
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        rows, cols = sample_ids.nonzero(as_tuple=True)  # row-major: each sample contiguous
+        # Sequence (row, sample) for every real token; the same count of sequences for queries
+        # and keys, empty ones included, so their offsets stay aligned.
+        sequence = rows * samples_per_row + sample_ids[rows, cols].long() - 1
+        lengths = torch.bincount(sequence, minlength=len(sample_ids) * samples_per_row)
+        offsets = F.pad(lengths.cumsum(dim=0), (1, 0)).to(torch.int32)
+        return rows, cols, offsets, int(lengths.max())
+
+    query_rows, query_cols, query_offsets, max_query = coordinates_and_offsets(
+        key_padding_mask[:, -query_len:])
+    key_rows, key_cols, key_offsets, max_key = coordinates_and_offsets(key_padding_mask)
+    return kernels.PackedTokens(query_rows, query_cols, key_rows, key_cols, query_offsets,
+                                key_offsets, max_seqlen_q=max_query, max_seqlen_k=max_key)
 
 
 def attention_layout_for(key_padding_mask: torch.Tensor | None, query_len: int, past_len: int,

@@ -156,7 +156,8 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
                 attention_mask: torch.Tensor | None = None) -> CausalLMOutput:
         """input_ids [B, T]; labels [B, T] already shifted (labels[b, t] is the target of
         position t; -100 = not trained); attention_mask [B, T], 1 = real token, 0 = padding
-        (right padding for training; left or right both give correct positions)."""
+        (right padding for training; left or right both give correct positions), or for packed
+        rows the number of the sample each token belongs to (model/attention.py)."""
         hidden = self.model(input_ids, _key_padding_mask(attention_mask))
         if labels is None:
             return CausalLMOutput(logits=self.lm_head(hidden))
@@ -257,7 +258,8 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
 
 
 def _key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """None when there is no padding, so attention can use its fast causal path."""
-    if attention_mask is None or bool(attention_mask.all()):
+    """None when there is no padding (and no packing), so attention can use its fast causal
+    path."""
+    if attention_mask is None or bool((attention_mask == 1).all()):
         return None
     return attention_mask

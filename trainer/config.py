@@ -48,6 +48,9 @@ class DataOptions:
                            "raw/pretok sft/dpo data, as dataset.build.build_datasets expects")
     tokenizer_dir: str = option("tokenizer/demo_hf", "saved tokenizer (AutoTokenizer-loadable)")
     max_seq_len: int = option(256, "tokens per sample")
+    pack_samples: bool = option(False, "sft: pack each batch's samples end to end into rows "
+                                "of max_seq_len, attention kept within each sample "
+                                "(dataset/sft_packing.py)")
     num_workers: int = option(0, "DataLoader worker processes per rank")
     data_format: Literal["pretok", "stream"] = option(
         "pretok", "pretok: .bin/.idx (+ sample index) made offline; stream: raw shards "
@@ -242,6 +245,9 @@ class Config:
         if self.data_format != "stream" and (self.data_mix or self.skip_bad_records):
             problems.append("--data_mix and --skip_bad_records apply to raw shards: add "
                             "--data_format=stream")
+        if self.pack_samples and (self.task_type != "sft" or self.data_format == "stream"):
+            problems.append("--pack_samples packs SFT samples from --data_format=pretok: use "
+                            "it with --task_type=sft only")
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"--device must be auto, cpu or cuda, got {self.device!r}")
         elif self.device == "cuda" and not torch.cuda.is_available():

@@ -46,6 +46,9 @@ def _batch(padding: str, batch_size: int = 3, seq_len: int = 12):
         mask[2, 5:] = 0
     elif padding == "left":
         mask[1, :4] = 0
+    elif padding == "packed":  # dataset/sft_packing.py: sample numbers, then right padding
+        mask[0] = torch.tensor([1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 0, 0])
+        mask[2, 5:] = 2
     labels = labels.masked_fill(mask == 0, -100)
     return input_ids, labels, (None if padding == "none" else mask)
 
@@ -59,7 +62,7 @@ def _logits_and_grads(model, input_ids, labels, mask):
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
-@pytest.mark.parametrize("padding", ["none", "right", "left"])
+@pytest.mark.parametrize("padding", ["none", "right", "left", "packed"])
 def test_flash_and_apex_branches_match_the_torch_path(monkeypatch, kind, padding):
     model = small_model(kind).to(torch.bfloat16)
     batch = _batch(padding)

@@ -23,7 +23,7 @@ def test_pretraining_runs_two_ranks_of_our_ddp_with_zero1():
     argv = TRAIN_STAGES["pretrain"]
     launcher = argv[:argv.index("train_my_ddp.py")]
     assert launcher[:2] == ["-m", "torch.distributed.run"]
-    assert f"--nproc_per_node={demo.PRETRAIN_RANKS}" in launcher and demo.PRETRAIN_RANKS == 2
+    assert f"--nproc_per_node={demo.RANKS}" in launcher and demo.RANKS == 2
     assert "--use_distributed_optimizer" in argv
 
 

@@ -61,6 +61,7 @@ def test_values_are_parsed_by_the_field_type():
     ("--num_workers=-1", "--num_workers must be >= 0"),
     ("--adam_beta2=1", r"--adam_beta2 must be in \[0, 1\)"),
     ("--device=tpu", "--device must be auto, cpu or cuda"),
+    ("--pack_samples", "--pack_samples packs SFT samples"),
 ])
 def test_bad_arguments_name_the_key(arg, message):
     with pytest.raises(ValueError, match=message):

@@ -4,6 +4,7 @@
 - 2 ranks × batch 2 take the same steps as 1 process × batch 4 (same global batch): this holds
   only if the ranks read disjoint halves of the same global order and DDP averages correctly;
 - SFT from the pretrained checkpoint (and from its HF export: same first loss) lowers the loss;
+  packed SFT samples (--pack_samples) take the same steps as padded ones;
 - DPO starts at loss log 2 with zero rewards (policy == reference), then improves.
 """
 
@@ -95,6 +96,18 @@ def test_sft_then_dpo(data, pretrained, tmp_path):
     assert steps[0]["rewards/margins"] == pytest.approx(0, abs=1e-5)
     assert _mean([s["loss"] for s in steps[-5:]]) < math.log(2)
     assert _mean([s["rewards/margins"] for s in steps[-5:]]) > 0
+
+
+def test_packed_sft_takes_the_same_steps_as_padded_sft(data, tmp_path):
+    """--pack_samples changes the cost of a step, not the step: same losses, fewer tokens.
+    From a fresh model: the pretrained one only knows 32 positions."""
+    common = [*TINY_ARGS, *data_args(data, "sft"), "--max_iters=4", "--eval_interval=4",
+              "--save_interval=4", "--batch_size=6", "--max_seq_len=96"]  # room for several
+    assert run_main([*common, f"--out_dir={tmp_path / 'padded'}"]) == 0
+    assert run_main([*common, f"--out_dir={tmp_path / 'packed'}", "--pack_samples"]) == 0
+    padded, packed = records(tmp_path / "padded", "train"), records(tmp_path / "packed", "train")
+    assert [r["loss"] for r in packed] == pytest.approx([r["loss"] for r in padded], rel=1e-5)
+    assert packed[-1]["tokens"] < padded[-1]["tokens"]
 
 
 def test_sft_init_from_hf_export_matches_z2all_checkpoint(data, pretrained, tmp_path):
