@@ -125,12 +125,16 @@ class StopSignal:
     `monitor_process.py --remote`) goes away. The flag is read after each step, so a very
     long step delays the stop: a second signal ends the process at once, by the signal's
     default action (the newest checkpoint is intact; `monitor_process.py` sends it, or
-    SIGKILL, after `--kill_grace`). The previous handlers come back on exit."""
+    SIGKILL, after `--kill_grace`). A repeat within REPEAT_GRACE_S is the same request, not a
+    second one: under torchrun a supervisor's SIGTERM reaches each rank twice, directly and
+    forwarded by the agent. The previous handlers come back on exit."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    REPEAT_GRACE_S = 1.0
 
     def __enter__(self) -> StopSignal:
         self.received: int | None = None
+        self._received_at = 0.0
         self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
         return self
 
@@ -139,10 +143,11 @@ class StopSignal:
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is not None:  # asked twice: stop now, the step is not waited for
-            signal.signal(signum, signal.SIG_DFL)
+        if self.received is None:
+            self.received, self._received_at = signum, time.monotonic()
+        elif time.monotonic() - self._received_at > self.REPEAT_GRACE_S:
+            signal.signal(signum, signal.SIG_DFL)  # asked again: stop now, mid-step
             os.kill(os.getpid(), signum)
-        self.received = signum
 
 
 def write_heartbeat(run_dir: Path, step: int) -> None:
@@ -442,7 +447,7 @@ def exclusive_run_dir(run_dir: str, env: DistributedEnv) -> Iterator[list[str]]:
     if lock is not None:
         try:
             note = lock.acquire()
-        except RunDirInUse as error:
+        except (RunDirInUse, OSError) as error:  # every rank must hear of it, or they wait
             problem = str(error)
     problem = broadcast_from_main(problem, env)
     if problem:

@@ -221,13 +221,16 @@ def test_a_non_finite_loss_stops_the_run_without_saving_it(data, tmp_path, monke
 
 
 def test_a_second_stop_signal_ends_the_process_at_once():
-    """The first SIGTERM waits for the end of the step (here: a step that never ends), the
-    second one does not."""
+    """The first SIGTERM waits for the end of the step (here: a step that never ends); an
+    immediate repeat (torchrun forwarding the same request) changes nothing; a second one
+    after the grace time ends the process."""
     script = ("import os, signal, time, train_my_ddp\n"
               "with train_my_ddp.StopSignal() as stop:\n"
               "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
               "    assert stop.received == signal.SIGTERM\n"
               "    print('first signal noted', flush=True)\n"
+              "    time.sleep(stop.REPEAT_GRACE_S + 0.5)\n"
               "    os.kill(os.getpid(), signal.SIGTERM)\n"
               "    time.sleep(60)\n"
               "print('survived')\n")
