@@ -30,6 +30,7 @@ from dataset.build import build_datasets
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
+from tests.distributed_helpers import run_on_ranks
 from tests.train_helpers import TINY_ARGS, data_args, tiny_training_data
 from tokenizer import train_tokenizer
 from trainer import training_checkpoint
@@ -172,6 +173,37 @@ def test_disk_full_names_the_checkpoint_and_the_intact_one(tmp_path, capsys, dat
         f"; the previous checkpoint {first} is intact")
     assert [path for _, path in list_checkpoints(run_dir / "ckpt")] == [first]
     assert verify_checkpoint(first) is None
+
+
+def _rank_0_disk_fills(rank: int, world_size: int, argv: list[str]) -> int:
+    """On rank 0 the second checkpoint's model weights hit a full disk; rank 1 writes fine."""
+    torch.set_num_threads(1)
+    if rank == 0:
+        from model.modeling_z2all import Z2allForCausalLM as model_class
+
+        real_save = model_class.save_pretrained
+        calls = []
+
+        def save_until_the_disk_fills(self, directory):
+            calls.append(directory)
+            if len(calls) > 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_save(self, directory)
+
+        model_class.save_pretrained = save_until_the_disk_fills
+    return run_main(train_my_ddp.main, argv)
+
+
+def test_a_write_failing_on_one_rank_stops_every_rank(tmp_path, data):
+    """Rank 0 alone fails to write: both ranks end with exit 1 (within the test's timeout, far
+    below the process group's) instead of rank 1 waiting for rank 0 at a barrier."""
+    run_dir = tmp_path / "run"
+    argv = [*TINY_ARGS, *data_args(data, "pretrain"), f"--out_dir={run_dir}", "--max_iters=4",
+            "--save_interval=2", "--eval_interval=2", "--eval_at_start=false"]
+    codes = run_on_ranks(_rank_0_disk_fills, argv, world_size=2, timeout=240,
+                         collective_timeout_s=600)
+    assert codes == [EXIT_RUNTIME_FAILURE, EXIT_RUNTIME_FAILURE]
+    assert [step for step, _ in list_checkpoints(run_dir / "ckpt")] == [2]
 
 
 # ------------------------------------------------------------------ low-severity items

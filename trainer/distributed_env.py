@@ -8,7 +8,10 @@ already exists (our multi-process tests create one) is used as it is.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -102,3 +105,22 @@ def broadcast_from_main(value: Any, env: DistributedEnv) -> Any:
 def shutdown_distributed(env: DistributedEnv) -> None:
     if env.owns_process_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def writing_together(env: DistributedEnv, what: str) -> Iterator[None]:
+    """Run the block on every rank, then wait for all of them (a barrier). If the block raised
+    on some rank, every rank raises: the failing ones their own error, the others an OSError
+    naming `what`; without this, a rank whose write failed would leave the others waiting at
+    the next collective until the process-group timeout."""
+    error: Exception | None = None
+    try:
+        yield
+    except Exception as caught:  # noqa: BLE001 - re-raised below, after the vote
+        error = caught
+    (failed_ranks,) = all_reduce_sum([float(error is not None)], env)
+    if error is not None:
+        raise error
+    if failed_ranks:
+        raise OSError(errno.EIO, f"{what} failed on {int(failed_ranks)} other rank(s); "
+                                 "their error is above")

@@ -13,8 +13,9 @@
 The protocol: rank 0 creates the temp dir; barrier; every rank writes its files; barrier;
 rank 0 seals it (manifest, rename) only if every file above is there for every rank (the
 manifest's `required` list, which verification checks); barrier, so no rank runs ahead and
-e.g. exits while the checkpoint is still a temp dir. Everything is loaded with
-`weights_only=True`.
+e.g. exits while the checkpoint is still a temp dir. Each barrier is a vote
+(`writing_together`): when a write fails on one rank, every rank stops with an error instead of
+waiting for it. Everything is loaded with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from dataset.stream import StreamLoader
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE
-from trainer.distributed_env import DistributedEnv, barrier
+from trainer.distributed_env import DistributedEnv, writing_together
 from trainer.rng_state import capture_rng_state, restore_rng_state, seed_everything
 from utils.atomic_io import atomic_open
 from utils.checkpoint import (
@@ -73,22 +74,23 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
     intact = (f"the previous checkpoint {previous[-1][1]} is intact" if previous
               else "no earlier checkpoint exists")
     tmp_dir = ckpt_root / f".tmp_{step_dir_name(step)}"
+    what = f"writing checkpoint {tmp_dir}"
     with disk_full_explained(tmp_dir, intact):
-        if env.is_main:
-            begin_checkpoint(ckpt_root, step)
-        barrier(env)
-        optimizer.save_checkpoint(tmp_dir / OPTIM_DIR)
-        _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state,
-                     "data": data_state}, _rank_file(tmp_dir, env.rank))
-        if env.is_main:
-            model.save_pretrained(tmp_dir)
-            _save_torch({"format": TRAINER_STATE_FORMAT, "version": 1, **trainer_state,
-                         "world_size": env.world_size}, tmp_dir / TRAINER_STATE)
-        barrier(env)
-        if env.is_main:
-            finish_checkpoint(tmp_dir, step, keep_last=keep_last, val_loss=val_loss,
-                              required=required_files(optimizer, env.world_size))
-    barrier(env)
+        with writing_together(env, what):  # each phase ends when every rank is through it
+            if env.is_main:
+                begin_checkpoint(ckpt_root, step)
+        with writing_together(env, what):
+            optimizer.save_checkpoint(tmp_dir / OPTIM_DIR)
+            _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state,
+                         "data": data_state}, _rank_file(tmp_dir, env.rank))
+            if env.is_main:
+                model.save_pretrained(tmp_dir)
+                _save_torch({"format": TRAINER_STATE_FORMAT, "version": 1, **trainer_state,
+                             "world_size": env.world_size}, tmp_dir / TRAINER_STATE)
+        with writing_together(env, what):
+            if env.is_main:
+                finish_checkpoint(tmp_dir, step, keep_last=keep_last, val_loss=val_loss,
+                                  required=required_files(optimizer, env.world_size))
     return ckpt_root / step_dir_name(step)
 
 
