@@ -406,7 +406,7 @@ def _divergence_error(step: int, what: str, run_dir: Path) -> str:
 def _next_resume_dir(candidates: Iterator[Path], cfg: Config, env: DistributedEnv
                      ) -> Path | None:
     """The next valid checkpoint to try (rank 0's pick, on every rank); None without --resume.
-    Exits with the reason when none is left. Damaged ones warn."""
+    A CheckpointError says why when none is left. Damaged ones warn."""
     if not cfg.resume:
         return None
     resume_dir, problem = None, None
@@ -419,7 +419,7 @@ def _next_resume_dir(candidates: Iterator[Path], cfg: Config, env: DistributedEn
             problem = str(error)
     resume_dir, problem = broadcast_from_main((resume_dir, problem), env)
     if problem:
-        raise SystemExit(f"error: --resume: {problem}")
+        raise CheckpointError(f"--resume: {problem}")  # bad input: exit code 2
     return resume_dir
 
 

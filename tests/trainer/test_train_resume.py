@@ -25,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import train_my_ddp
 from tests.train_helpers import (
     TINY_ARGS,
     data_args,
@@ -36,12 +37,15 @@ from tests.train_helpers import (
 )
 from trainer.lr_schedule import LRSchedule
 from utils.checkpoint import (
+    CheckpointError,
     DamagedCheckpointWarning,
     begin_checkpoint,
     finish_checkpoint,
     list_checkpoints,
     verify_checkpoint,
 )
+from utils.cli_errors import EXIT_BAD_INPUT
+from utils.cli_errors import run_main as cli_run_main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -159,9 +163,12 @@ def test_a_checkpoint_whose_state_is_refused_is_skipped(data, tmp_path):
     _assert_identical(tmp_path / "full", cut, 8, 4)
 
 
-def test_resume_without_checkpoint_is_a_clear_error(data, tmp_path):
-    with pytest.raises(SystemExit, match="no checkpoint found"):
-        run_main([*_pretrain_args(data), f"--out_dir={tmp_path / 'empty'}", "--resume"])
+def test_resume_without_checkpoint_is_a_clear_error(data, tmp_path, capsys):
+    argv = [*_pretrain_args(data), f"--out_dir={tmp_path / 'empty'}", "--resume"]
+    with pytest.raises(CheckpointError, match="--resume: .*no checkpoint found"):
+        run_main(argv)
+    assert cli_run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT  # one line, exit code 2
+    assert capsys.readouterr().err.startswith("error: --resume: ")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP],
