@@ -23,6 +23,7 @@ The effective batch is batch_size × gradient_accumulation_steps × world_size s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -188,7 +189,7 @@ def train(cfg: Config, notes: list[str], env: DistributedEnv, stop_signal: StopS
     resume_dir = _next_resume_dir(resume_candidates, cfg, env)
     if env.is_main:
         print(precision.reason, flush=True)
-        save_config(cfg, run_dir, resolved={"precision": precision.to_dict()})
+        save_config(cfg, run_dir, resolved={"precision": dataclasses.asdict(precision)})
         for note in notes:
             print(note, flush=True)
 

@@ -12,6 +12,7 @@ prompt). Prints accuracy per task and overall, and writes them, with a few examp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections import Counter
@@ -46,7 +47,7 @@ def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path, tasks_file: str |
         total[item["task"]] += 1
         correct[item["task"]] += is_correct(item["task"], item["prompt"], sample["completion"])
     return {"checkpoint": str(ckpt),
-            "precision": precision.to_dict(),
+            "precision": dataclasses.asdict(precision),
             "accuracy": sum(correct.values()) / max(sum(total.values()), 1),
             "per_task": {task: correct[task] / total[task] for task in sorted(total)},
             "examples": samples[:8]}

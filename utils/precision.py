@@ -36,10 +36,6 @@ class PrecisionChoice:
     fp32_gflops: float | None = None            # the measured figures (CPU `auto` only)
     bf16_gflops: float | None = None
 
-    def to_dict(self) -> dict[str, object]:
-        return {"dtype": self.dtype, "reason": self.reason, "fp32_gflops": self.fp32_gflops,
-                "bf16_gflops": self.bf16_gflops}
-
 
 def choose_cpu_dtype(fp32_seconds: float, bf16_seconds: float) -> PrecisionChoice:
     """The decision, from the two timings of the same matmul (seconds each)."""
