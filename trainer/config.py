@@ -87,7 +87,8 @@ class OptimizationOptions:
     lr: float = option(6e-4, "peak learning rate")
     min_lr: float = option(6e-5, "learning rate at the end of the decay")
     lr_schedule: Literal["cosine", "linear", "constant"] = option("cosine", "decay after warmup")
-    warmup_iters: int = option(100, "linear warmup steps")
+    warmup_iters: int = option(100, "linear warmup steps (more than max_iters: the LR only "
+                                           "warms up, never decays)")
     weight_decay: float = option(0.1, "AdamW decoupled weight decay (not on norms/biases)")
     adam_beta1: float = option(0.9, "AdamW beta1")
     adam_beta2: float = option(0.95, "AdamW beta2")
