@@ -37,6 +37,7 @@ from data_preprocess.build_pretrain_sample_index_map import (
 from data_preprocess.pipeline import DEFAULT_WORKERS
 from data_preprocess.pretokenize_chat import pretokenize_chat_data
 from dataset.chat_store import ChatTokenStore, find_store_sidecars, split_train_valid
+from dataset.data_config import DataConfig
 from dataset.dataset_dpo import DPOCollator, DPODataset
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from dataset.dataset_sft import SFTCollator, SupervisedDataset
@@ -131,33 +132,34 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
     return dataset_class(store, train_ids), dataset_class(store, valid_ids), collate_fn
 
 
-def build_stream_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Path,
-                          max_seq_len: int, seed: int, *, batch_size: int, valid_samples: int,
-                          data_mix: str = "", rank: int = 0, world_size: int = 1,
-                          num_workers: int = 0, shuffle_buffer: int = 1000,
-                          skip_bad_records: bool = False, system_prompt: str | None = None,
-                          pad_to_multiple_of: int = 8) -> tuple[StreamLoader, list, Any]:
+def build_stream_datasets(config: DataConfig, seed: int, *, batch_size: int,
+                          valid_samples: int, rank: int = 0, world_size: int = 1,
+                          system_prompt: str | None = None, pad_to_multiple_of: int = 8
+                          ) -> tuple[StreamLoader, list, Any]:
     """(train StreamLoader, valid samples, collate_fn) read straight from raw shards.
 
     Validation: every record whose number is a multiple of round(1 / valid_ratio) is held out
     of training, and the first `valid_samples` samples made from those records are the
     validation set (dataset/stream_shards.py)."""
-    if task_type not in TASK_TYPES:
-        raise ValueError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
-    tokenizer = load_tokenizer(tokenizer_dir)
-    settings = StreamSettings(task_type, str(tokenizer_dir), max_seq_len, seed,
-                              system_prompt=system_prompt, skip_bad_records=skip_bad_records,
+    if config.task_type not in TASK_TYPES:
+        raise ValueError(f"task_type must be one of {TASK_TYPES}, got {config.task_type!r}")
+    tokenizer = load_tokenizer(config.tokenizer_dir)
+    settings = StreamSettings(config.task_type, str(config.tokenizer_dir), config.max_seq_len,
+                              seed, system_prompt=system_prompt,
+                              skip_bad_records=config.skip_bad_records,
                               holdout_every=round(1 / DEFAULT_VALID_RATIO))
-    dataset = StreamDataset(find_sources(data_dir, data_mix), settings, rank, world_size,
-                            num_workers)
+    dataset = StreamDataset(find_sources(config.data_dir, config.data_mix), settings, rank,
+                            world_size, config.num_workers)
     collate_fn: Any = default_collate
-    if task_type != "pretrain":
-        collator_class = SFTCollator if task_type == "sft" else DPOCollator
-        collate_fn = collator_class(tokenizer.pad_token_id, pad_to_multiple_of, max_seq_len)
-    loader = StreamLoader(dataset, batch_size, collate_fn, num_workers, shuffle_buffer)
+    if config.task_type != "pretrain":
+        collator_class = SFTCollator if config.task_type == "sft" else DPOCollator
+        collate_fn = collator_class(tokenizer.pad_token_id, pad_to_multiple_of,
+                                    config.max_seq_len)
+    loader = StreamLoader(dataset, batch_size, collate_fn, config.num_workers,
+                          config.shuffle_buffer)
     valid = holdout_items(dataset, valid_samples)
     if not valid:
-        warnings.warn(f"{data_dir}: no validation samples: the held-out records (every "
+        warnings.warn(f"{config.data_dir}: no validation samples: the held-out records (every "
                       f"{settings.holdout_every}th of each shard) made no complete sample, so "
                       "val_loss is NaN; add data or lower --max_seq_len", stacklevel=2)
     return loader, valid, collate_fn

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from dataset.data_config import DEFAULT_SHUFFLE_BUFFER, DataFormatMismatch
 from dataset.shuffle_buffer import CountedUniforms, ShuffleBuffer
 from dataset.stream_samples import Position, chat_samples, pretrain_samples
 from dataset.stream_shards import (
@@ -180,7 +181,8 @@ class StreamLoader:
     """The main-process side: chunks -> shuffle buffer -> batches, and the exact state."""
 
     def __init__(self, dataset: StreamDataset, batch_size: int, collate_fn: Callable,
-                 num_workers: int = 0, shuffle_buffer: int = 1000) -> None:
+                 num_workers: int = 0,
+                 shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER) -> None:
         self.dataset, self.batch_size, self.collate_fn = dataset, batch_size, collate_fn
         self.num_workers = num_workers
         self.worker_states: list[dict[str, Any] | None] = [None] * dataset.workers_per_rank
@@ -242,6 +244,24 @@ class StreamLoader:
         self.worker_states = copy.deepcopy(state["workers"])
         self.next_worker = state["next_worker"]
         self.buffer.load_state_dict(state["buffer"])
+
+    def restore(self, saved: list[dict[str, Any]]) -> str | None:
+        """The trainer's resume (dataset.train_data.TrainData): `saved` holds the state of every
+        rank that wrote the checkpoint. Exact at the same world size and workers; otherwise
+        every source restarts at its next epoch, and the returned note says so."""
+        if not all(isinstance(state, dict) and state.get("format") == STATE_FORMAT
+                   for state in saved):
+            raise DataFormatMismatch("was written without --data_format=stream; resume with "
+                                     "the data format it was run with")
+        same_ranks = len(saved) == self.dataset.world_size
+        mine = saved[self.dataset.rank] if same_ranks else None
+        if mine is not None and mine["workers_per_rank"] == self.dataset.workers_per_rank:
+            self.load_state_dict(mine)
+            return None
+        self.load_resharded(saved)
+        return ("data stream: world size or workers changed; every source restarts at its next "
+                "epoch (no sample repeats within an epoch, the rest of the current one is "
+                "skipped)")
 
     def load_resharded(self, old_states: list[dict[str, Any]]) -> None:
         """After a change of world size or workers: every source restarts at the epoch after

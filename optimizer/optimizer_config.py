@@ -15,7 +15,7 @@ ParamsDtype = Literal["fp32", "bf16", "fp16"]
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 3e-4
+    lr: float = 6e-4
     """Peak learning rate; the trainer's schedule overrides it every step via `set_lr`."""
     weight_decay: float = 0.1
     """Decoupled weight decay (AdamW); applied only to parameters with ndim >= 2."""

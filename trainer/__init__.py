@@ -1,7 +1,13 @@
-"""The trainer's parts, wired together by `train_my_ddp.py` (read them right before it).
+"""The training script's parts; `train_my_ddp.py` is parse -> build -> loop -> close on top.
 
-config.py (every option) -> distributed_env.py (ranks, device, threads) -> model_setup.py
-(fresh / init_from / resumed model) -> optimizer_setup.py (DDP, optimizer, comm hook) ->
-lr_schedule.py -> evaluation.py -> metrics.py, throughput.py (what the log says) ->
-rng_state.py, training_checkpoint.py (what a checkpoint keeps) -> report.py (the report card).
+Reading order:
+options.py (every knob, one dataclass per group; the data group is dataset/data_config.py)
+-> option_validation.py, command_line.py, config_files.py (checks, --help, files, --resume merge)
+-> distributed_env.py (ranks, device, threads) -> model_setup.py (fresh / init_from / resumed
+model) -> parallelize.py (our DDP, the optimizer, the comm hook: where parallelism plans plug
+in) -> forward_steps.py (a batch -> a loss, per task) -> lr_schedule.py -> evaluation.py ->
+metrics.py, throughput.py (what the log says) -> rng_state.py, training_checkpoint.py (what a
+checkpoint keeps) -> setup.py (`build_run`: all of the above, in order, incl. the resume
+fallback) -> loop_actions.py (evaluate, checkpoint, log, report: one call each in the loop)
+-> stop_signal.py, run_lock.py (a graceful stop; one trainer per run dir) -> report.py.
 """

@@ -12,6 +12,7 @@ target tokens, divided by ln 2 times the UTF-8 bytes those targets decode to
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from trainer.distributed_env import DistributedEnv, all_reduce_sum
+from trainer.options import EvalOptions
 from utils.conversation import build_generation_prompt
 from utils.labels import IGNORE_INDEX
 
@@ -113,3 +115,32 @@ def generate_samples(model: Any, tokenizer: Any, prompts: list[str], chat: bool,
             new_ids = row[:row.index(stop_id)] if stop_id in row else row
             samples.append({"prompt": prompt, "completion": tokenizer.decode(new_ids)})
     return samples
+
+
+class Evaluator:
+    """One evaluation as the loop runs it: the fixed validation set through the task's metric
+    (language models: loss, perplexity, bits per byte; DPO: its forward step's loss and
+    rewards), then greedy samples of the eval prompts on rank 0."""
+
+    def __init__(self, valid_loader: DataLoader, tokenizer: Any, forward_step: Callable,
+                 task_type: str, eval_options: EvalOptions, env: DistributedEnv) -> None:
+        self.valid_loader, self.tokenizer = valid_loader, tokenizer
+        self.forward_step, self.task_type = forward_step, task_type
+        self.options, self.env = eval_options, env
+
+    def __call__(self, ddp: Any, model: Any) -> tuple[dict[str, float], list[dict[str, str]]]:
+        """(metrics, samples); leaves the model in train mode."""
+        model.eval()
+        if self.task_type == "dpo":
+            metrics = evaluate_with_forward_step(functools.partial(self.forward_step, ddp),
+                                                 self.valid_loader, self.env)
+        else:
+            metrics = evaluate_language_model(ddp, self.valid_loader, self.tokenizer, self.env)
+        samples = []
+        if self.env.is_main and self.options.eval_prompts:
+            samples = generate_samples(model, self.tokenizer, self.options.eval_prompts,
+                                       chat=self.task_type != "pretrain",
+                                       max_new_tokens=self.options.max_new_tokens,
+                                       device=self.env.device)
+        model.train()
+        return metrics, samples

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from trainer.metrics import read_metrics
+from trainer.options import TrainingOptions
 from utils.atomic_io import atomic_write_text
 
 
@@ -61,7 +62,7 @@ def _fmt(value: Any) -> str:
     return str(value).replace("|", "\\|")
 
 
-def write_report(run_dir: Path, config: Any, environment: dict[str, Any],
+def write_report(run_dir: Path, options: TrainingOptions, environment: dict[str, Any],
                  throughput: dict[str, Any], tokenizer_fingerprint: str) -> Path:
     records = read_metrics(run_dir)
     last = {kind: next((r for r in reversed(records) if r["kind"] == kind), None)
@@ -69,15 +70,16 @@ def write_report(run_dir: Path, config: Any, environment: dict[str, Any],
     resumes = [r for r in records if r["kind"] == "resume"]
     lines = [f"# Run report: {run_dir.name}", "",
              f"- code: git commit {git_commit()}",
-             f"- task: {config.task_type}; steps: {last['train']['step'] if last['train'] else 0}"
-             f" of max_iters {config.max_iters}",
+             f"- task: {options.data.task_type}; steps: "
+             f"{last['train']['step'] if last['train'] else 0}"
+             f" of max_iters {options.optimization.max_iters}",
              f"- environment: python {platform.python_version()}, torch {torch.__version__}, "
              + ", ".join(f"{k} {v}" for k, v in environment.items()),
-             f"- tokenizer: `{config.tokenizer_dir}` (fingerprint {tokenizer_fingerprint})",
+             f"- tokenizer: `{options.data.tokenizer_dir}` (fingerprint {tokenizer_fingerprint})",
              "", "## Data", ""]
-    lines += [f"- {line}" for line in data_identity(config.data_dir)]
+    lines += [f"- {line}" for line in data_identity(options.data.data_dir)]
     lines += ["", "## Config (differences from the defaults)", ""]
-    lines += _table(config.diff_from_defaults()) + ["", "## Throughput", ""]
+    lines += _table(options.diff_from_defaults()) + ["", "## Throughput", ""]
     lines += _table({k: v for k, v in throughput.items() if v}) + ["", "## Resume events", ""]
     lines += [f"- step {r['step']} from `{r['checkpoint']}`" for r in resumes] or ["- none"]
     lines += ["", "## Final metrics", ""]

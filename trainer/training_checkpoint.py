@@ -3,11 +3,11 @@
     ckpt/step_000200/
       config.json, model.safetensors   the model (rank 0; `Z2allForCausalLM.from_pretrained`)
       optim/                           the optimizer (ZeRO-1: one shard file per rank)
-      trainer_state.pt                 step, consumed samples, tokens, sampler state, run
-                                       config (rank 0); the LR is a function of the step
+      trainer_state.pt                 step, consumed samples, tokens, run config (rank 0);
+                                       the LR is a function of the step
       ranks/rank_00000.pt ...          per rank: every RNG state, comm-hook state (PowerSGD's
                                        error feedback and Q matrices differ on each rank),
-                                       the data stream's position (--data_format=stream)
+                                       the training data's position (dataset/train_data.py)
       manifest.json                    written last (utils.checkpoint)
 
 The protocol: rank 0 creates the temp dir; barrier; every rank writes its files; barrier;
@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 
-from dataset.stream import StreamLoader
+from dataset.data_config import DataFormatMismatch
+from dataset.train_data import TrainData
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE
+from optimizer import TrainingOptimizer
 from trainer.distributed_env import DistributedEnv, writing_together
 from trainer.rng_state import capture_rng_state, restore_rng_state, seed_everything
 from utils.atomic_io import atomic_open
@@ -49,7 +51,7 @@ def _rank_file(ckpt_dir: Path, rank: int) -> Path:
     return ckpt_dir / RANKS_DIR / f"rank_{rank:05d}.pt"
 
 
-def required_files(optimizer: Any, world_size: int) -> list[str]:
+def required_files(optimizer: TrainingOptimizer, world_size: int) -> list[str]:
     """Every file `restore_training_checkpoint` (and `load_model`) reads, for all ranks."""
     ranks = [_rank_file(Path(), rank).as_posix() for rank in range(world_size)]
     optim = [f"{OPTIM_DIR}/{name}" for name in optimizer.checkpoint_files()]
@@ -61,11 +63,11 @@ def _save_torch(obj: Any, path: Path) -> None:
         torch.save(obj, handle)
 
 
-def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *, model: Any,
-                             optimizer: Any, trainer_state: dict[str, Any],
+def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
+                             model: torch.nn.Module, optimizer: TrainingOptimizer,
+                             trainer_state: dict[str, Any],
                              comm_hook_state: dict[str, Any] | None, keep_last: int,
-                             val_loss: float | None,
-                             data_state: dict[str, Any] | None = None) -> Path:
+                             val_loss: float | None, data_state: dict[str, Any]) -> Path:
     """Collective: every rank must call it at the same step. Returns the checkpoint dir.
 
     A full disk ends the run with a `DiskFullError` that names the checkpoint being written and
@@ -101,27 +103,29 @@ def _load_trainer_state(ckpt_dir: Path) -> dict[str, Any]:
     return state
 
 
-def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *, optimizer: Any,
-                                sampler: Any, stream: StreamLoader | None, comm_hook_state: Any,
-                                seed: int) -> dict[str, Any]:
-    """The twin of `save_training_checkpoint`: put the optimizer, the sampler, this rank's RNG
-    streams and comm-hook state back (with --data_format=stream, the stream's position instead
-    of the sampler's); return the trainer state (step, tokens_seen, ...).
+def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *,
+                                optimizer: TrainingOptimizer, data: TrainData,
+                                comm_hook_state: Any, seed: int) -> dict[str, Any]:
+    """The twin of `save_training_checkpoint`: put the optimizer, the training data's
+    position, this rank's RNG streams and comm-hook state back; return the trainer state
+    (step, tokens_seen, ...).
 
     With another world size than the saved one, the per-rank files do not map onto the new
     ranks: RNG streams are reseeded and the comm hook starts fresh, so the run continues
     correctly but is no longer bitwise identical to an uninterrupted one."""
     state = _load_trainer_state(ckpt_dir)
     optimizer.load_checkpoint(ckpt_dir / OPTIM_DIR)
-    if stream is not None:
-        _restore_stream(stream, ckpt_dir, state["world_size"], env)
-    else:
-        if state["sampler"] is None:
-            raise SystemExit(f"error: --resume: {ckpt_dir} was written with "
-                             "--data_format=stream; resume with the data format it was run with")
-        sampler.load_state_dict(state["sampler"])
-    if state["world_size"] != env.world_size:
-        print(f"rank {env.rank}: world size changed ({state['world_size']} -> "
+    saved_world_size = state["world_size"]
+    data_states = [load_torch(_rank_file(ckpt_dir, rank)).get("data")
+                   for rank in range(saved_world_size)]
+    try:
+        note = data.restore(data_states)
+    except DataFormatMismatch as error:  # every older checkpoint of the run would fail alike
+        raise SystemExit(f"error: --resume: {ckpt_dir} {error}") from None
+    if note and env.is_main:
+        print(note, flush=True)
+    if saved_world_size != env.world_size:
+        print(f"rank {env.rank}: world size changed ({saved_world_size} -> "
               f"{env.world_size}); RNG and comm-hook state restart", flush=True)
         seed_everything(seed + env.rank + state["step"])
         return state
@@ -135,35 +139,9 @@ def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *, optimize
     return state
 
 
-def _restore_stream(stream: StreamLoader, resume_dir: Path, saved_world_size: int,
-                  env: DistributedEnv) -> None:
-    """Exactly where this rank stopped; or, after a change of world size or workers, at the
-    next epoch of every source (dataset/stream.py states the bound)."""
-    data_states = _load_data_states(resume_dir, saved_world_size)
-    if any(state is None for state in data_states):
-        raise SystemExit(f"error: --resume: {resume_dir} was written without "
-                         "--data_format=stream; resume with the data format it was run with")
-    mine = data_states[env.rank] if saved_world_size == env.world_size else None
-    if mine is not None and mine["workers_per_rank"] == stream.dataset.workers_per_rank:
-        stream.load_state_dict(mine)
-        return
-    stream.load_resharded(data_states)
-    if env.is_main:
-        print("data stream: world size or workers changed; every source restarts at its next "
-              "epoch (no sample repeats within an epoch, the rest of the current one is "
-              "skipped)", flush=True)
-
-
 def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, dict):
         return {key: _to_device(item, device) for key, item in value.items()}
     return value
-
-
-def _load_data_states(ckpt_dir: Path, saved_world_size: int) -> list[dict[str, Any] | None]:
-    """The data stream position of every rank that wrote the checkpoint (for a resume under
-    another world size, which must see all old positions to avoid repeating samples)."""
-    return [load_torch(_rank_file(ckpt_dir, rank)).get("data")
-            for rank in range(saved_world_size)]

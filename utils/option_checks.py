@@ -6,6 +6,9 @@ A CLI collects the problems of all its options in one place and raises them toge
                 range_problem("--top_p", args.top_p, low=0, high=1, low_open=True)]
     raise_problems(problems)   # ValueError("--top_p must be in (0, 1], got 1.5"); None: fine
 
+Option groups are dataclasses whose fields are declared with `option(default, help)`: the
+help text travels with the field, and `--help` and the docs' options table are made from it.
+
 NaN and infinity are never valid: a NaN compares false with every bound, so without this a
 `--grad_clip=nan` would pass `>= 0` checks written the natural way and silently do nothing.
 """
@@ -14,6 +17,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import field
+from typing import Any
+
+
+def option(default: Any, help: str) -> Any:  # noqa: A002 - `help` reads best in the knobs
+    """A dataclass field with its one-line help (a list default is copied per instance)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:

@@ -231,8 +231,9 @@ def test_a_second_stop_signal_ends_the_process_at_once():
     """The first SIGTERM waits for the end of the step (here: a step that never ends); an
     immediate repeat (torchrun forwarding the same request) changes nothing; a second one
     after the grace time ends the process."""
-    script = ("import os, signal, time, train_my_ddp\n"
-              "with train_my_ddp.StopSignal() as stop:\n"
+    script = ("import os, signal, time\n"
+              "from trainer.stop_signal import StopSignal\n"
+              "with StopSignal() as stop:\n"
               "    os.kill(os.getpid(), signal.SIGTERM)\n"
               "    os.kill(os.getpid(), signal.SIGTERM)\n"
               "    assert stop.received == signal.SIGTERM\n"

@@ -1,4 +1,5 @@
-"""Config parsing: types, unknown keys, precedence, resume merge, exp_config.py round trip."""
+"""Options: parsing by type, unknown keys, precedence, resume merge, exp_config.py round trip,
+--help, and the typed groups (no flat access)."""
 
 from __future__ import annotations
 
@@ -7,29 +8,26 @@ import random
 
 import pytest
 import torch
-
-from trainer.config import (
-    Config,
-    format_help,
-    load_config_file,
-    parse_command_line,
-    resolve_config,
-    save_config,
-)
+from trainer.command_line import format_help, parse_command_line
+from trainer.config_files import load_config_file, resolve_options, save_config
+from trainer.options import TrainingOptions
 
 
 def test_values_are_parsed_by_the_field_type():
     lr = random.uniform(1e-5, 1e-2)
-    cfg, _ = resolve_config([f"--lr={lr!r}", "--batch_size=12", "--use_distributed_optimizer",
+    cfg, _ = resolve_options([f"--lr={lr!r}", "--batch_size=12", "--use_distributed_optimizer",
                              "--overlap_grad_reduce=false", "--stop_at_iter=7",
                              "--bucket_size=2e6", "--task_type=sft",
                              '--eval_prompts=["x y", "z"]', "--init_from=none"])
-    assert cfg.lr == lr and isinstance(cfg.batch_size, int) and cfg.batch_size == 12
-    assert cfg.use_distributed_optimizer is True and cfg.overlap_grad_reduce is False
-    assert cfg.stop_at_iter == 7 and cfg.bucket_size == 2_000_000
-    assert cfg.task_type == "sft" and cfg.eval_prompts == ["x y", "z"]
-    assert cfg.init_from is None
-    assert cfg.optimization.lr == cfg.lr  # grouped and flat access agree
+    optimization, parallel = cfg.optimization, cfg.parallel
+    assert optimization.lr == lr and isinstance(optimization.batch_size, int)
+    assert optimization.batch_size == 12 and optimization.stop_at_iter == 7
+    assert parallel.use_distributed_optimizer is True and parallel.overlap_grad_reduce is False
+    assert parallel.bucket_size == 2_000_000
+    assert cfg.data.task_type == "sft" and cfg.eval.eval_prompts == ["x y", "z"]
+    assert cfg.model.init_from is None
+    with pytest.raises(AttributeError):  # typed groups only: a typo cannot pass silently
+        _ = cfg.lr
 
 
 @pytest.mark.parametrize("arg, message", [
@@ -65,29 +63,30 @@ def test_values_are_parsed_by_the_field_type():
 ])
 def test_bad_arguments_name_the_key(arg, message):
     with pytest.raises(ValueError, match=message):
-        resolve_config([arg])
+        resolve_options([arg])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_cuda_is_refused_up_front():
     with pytest.raises(ValueError, match="--device=cuda but CUDA is not available"):
-        resolve_config(["--device=cuda"])
+        resolve_options(["--device=cuda"])
 
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ValueError, match="--batch_size must be >= 1.*--lr must be a finite"):
-        resolve_config(["--batch_size=0", "--lr=nan"])
+        resolve_options(["--batch_size=0", "--lr=nan"])
 
 
 def test_file_then_command_line_precedence(tmp_path):
     lr, warmup = random.uniform(1e-4, 1e-3), random.randint(2, 50)
     (tmp_path / "exp.py").write_text(f'"""doc"""\nlr = {lr!r}\nwarmup_iters = {warmup}\n'
                                      "max_iters = 77\n")
-    cfg, _ = resolve_config([str(tmp_path / "exp.py"), "--max_iters=99"])
-    assert (cfg.lr, cfg.warmup_iters, cfg.max_iters) == (lr, warmup, 99)
+    cfg, _ = resolve_options([str(tmp_path / "exp.py"), "--max_iters=99"])
+    optimization = cfg.optimization
+    assert (optimization.lr, optimization.warmup_iters, optimization.max_iters) == (lr, warmup, 99)
     (tmp_path / "c.json").write_text(json.dumps({"min_lr": 1e-6, "seed": 5}))
-    cfg, _ = resolve_config([str(tmp_path / "c.json"), "--seed=6"])
-    assert (cfg.min_lr, cfg.seed) == (1e-6, 6)
+    cfg, _ = resolve_options([str(tmp_path / "c.json"), "--seed=6"])
+    assert (cfg.optimization.min_lr, cfg.optimization.seed) == (1e-6, 6)
 
 
 def test_bad_config_files_name_file_and_line(tmp_path):
@@ -97,51 +96,54 @@ def test_bad_config_files_name_file_and_line(tmp_path):
         load_config_file(bad)
     bad.write_text("lr = 1e-3\nbatch_size = 'big'\n")
     with pytest.raises(ValueError, match="'batch_size' expects int"):
-        resolve_config([str(bad)])
+        resolve_options([str(bad)])
     bad.write_text("lrr = 1.0\n")
     with pytest.raises(ValueError, match="did you mean --lr"):
         load_config_file(bad)
 
 
 def test_exp_config_round_trip(tmp_path):
-    cfg, _ = resolve_config(["--lr=0.00123", "--comm_hook=powersgd", "--dropout=0.1",
+    cfg, _ = resolve_options(["--lr=0.00123", "--comm_hook=powersgd", "--dropout=0.1",
                              '--eval_prompts=["a \\"quoted\\" prompt"]', "--resume=false"])
     save_config(cfg, tmp_path)
-    again, _ = resolve_config([str(tmp_path / "exp_config.py")])
-    from_json = Config.from_dict(json.loads((tmp_path / "config.json").read_text()))
+    again, _ = resolve_options([str(tmp_path / "exp_config.py")])
+    from_json = TrainingOptions.from_dict(json.loads((tmp_path / "config.json").read_text()))
     assert again.to_dict() == cfg.to_dict() == from_json.to_dict()
 
 
 def test_resolved_entry_is_recorded_but_not_read_back_as_an_option(tmp_path):
-    cfg, _ = resolve_config(["--dtype=auto"])
+    cfg, _ = resolve_options(["--dtype=auto"])
     save_config(cfg, tmp_path, resolved={"precision": {"dtype": "bf16"}})
     assert json.loads((tmp_path / "config.json").read_text())["resolved"] == {
         "precision": {"dtype": "bf16"}}
     assert '"dtype": "bf16"' in (tmp_path / "exp_config.py").read_text()  # as a comment
     for name in ("config.json", "exp_config.py"):
-        again, _ = resolve_config([str(tmp_path / name)])
-        assert again.to_dict() == cfg.to_dict() and again.dtype == "auto"  # decides afresh
+        again, _ = resolve_options([str(tmp_path / name)])
+        assert again.to_dict() == cfg.to_dict() and again.system.dtype == "auto"  # afresh
 
 
 def test_resume_uses_saved_config_plus_explicit_overrides(tmp_path):
     run = tmp_path / "run"
-    original, _ = resolve_config([f"--out_dir={run}", "--lr=0.002", "--max_iters=40",
+    original, _ = resolve_options([f"--out_dir={run}", "--lr=0.002", "--max_iters=40",
                                   "--warmup_iters=4", "--stop_at_iter=20"])
     save_config(original, run)
     with pytest.warns(UserWarning, match="max_iters changed 40 -> 50.*reproducibility"):
-        resumed, notes = resolve_config([f"--out_dir={run}", "--resume", "--max_iters=50",
+        resumed, notes = resolve_options([f"--out_dir={run}", "--resume", "--max_iters=50",
                                          "--stop_at_iter=30"])
-    assert resumed.lr == 0.002 and resumed.max_iters == 50 and resumed.stop_at_iter == 30
+    resumed_optimization = resumed.optimization
+    assert resumed_optimization.lr == 0.002 and resumed_optimization.max_iters == 50
+    assert resumed_optimization.stop_at_iter == 30
     assert any("max_iters" in n for n in notes)
-    again, _ = resolve_config([f"--out_dir={run}", "--resume"])
-    assert again.stop_at_iter is None and again.max_iters == 40  # per-invocation: not inherited
+    again, _ = resolve_options([f"--out_dir={run}", "--resume"])
+    assert again.optimization.stop_at_iter is None  # per-invocation: not inherited
+    assert again.optimization.max_iters == 40
 
 
 def test_help_lists_every_option_grouped():
     text = format_help()
-    for name in Config().to_dict():
+    for name in TrainingOptions().to_dict():
         assert f"--{name} " in text
-    assert "optimization:" in text and "parallel:" in text
+    assert "\noptimization (" in text and "\nparallel (" in text
 
 
 def test_flag_without_value_only_for_booleans():

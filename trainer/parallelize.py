@@ -1,5 +1,7 @@
-"""Our DDP around the model, the optimizer, and the `--comm_hook`: built from the trainer's
-options in one place.
+"""How the model is spread over ranks and updated: our DDP around it, the optimizer, and the
+`--comm_hook`, built from the trainer's `parallel`, `optimization` and `system` option groups in
+this one place (torchtitan's `parallelize_llama` is the pattern): a new parallelism plan plugs
+in here, and the loop keeps calling the same `Parallelized` objects.
 
 `--comm_hook` picks how DDP reduces each gradient bucket:
 
@@ -20,6 +22,7 @@ copied by hand.
 from __future__ import annotations
 
 import inspect
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -38,6 +41,7 @@ from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (
     PowerSGDState,
     powerSGD_hook,
 )
+from trainer.options import OptimizationOptions, ParallelOptions, SystemOptions
 
 # component field -> the trainer option that sets it, where the names differ.
 OPTION_FOR_FIELD = {
@@ -50,10 +54,9 @@ OPTION_FOR_FIELD = {
 # OptimizerConfig.overlap_step <- --comm_hook=overlap_optim.
 
 
-def from_options(component: type, cfg: Any, **computed: Any) -> Any:
-    """`component(**kwargs)` with every constructor argument that names a trainer option
-    (directly or through OPTION_FOR_FIELD) taken from `cfg`; `computed` values win."""
-    options = cfg.to_dict()
+def from_options(component: type, options: dict[str, Any], **computed: Any) -> Any:
+    """`component(**kwargs)` with every constructor argument that names an option in
+    `options` (directly or through OPTION_FOR_FIELD) taken from it; `computed` values win."""
     kwargs = {}
     for name in inspect.signature(component).parameters:
         option = OPTION_FOR_FIELD.get(name, name)
@@ -64,22 +67,35 @@ def from_options(component: type, cfg: Any, **computed: Any) -> Any:
     return component(**kwargs)
 
 
-def build_ddp_and_optimizer(cfg: Any, model: torch.nn.Module, dtype_name: str
-                            ) -> tuple[DistributedDataParallel, TrainingOptimizer,
-                                       PowerSGDState | None]:
-    """(our DDP around `model`, the optimizer the loop steps, the hook state a checkpoint must
-    save or None)."""
-    ddp = DistributedDataParallel(model, from_options(DistributedDataParallelConfig, cfg))
-    optimizer = get_optimizer(from_options(OptimizerConfig, cfg, params_dtype=dtype_name,
-                                           overlap_step=cfg.comm_hook == "overlap_optim"), ddp)
-    if cfg.comm_hook in ("allreduce", "overlap_optim"):
-        return ddp, optimizer, None
-    if cfg.comm_hook == "bf16":
-        default_hook = reduce_scatter_hook if cfg.use_distributed_optimizer else allreduce_hook
+@dataclass
+class Parallelized:
+    """What the loop steps: the wrapped model, its optimizer, and the comm-hook state a
+    checkpoint must save (None when the hook keeps none)."""
+
+    ddp: DistributedDataParallel
+    optimizer: TrainingOptimizer
+    comm_hook_state: PowerSGDState | None
+
+
+def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
+                optimization: OptimizationOptions, system: SystemOptions, dtype_name: str
+                ) -> Parallelized:
+    """Our DDP around `model` (already on its device, in its dtype), the optimizer and the
+    comm hook, as the options say."""
+    options = {**asdict(parallel), **asdict(optimization), **asdict(system)}
+    ddp = DistributedDataParallel(model, from_options(DistributedDataParallelConfig, options))
+    overlap_step = parallel.comm_hook == "overlap_optim"
+    optimizer = get_optimizer(from_options(OptimizerConfig, options, params_dtype=dtype_name,
+                                           overlap_step=overlap_step), ddp)
+    if parallel.comm_hook in ("allreduce", "overlap_optim"):
+        return Parallelized(ddp, optimizer, None)
+    if parallel.comm_hook == "bf16":
+        default_hook = (reduce_scatter_hook if parallel.use_distributed_optimizer
+                        else allreduce_hook)
         ddp.register_comm_hook(ddp.process_group, bf16_compress_wrapper(default_hook))
-        return ddp, optimizer, None
-    if cfg.comm_hook == "powersgd":
-        state = from_options(PowerSGDState, cfg, process_group=ddp.process_group)
+        return Parallelized(ddp, optimizer, None)
+    if parallel.comm_hook == "powersgd":
+        state = from_options(PowerSGDState, options, process_group=ddp.process_group)
         ddp.register_comm_hook(state, powerSGD_hook)
-        return ddp, optimizer, state
-    raise ValueError(f"unknown --comm_hook={cfg.comm_hook}")
+        return Parallelized(ddp, optimizer, state)
+    raise ValueError(f"unknown --comm_hook={parallel.comm_hook}")

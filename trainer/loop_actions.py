@@ -1,0 +1,96 @@
+"""What the training loop does besides stepping: evaluate, checkpoint, log, stop on divergence,
+and write the report card at the end. Each is one call in train_my_ddp.py's loop."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from trainer.distributed_env import all_reduce_sum
+from trainer.report import write_report
+from trainer.setup import Run
+from trainer.training_checkpoint import save_training_checkpoint
+from utils.checkpoint import list_checkpoints
+
+
+def evaluate(run: Run) -> float:
+    """Evaluate at the current step, log metrics and samples; return the validation loss
+    (`ckpt/best` follows the manifests' val_loss)."""
+    metrics, samples = run.evaluator(run.ddp, run.model)
+    step = run.counters.step
+    if samples:
+        run.log.log("samples", step, quiet=True, samples=samples)
+        for sample in samples:
+            print(f"  [sample] {sample['prompt']!r} -> {sample['completion']!r}")
+    run.log.log("eval", step, **metrics)
+    return metrics["val_loss"]
+
+
+def save_checkpoint(run: Run, val_loss: float | None) -> Path:
+    """Collective: every rank writes its part of `ckpt/step_N` (trainer/training_checkpoint.py)."""
+    run.optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
+    # The last update may have made them NaN even from a finite loss (e.g. a huge LR): such
+    # weights never become a checkpoint. Every rank holds the same weights.
+    if not all(torch.isfinite(param).all() for param in run.model.parameters()):
+        stop_diverged(run, "the weights are not finite")
+    counters = run.counters
+    path = save_training_checkpoint(
+        run.env, run.run_dir / "ckpt", counters.step, model=run.model, optimizer=run.optimizer,
+        trainer_state={"step": counters.step, "tokens_seen": counters.tokens_seen,
+                       "consumed_samples": counters.consumed_samples,
+                       "config": run.options.to_dict()},
+        comm_hook_state=(run.parallel.comm_hook_state
+                         and run.parallel.comm_hook_state.state_dict()),
+        keep_last=run.options.run.keep_last, val_loss=val_loss,
+        data_state=run.data.state_dict())
+    if run.env.is_main:
+        print(f"saved checkpoint {path}", flush=True)
+    return path
+
+
+def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum: torch.Tensor,
+                 extra_sums: dict[str, torch.Tensor]) -> None:
+    """The step's loss (and task extras) averaged over micro-batches and ranks, with the LR,
+    gradient norm, tokens and throughput. Collective: every rank calls it at the same steps."""
+    names = ["loss", *extra_sums]
+    sums = all_reduce_sum([float(loss_sum), *map(float, extra_sums.values())], run.env)
+    per_step = run.options.optimization.gradient_accumulation_steps * run.env.world_size
+    counts = {}
+    if run.options.data.skip_bad_records:  # counted, never silent
+        (counts["bad_records_skipped"],) = all_reduce_sum([float(run.data.skipped_records())],
+                                                          run.env)
+    run.log.log("train", run.counters.step, **counts, lr=lr, grad_norm=grad_norm,
+                skipped=not stepped, tokens=run.counters.tokens_seen,
+                **{name: total / per_step for name, total in zip(names, sums)},
+                **run.meter.report())
+
+
+def stop_diverged(run: Run, what: str) -> None:
+    """Diverged: the weights are (or are about to be) NaN, and every later step and checkpoint
+    would be too. Stop without saving, naming the newest good checkpoint."""
+    run.log.close()
+    newest = list_checkpoints(run.run_dir / "ckpt")
+    raise SystemExit(f"error: step {run.counters.step}: {what}; stopped without saving. Newest "
+                     f"checkpoint: {newest[-1][1] if newest else 'none'}. Lower --lr, or check "
+                     "the data.")
+
+
+def is_diverged(run: Run, nonfinite_loss_votes: float, grad_norm: float) -> bool:
+    """fp16's loss scaler skips an overflowing step and retries instead: not a divergence."""
+    return run.precision.dtype != "fp16" and (nonfinite_loss_votes > 0
+                                              or not math.isfinite(grad_norm))
+
+
+def finish(run: Run) -> None:
+    """The report card (rank 0) and the metrics file closed."""
+    if run.env.is_main:
+        environment = {"device": str(run.env.device), "world_size": run.env.world_size,
+                       "precision": run.precision.reason,
+                       "threads_per_rank": torch.get_num_threads(),
+                       "kernels": run.kernels.removeprefix("kernels: ")}
+        report = write_report(run.run_dir, run.options, environment, run.meter.summary(),
+                              run.tokenizer.fingerprint)
+        print(f"report: {report}", flush=True)
+    run.log.close()

@@ -1,0 +1,77 @@
+"""Every option in range and every combination workable, checked before any data or model is
+built; all problems are reported together, in one line (`ValueError`, exit code 2)."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.model_setup import preset_model_config
+from trainer.options import TrainingOptions
+from utils.option_checks import raise_problems, range_problem
+
+# Lower bounds of the options that only have one (unset optional options are not checked).
+LOWER_BOUNDS: dict[str, int] = {
+    **dict.fromkeys(("batch_size", "gradient_accumulation_steps", "max_seq_len", "max_iters",
+                     "log_interval", "eval_interval", "save_interval", "eval_iters",
+                     "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "num_threads", "bucket_size",
+                     "loss_scale_window", "hysteresis", "powersgd_rank", "max_new_tokens"), 1),
+    **dict.fromkeys(("num_workers", "keep_last", "weight_decay", "grad_clip", "dpo_nll_weight",
+                     "powersgd_warmup_iters", "seed", "shuffle_buffer"), 0),
+}
+
+
+def check_options(options: TrainingOptions) -> None:
+    """Raise one ValueError naming every bad option (see the module docstring)."""
+    flat = options.to_dict()
+    optimization, system = options.optimization, options.system
+    problems = [range_problem(f"--{name}", flat[name], low=low)
+                for name, low in LOWER_BOUNDS.items()]
+    lr_problem = range_problem("--lr", optimization.lr, 0, low_open=True)
+    # Bounds that are other options apply once those are valid (one message per mistake).
+    problems += [
+        lr_problem,
+        range_problem("--min_lr", optimization.min_lr, 0, None if lr_problem else optimization.lr),
+        range_problem("--adam_beta1", optimization.adam_beta1, 0, 1, high_open=True),
+        range_problem("--adam_beta2", optimization.adam_beta2, 0, 1, high_open=True),
+        range_problem("--adam_eps", optimization.adam_eps, 0, low_open=True),
+        range_problem("--dropout", options.model.dropout, 0, 1, high_open=True),
+        range_problem("--dpo_beta", options.dpo.dpo_beta, 0, low_open=True),
+        range_problem("--dpo_label_smoothing", options.dpo.dpo_label_smoothing, 0, 0.5,
+                      high_open=True),
+        range_problem("--peak_flops", system.peak_flops, 0, low_open=True),
+        range_problem("--initial_loss_scale", system.initial_loss_scale, 0, low_open=True),
+        range_problem("--min_loss_scale", system.min_loss_scale, 0, system.initial_loss_scale,
+                      low_open=True),
+        range_problem("--warmup_iters", optimization.warmup_iters, 0),  # > max_iters: no decay
+        range_problem("--stop_at_iter", optimization.stop_at_iter, 1),
+        range_problem("--dist_timeout", options.parallel.dist_timeout, 0, low_open=True),
+    ]
+    problems += _combination_problems(options)
+    if options.model.init_from is None and not any(problems):  # a fresh model: its shape, as
+        try:                                                     # the model will check it
+            preset_model_config(options.model, options.data.max_seq_len, vocab_size=1)
+        except ValueError as error:  # (the tokenizer is not loaded yet)
+            problems.append(f"model: {error}")
+    raise_problems(problems)
+
+
+def _combination_problems(options: TrainingOptions) -> list[str]:
+    """Options that are fine alone but cannot work together."""
+    problems = options.data.problems()
+    stop_at_iter, max_iters = options.optimization.stop_at_iter, options.optimization.max_iters
+    if stop_at_iter is not None and stop_at_iter > max_iters:
+        problems.append(f"--stop_at_iter={stop_at_iter} is beyond --max_iters={max_iters}")
+    if options.data.task_type == "dpo" and not options.model.init_from:
+        problems.append("--task_type=dpo needs --init_from=<the SFT model>: it is both the "
+                        "starting policy and the frozen reference")
+    if options.parallel.comm_hook == "overlap_optim" and options.optimization.grad_clip > 0:
+        problems.append("--comm_hook=overlap_optim updates each bucket before the others are "
+                        "reduced, so it cannot clip by the global norm: add --grad_clip=0")
+    device = options.system.device
+    if device not in ("auto", "cpu", "cuda"):
+        problems.append(f"--device must be auto, cpu or cuda, got {device!r}")
+    elif device == "cuda" and not torch.cuda.is_available():
+        problems.append("--device=cuda but CUDA is not available here: use --device=cpu "
+                        "(or auto)")
+    return problems

@@ -1,0 +1,245 @@
+"""Everything a training run is made of, built from the options in one place: `build_run`.
+
+    run = build_run(options, env, notes)   # precision, data, model, DDP + optimizer, resume
+    ... the loop in train_my_ddp.py steps run.ddp / run.optimizer on batches of run.data ...
+
+The order of the build, and why:
+1. precision: rank 0 decides (on a CPU `auto` times fp32 vs bf16) and every rank follows, since
+   ranks that measured alike on a busy machine could still disagree, and then their gradients
+   would not mix;
+2. the resume point: rank 0 verifies the run's checkpoints, newest first, and names one to every
+   rank; only then is the run's config written (a failed start must not overwrite it);
+3. data (dataset/train_data.py: one interface for both --data_format), the task's forward step,
+   the LR schedule;
+4. model -> parallelize (our DDP, optimizer, comm hook: trainer/parallelize.py, where other
+   parallelism plans plug in) -> the resumed state. A checkpoint that verifies but does not
+   load on every rank (e.g. an optimizer state of another kind) is skipped with a warning, and
+   the next older one is tried;
+5. counters, evaluation, throughput meter, and the start-up lines of the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dataset.train_data import TrainData, build_train_data
+from model.kernels import kernel_choices
+from model.modeling_z2all import Z2allForCausalLM
+from optimizer import TrainingOptimizer
+from optimizer.adamw import adamw_implementation
+from parallel.distributed_data_parallel import DistributedDataParallel
+from tokenizer import load_tokenizer
+from trainer.config_files import save_config
+from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
+from trainer.evaluation import Evaluator, eval_loader
+from trainer.forward_steps import ForwardStep, build_forward_step
+from trainer.lr_schedule import LRSchedule
+from trainer.metrics import MetricsLogger
+from trainer.model_setup import build_model
+from trainer.options import TrainingOptions
+from trainer.parallelize import Parallelized, parallelize
+from trainer.rng_state import seed_everything
+from trainer.throughput import ThroughputMeter
+from trainer.training_checkpoint import restore_training_checkpoint
+from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
+from utils.precision import DTYPES, PrecisionChoice, resolve_dtype
+
+
+@dataclass
+class Counters:
+    """Where the run stands. consumed_samples is counted, not derived from step x global
+    batch, so a resume with another world size or batch size continues the data order where it
+    stopped."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    consumed_samples: int = 0
+
+
+@dataclass
+class Run:
+    """A training run, built and ready to step (see the module docstring)."""
+
+    options: TrainingOptions
+    env: DistributedEnv
+    run_dir: Path
+    precision: PrecisionChoice
+    tokenizer: Any
+    model: Z2allForCausalLM
+    parallel: Parallelized
+    schedule: LRSchedule
+    forward_step: ForwardStep
+    data: TrainData
+    evaluator: Evaluator
+    log: MetricsLogger
+    meter: ThroughputMeter
+    counters: Counters
+    resumed_from: Path | None
+    kernels: str
+
+    @property
+    def ddp(self) -> DistributedDataParallel:
+        return self.parallel.ddp
+
+    @property
+    def optimizer(self) -> TrainingOptimizer:
+        return self.parallel.optimizer
+
+    @property
+    def global_batch(self) -> int:
+        optimization = self.options.optimization
+        return (optimization.batch_size * optimization.gradient_accumulation_steps
+                * self.env.world_size)
+
+    @property
+    def stop_step(self) -> int:
+        """Where this invocation ends: --stop_at_iter, else the schedule's --max_iters."""
+        optimization = self.options.optimization
+        return min(optimization.stop_at_iter or optimization.max_iters, optimization.max_iters)
+
+
+def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -> Run:
+    run_dir = Path(options.run.out_dir)
+    precision = broadcast_from_main(resolve_dtype(options.system.dtype, env.device)
+                                    if env.is_main else None, env)
+    log = MetricsLogger(run_dir, enabled=env.is_main, tensorboard=options.run.tensorboard)
+    resume_candidates = (valid_checkpoints(run_dir) if options.run.resume and env.is_main
+                         else iter(()))
+    resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
+    if env.is_main:
+        print(precision.reason, flush=True)
+        save_config(options, run_dir, resolved={"precision": dataclasses.asdict(precision)})
+        for note in notes:
+            print(note, flush=True)
+
+    data_options, optimization = options.data, options.optimization
+    tokenizer = load_tokenizer(data_options.tokenizer_dir)
+    eval_samples = options.eval.eval_iters * optimization.batch_size * env.world_size
+    data, valid_dataset, collate_fn = build_train_data(
+        data_options, seed=optimization.seed, batch_size=optimization.batch_size,
+        eval_samples=eval_samples, rank=env.rank, world_size=env.world_size,
+        pin_memory=env.device.type == "cuda")
+    forward_step = build_forward_step(data_options.task_type, options.dpo,
+                                      options.model.init_from, env.device, precision.dtype)
+    schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
+                          optimization.max_iters, optimization.lr_schedule)
+    model, parallel, saved_state, resume_dir = _model_and_resume_point(
+        options, env, precision.dtype, len(tokenizer), data, resume_candidates, resume_dir)
+
+    counters = Counters()
+    if saved_state is not None:
+        counters = Counters(saved_state["step"], saved_state["tokens_seen"],
+                            saved_state["consumed_samples"])
+        log.log("resume", counters.step, checkpoint=str(resume_dir))
+    valid_loader = eval_loader(valid_dataset, collate_fn, optimization.batch_size,
+                               options.eval.eval_iters, env)
+    evaluator = Evaluator(valid_loader, tokenizer, forward_step, data_options.task_type,
+                          options.eval, env)
+    meter = ThroughputMeter(model, data_options.max_seq_len, precision.dtype,
+                            options.system.peak_flops, env)
+    run = Run(options, env, run_dir, precision, tokenizer, model, parallel, schedule,
+              forward_step, data, evaluator, log, meter, counters, resume_dir,
+              kernel_line(options, model, env, precision.dtype))
+    _log_start(run)
+    return run
+
+
+def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: DistributedEnv,
+                dtype_name: str) -> str:
+    """Which implementation runs each hot op and the optimizer, and why not a faster one."""
+    choices = kernel_choices(env.device, DTYPES[dtype_name], model.config.head_dim)
+    optimizer_device = torch.device("cpu") if options.parallel.cpu_offload else env.device
+    choices["adamw"] = adamw_implementation(optimizer_device)
+    choices["torch.compile"] = "on" if options.system.compile else "off"
+    return "kernels: " + ", ".join(f"{op}={impl}" for op, impl in choices.items())
+
+
+def _log_start(run: Run) -> None:
+    """The run's shape in metrics.jsonl, and on stdout for people."""
+    num_params = sum(p.numel() for p in run.model.parameters())
+    optimization, env = run.options.optimization, run.env
+    run.log.log("run", run.counters.step, quiet=True, effective_batch=run.global_batch,
+                world_size=env.world_size, dtype=run.precision.dtype, device=str(env.device),
+                num_params=num_params, kernels=run.kernels)
+    if env.is_main:
+        print(f"effective batch: {optimization.batch_size} x "
+              f"{optimization.gradient_accumulation_steps} x {env.world_size} = "
+              f"{run.global_batch} sequences | {run.precision.dtype} on {env.device} | "
+              f"{num_params:,} params", flush=True)
+        print(run.kernels, flush=True)
+
+
+def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
+                            tokenizer_size: int, data: TrainData,
+                            resume_candidates: Iterator[Path], resume_dir: Path | None
+                            ) -> tuple[Z2allForCausalLM, Parallelized, dict | None,
+                                       Path | None]:
+    """(model, its DDP + optimizer, the resumed trainer state or None, the checkpoint used),
+    trying older checkpoints while the chosen one does not load on every rank."""
+    while True:
+        seed_everything(options.optimization.seed)  # all ranks alike: identical weights
+        build = functools.partial(build_model, options.model, options.data.max_seq_len,
+                                  tokenizer_size, resume_dir)
+        model, error = _on_every_rank(build, env) if resume_dir else (build(), None)
+        state = None
+        if error is None:
+            model = model.to(env.device, DTYPES[dtype_name])
+            if options.system.compile:
+                model.compile_blocks()
+            parallel = parallelize(model, options.parallel, options.optimization,
+                                   options.system, dtype_name)
+            seed_everything(options.optimization.seed + env.rank)  # dropout differs per rank
+            if resume_dir is not None:
+                state, error = _on_every_rank(functools.partial(
+                    restore_training_checkpoint, resume_dir, env, optimizer=parallel.optimizer,
+                    data=data, comm_hook_state=parallel.comm_hook_state,
+                    seed=options.optimization.seed), env)
+        if error is None:
+            return model, parallel, state, resume_dir
+        if env.is_main:
+            warnings.warn(f"skipping checkpoint {resume_dir}: its state does not load: {error}",
+                          DamagedCheckpointWarning, stacklevel=1)
+        resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
+
+
+def _next_resume_dir(candidates: Iterator[Path], resume: bool, env: DistributedEnv
+                     ) -> Path | None:
+    """The next valid checkpoint to try (rank 0's pick, on every rank); None without --resume.
+    A CheckpointError says why when none is left. Damaged ones warn."""
+    if not resume:
+        return None
+    resume_dir, problem = None, None
+    if env.is_main:
+        try:
+            resume_dir = next(candidates)
+        except StopIteration:
+            problem = "no valid checkpoint loads (see the warnings above)"
+        except CheckpointError as error:
+            problem = str(error)
+    resume_dir, problem = broadcast_from_main((resume_dir, problem), env)
+    if problem:
+        raise CheckpointError(f"--resume: {problem}")  # bad input: exit code 2
+    return resume_dir
+
+
+def _on_every_rank(load: Callable[[], Any], env: DistributedEnv) -> tuple[Any, str | None]:
+    """(load(), None) when it succeeded on every rank, else (None, why): all ranks agree, so
+    they all go on to the next checkpoint together. Errors of a file that does not load are
+    caught; anything else (a bug) propagates."""
+    result, error = None, None
+    try:
+        result = load()
+    except (CheckpointError, OSError, ValueError, KeyError, RuntimeError) as exception:
+        error = f"{type(exception).__name__}: {exception}"
+    failed_ranks = all_reduce_sum([float(error is not None)], env)[0]
+    if error is None and failed_ranks:
+        error = f"it failed on {int(failed_ranks)} other rank(s)"
+    return (result, None) if error is None else (None, error)
