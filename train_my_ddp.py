@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -46,13 +49,15 @@ from trainer.loop_actions import (
     save_checkpoint,
     stop_diverged,
 )
+from trainer.option_validation import check_paths
+from trainer.options import RunOptions
 from trainer.run_lock import RunDirInUse, RunLock
 from trainer.setup import Run, build_run
 from trainer.stop_signal import StopSignal
 from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
-from utils.run_directory import write_heartbeat
+from utils.run_directory import RunDirHoldsARun, claim_for_fresh_run, write_heartbeat
 
 
 def train_step(run: Run, micro_batches: list[dict[str, torch.Tensor]]
@@ -127,38 +132,55 @@ def train(run: Run, stop_signal: StopSignal) -> int:
     return 0
 
 
+@dataclass
+class RunDirClaim:
+    notes: list[str]        # to print at start
+    started: bool = False   # the loop began: from then on the run dir is the run's record
+
+
 @contextlib.contextmanager
-def exclusive_run_dir(run_dir: str, env: DistributedEnv) -> Iterator[list[str]]:
-    """Rank 0 holds the run dir's lock (trainer/run_lock.py) while the run lasts; every rank
-    exits at once when another live trainer holds it. Yields notes to print."""
+def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[RunDirClaim]:
+    """Rank 0 claims the run dir: a fresh run refuses one holding another run (or moves it
+    aside with --overwrite), then holds its lock (trainer/run_lock.py) while the run lasts;
+    every rank exits at once on a problem. A start that fails before the loop removes the
+    directory it created, so nothing that looks like a run is left behind."""
+    run_dir = Path(run_options.out_dir)
+    created = env.is_main and not run_dir.exists()
     lock = RunLock(run_dir) if env.is_main else None
-    note, problem = None, None
+    notes, problem = [], None
     if lock is not None:
-        try:
-            note = lock.acquire()
-        except (RunDirInUse, OSError) as error:  # every rank must hear of it, or they wait
+        try:  # every rank must hear of a problem, or they wait
+            if not run_options.resume:
+                notes.append(claim_for_fresh_run(run_dir, run_options.overwrite))
+            notes.append(lock.acquire())
+        except (RunDirInUse, RunDirHoldsARun, OSError) as error:
             problem = str(error)
     problem = broadcast_from_main(problem, env)
     if problem:
-        raise SystemExit(f"error: {problem}")
+        raise ValueError(problem)  # bad input: exit code 2
+    claim = RunDirClaim([note for note in notes if note])
     try:
-        yield [note] if note else []
+        yield claim
     finally:
         if lock is not None:
             lock.release()
+            if created and not claim.started:
+                shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     options, notes = options_from_argv(argv)
+    check_paths(options)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
         die_with_parent(signal.SIGKILL)
     env = init_distributed(options.system.device, options.system.num_threads,
                            timeout_s=60 * options.parallel.dist_timeout)
     configure_logging(options.run.verbose, env.is_main)
     try:
-        with exclusive_run_dir(options.run.out_dir, env) as lock_notes, \
-                StopSignal() as stop_signal:
-            return train(build_run(options, env, notes + lock_notes), stop_signal)
+        with exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal:
+            run = build_run(options, env, notes + claim.notes)
+            claim.started = True
+            return train(run, stop_signal)
     finally:
         shutdown_distributed(env)
 

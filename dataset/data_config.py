@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from dataset.stream_shards import parse_data_mix
 from utils.option_checks import option
 
 DEFAULT_SHUFFLE_BUFFER = 1000
@@ -47,6 +48,11 @@ class DataConfig:
         if self.data_format != "stream" and (self.data_mix or self.skip_bad_records):
             problems.append("--data_mix and --skip_bad_records apply to raw shards: add "
                             "--data_format=stream")
+        if self.data_mix:
+            try:
+                parse_data_mix(self.data_mix)
+            except ValueError as error:
+                problems.append(str(error))
         if self.pack_samples and (self.task_type != "sft" or self.data_format == "stream"):
             problems.append("--pack_samples packs SFT samples from --data_format=pretok: use "
                             "it with --task_type=sft only")

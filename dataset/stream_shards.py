@@ -23,6 +23,7 @@ number, so it holds under any sharding and any resume.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,9 +64,9 @@ def parse_data_mix(text: str) -> list[tuple[str, float]]:
             value = float(weight)
         except ValueError:
             value = -1.0
-        if not sep or not name or value <= 0:
-            raise ValueError(f"--data_mix: {part.strip()!r} is not NAME:WEIGHT with a weight "
-                             "> 0; write e.g. --data_mix=web:0.7,books:0.3")
+        if not sep or not name or not 0 < value < math.inf:  # NaN fails this too
+            raise ValueError(f"--data_mix: {part.strip()!r} is not NAME:WEIGHT with a finite "
+                             "weight > 0; write e.g. --data_mix=web:0.7,books:0.3")
         mix.append((name, value))
     if len({name for name, _ in mix}) != len(mix):
         raise ValueError(f"--data_mix={text}: a source is named twice")

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from dataset.build import build_datasets, build_stream_datasets
 from dataset.data_config import DataConfig, DataFormatMismatch
 from dataset.sampler import STATE_KEYS, StatefulDistributedSampler
+from utils.worker_signals import ignore_stop_signals
 
 
 class TrainData(Protocol):
@@ -57,7 +58,7 @@ class SampledTrainData:
         # draw must not shift the global RNG streams between a continuous and a resumed run.
         loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.sampler,
                             collate_fn=self.collate_fn, num_workers=self.num_workers,
-                            pin_memory=self.pin_memory,
+                            pin_memory=self.pin_memory, worker_init_fn=ignore_stop_signals,
                             generator=torch.Generator().manual_seed(self.seed
                                                                     + self.consumed_samples))
         for batch in loader:

@@ -23,7 +23,13 @@ from typing import Any
 
 from trainer.command_line import check_value, format_help, parse_command_line
 from trainer.option_validation import check_options
-from trainer.options import GROUPS, PER_INVOCATION, RESUME_SAFE, TrainingOptions
+from trainer.options import (
+    FIXED_ON_RESUME,
+    GROUPS,
+    PER_INVOCATION,
+    RESUME_SAFE,
+    TrainingOptions,
+)
 from utils.atomic_io import atomic_write_json, atomic_write_text
 
 RESOLVED_KEY = "resolved"  # config.json: what `auto` options resolved to (not an option)
@@ -85,19 +91,37 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
     merged = TrainingOptions.from_dict(explicit).to_dict()
     notes: list[str] = []
     saved_path = Path(merged["out_dir"]) / "config.json"
-    if merged["resume"] and saved_path.exists():
+    if merged["resume"]:
+        if not saved_path.is_file():
+            raise ValueError(f"--resume: {merged['out_dir']} holds no run to continue (no "
+                             "config.json): drop --resume to start one there")
         saved = {k: v for k, v in load_config_file(saved_path).items()
                  if k not in PER_INVOCATION}
         merged = {**TrainingOptions.from_dict(saved).to_dict(), **explicit}
-        for name, value in explicit.items():
-            if name in saved and saved[name] != value:
-                breaks = "" if name in RESUME_SAFE else " (breaks bitwise reproducibility)"
-                notes.append(f"resume: {name} changed {saved[name]!r} -> {value!r}{breaks}")
-                if breaks:
-                    warnings.warn(notes[-1], stacklevel=2)
+        notes = _resume_changes(saved, explicit)
     options = TrainingOptions.from_dict(merged)
     check_options(options)
     return options, notes
+
+
+def _resume_changes(saved: dict[str, Any], explicit: dict[str, Any]) -> list[str]:
+    """A note per option changed on --resume (warned about where it breaks bitwise identity);
+    a change of the model's shape or the data's sample length cannot be honoured (the
+    checkpoint holds that model and that data position) and is refused."""
+    fixed = [f"--{name}={value!r} (the run has {saved[name]!r})"
+             for name, value in explicit.items()
+             if name in FIXED_ON_RESUME and name in saved and saved[name] != value]
+    if fixed:
+        raise ValueError(f"--resume cannot change {', '.join(fixed)}: the checkpoint holds "
+                         "that model and data position; start a new run (--out_dir) instead")
+    notes = []
+    for name, value in explicit.items():
+        if name in saved and saved[name] != value:
+            breaks = "" if name in RESUME_SAFE else " (breaks bitwise reproducibility)"
+            notes.append(f"resume: {name} changed {saved[name]!r} -> {value!r}{breaks}")
+            if breaks:
+                warnings.warn(notes[-1], stacklevel=3)
+    return notes
 
 
 def options_from_argv(argv: list[str] | None = None) -> tuple[TrainingOptions, list[str]]:

@@ -3,6 +3,8 @@ built; all problems are reported together, in one line (`ValueError`, exit code 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from trainer.model_setup import preset_model_config
@@ -17,8 +19,10 @@ LOWER_BOUNDS: dict[str, int] = {
                      "num_key_value_heads", "intermediate_size", "num_threads", "bucket_size",
                      "loss_scale_window", "hysteresis", "powersgd_rank", "max_new_tokens"), 1),
     **dict.fromkeys(("num_workers", "keep_last", "weight_decay", "grad_clip", "dpo_nll_weight",
-                     "powersgd_warmup_iters", "seed", "shuffle_buffer"), 0),
+                     "powersgd_warmup_iters", "shuffle_buffer"), 0),
 }
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit integer
+MAX_DIST_TIMEOUT = 7 * 24 * 60.0  # minutes: a week; beyond it the timedelta overflows
 
 
 def check_options(options: TrainingOptions) -> None:
@@ -45,7 +49,9 @@ def check_options(options: TrainingOptions) -> None:
                       low_open=True),
         range_problem("--warmup_iters", optimization.warmup_iters, 0),  # > max_iters: no decay
         range_problem("--stop_at_iter", optimization.stop_at_iter, 1),
-        range_problem("--dist_timeout", options.parallel.dist_timeout, 0, low_open=True),
+        range_problem("--dist_timeout", options.parallel.dist_timeout, 0, MAX_DIST_TIMEOUT,
+                      low_open=True),
+        range_problem("--seed", optimization.seed, 0, MAX_SEED),
     ]
     problems += _combination_problems(options)
     if options.model.init_from is None and not any(problems):  # a fresh model: its shape, as
@@ -56,12 +62,29 @@ def check_options(options: TrainingOptions) -> None:
     raise_problems(problems)
 
 
+def check_paths(options: TrainingOptions) -> None:
+    """Every path an option names exists: checked by the entry point right after the options,
+    before anything is written or any data work starts (kept apart from `check_options`, which
+    judges values alone, so that a config can be checked on another machine)."""
+    paths = {"--data_dir": options.data.data_dir, "--tokenizer_dir": options.data.tokenizer_dir,
+             "--init_from": options.model.init_from}
+    problems = [f"{flag}={path}: no such file or directory" for flag, path in paths.items()
+                if path is not None and not Path(path).exists()]
+    if not options.run.out_dir.strip():
+        problems.append("--out_dir is empty: name the run directory, e.g. --out_dir=out/run1")
+    raise_problems(problems)
+
+
 def _combination_problems(options: TrainingOptions) -> list[str]:
     """Options that are fine alone but cannot work together."""
     problems = options.data.problems()
     stop_at_iter, max_iters = options.optimization.stop_at_iter, options.optimization.max_iters
     if stop_at_iter is not None and stop_at_iter > max_iters:
         problems.append(f"--stop_at_iter={stop_at_iter} is beyond --max_iters={max_iters}")
+    prompts = options.eval.eval_prompts
+    if any(not prompt.strip() for prompt in prompts):
+        problems.append(f"--eval_prompts={prompts!r} has an empty prompt: give non-empty "
+                        "prompts, or --eval_prompts=[] for none")
     if options.data.task_type == "dpo" and not options.model.init_from:
         problems.append("--task_type=dpo needs --init_from=<the SFT model>: it is both the "
                         "starting policy and the frozen reference")

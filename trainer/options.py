@@ -146,6 +146,8 @@ class DPOOptions:
 class RunOptions:
     out_dir: str = option("out/run", "run directory (config, metrics, checkpoints, report)")
     resume: bool = option(False, "continue from the newest valid checkpoint in out_dir")
+    overwrite: bool = option(False, "a fresh run into an out_dir that holds another run moves "
+                             "that run aside to <out_dir>.old-<time> (without it: refused)")
     log_interval: int = option(10, "log training metrics every N steps")
     save_interval: int = option(500, "checkpoint every N steps (and at the end)")
     keep_last: int = option(2, "checkpoints kept (plus the best by validation loss); "
@@ -160,12 +162,17 @@ GROUPS: dict[str, type] = {
     "dpo": DPOOptions, "run": RunOptions,
 }
 # Options that describe one invocation, not the run: never inherited from a saved config.
-PER_INVOCATION = {"resume", "stop_at_iter"}
+PER_INVOCATION = {"resume", "stop_at_iter", "overwrite"}
 # Options you may change on --resume without breaking bitwise reproducibility.
-RESUME_SAFE = {"resume", "stop_at_iter", "log_interval", "save_interval", "keep_last",
+RESUME_SAFE = {"resume", "stop_at_iter", "overwrite", "log_interval", "save_interval", "keep_last",
                "num_workers", "num_threads", "tensorboard", "out_dir", "eval_prompts",
                "max_new_tokens", "peak_flops", "eval_interval", "eval_iters", "dist_timeout",
                "verbose"}
+# Options a resumed run cannot change: the checkpoint holds a model of that shape and a data
+# position in samples of that length.
+FIXED_ON_RESUME = {"task_type", "max_seq_len", "model_preset", "hidden_size",
+                   "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                   "intermediate_size", "dropout"}
 
 OPTION_GROUP: dict[str, str] = {f.name: group for group, cls in GROUPS.items()
                                 for f in fields(cls)}

@@ -175,6 +175,9 @@ def _log_start(run: Run) -> None:
               f"{run.global_batch} sequences | {run.precision.dtype} on {env.device} | "
               f"{num_params:,} params", flush=True)
         print(run.kernels, flush=True)
+        if run.resumed_from is not None and run.counters.step >= run.stop_step:
+            print(f"note: the run is already at step {run.counters.step} = --max_iters: "
+                  "nothing to train; raise --max_iters to continue it", flush=True)
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,

@@ -129,7 +129,7 @@ def finish_checkpoint(tmp_dir: str | os.PathLike, step: int, *, keep_last: int =
     os.replace(tmp_dir, final_dir)
     fsync_dir(ckpt_root)
     _update_best(ckpt_root)
-    prune_checkpoints(ckpt_root, keep_last)
+    prune_checkpoints(ckpt_root, keep_last, newest_kept=step)
     return final_dir
 
 
@@ -174,13 +174,20 @@ def best_checkpoint(ckpt_root: str | os.PathLike) -> Path | None:
     return link.resolve() if link.is_symlink() and link.resolve().is_dir() else None
 
 
-def prune_checkpoints(ckpt_root: str | os.PathLike, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` checkpoints; `best` is always kept."""
+def prune_checkpoints(ckpt_root: str | os.PathLike, keep_last: int,
+                      newest_kept: int | None = None) -> None:
+    """Delete all but the newest `keep_last` checkpoints; `best` is always kept.
+
+    `newest_kept`: the step just written. It and every step up to it count as the newest,
+    and checkpoints *after* it (left by another run, which a fresh run refuses unless told to
+    overwrite) are never what gets deleted to make room: pruning removes only older steps."""
     if keep_last <= 0:
         return
     ckpt_root = Path(ckpt_root)
     best = best_checkpoint(ckpt_root)
-    for _, ckpt_dir in list_checkpoints(ckpt_root)[:-keep_last]:
+    candidates = [(step, ckpt_dir) for step, ckpt_dir in list_checkpoints(ckpt_root)
+                  if newest_kept is None or step <= newest_kept]
+    for _, ckpt_dir in candidates[:-keep_last]:
         if best is None or ckpt_dir.resolve() != best:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
 

@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+
 from trainer.command_line import format_help, parse_command_line
 from trainer.config_files import load_config_file, resolve_options, save_config
 from trainer.options import TrainingOptions
@@ -41,7 +42,7 @@ def test_values_are_parsed_by_the_field_type():
     ("--comm_hook=overlap_optim", "add --grad_clip=0"),
     ("--stop_at_iter=5000", "beyond --max_iters"),
     ("--batch_size=0", "--batch_size must be >= 1"),
-    ("--dist_timeout=0", "--dist_timeout must be > 0"),
+    ("--dist_timeout=0", r"--dist_timeout must be in \(0, 10080\]"),
     ("--max_iters=-1", r"^--max_iters must be >= 1, got -1$"),
     ("--max_iters=0", "--max_iters must be >= 1"),
     ("--stop_at_iter=0", "--stop_at_iter must be >= 1"),

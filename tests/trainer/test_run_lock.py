@@ -45,9 +45,10 @@ def test_a_second_trainer_on_a_run_dir_in_use_exits_before_any_work(tmp_path):
     lock = RunLock(run_dir)
     lock.acquire()
     try:
-        with pytest.raises(SystemExit, match=f"error: run dir {run_dir} is in use by PID "
+        with pytest.raises(ValueError, match=f"run dir {run_dir} is in use by PID "
                                              f"{os.getpid()}"):
-            run_main(["--data_dir=/nonexistent", f"--out_dir={run_dir}"])
+            run_main([f"--data_dir={tmp_path}", f"--tokenizer_dir={tmp_path}",
+                      f"--out_dir={run_dir}"])
     finally:
         lock.release()
     assert sorted(path.name for path in run_dir.iterdir()) == [LOCK_FILE]

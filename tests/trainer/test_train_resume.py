@@ -35,6 +35,7 @@ from tests.train_helpers import (
     run_on_two_ranks,
     train_losses,
 )
+from trainer.config_files import resolve_options, save_config
 from trainer.lr_schedule import LRSchedule
 from utils.checkpoint import (
     CheckpointError,
@@ -165,6 +166,10 @@ def test_a_checkpoint_whose_state_is_refused_is_skipped(data, tmp_path):
 
 def test_resume_without_checkpoint_is_a_clear_error(data, tmp_path, capsys):
     argv = [*_pretrain_args(data), f"--out_dir={tmp_path / 'empty'}", "--resume"]
+    with pytest.raises(ValueError, match="--resume: .*empty holds no run to continue"):
+        run_main(argv)
+    assert not (tmp_path / "empty").exists()  # a failed start leaves nothing behind
+    save_config(resolve_options(argv)[0], tmp_path / "empty")  # a run that saved nothing yet
     with pytest.raises(CheckpointError, match="--resume: .*no checkpoint found"):
         run_main(argv)
     assert cli_run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT  # one line, exit code 2
