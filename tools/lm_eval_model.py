@@ -34,7 +34,8 @@ class Z2allLM(LM):
                  batch_size: int = 16, device: torch.device | str = "cpu") -> None:
         super().__init__()
         self.model, self.tokenizer, self.chat = model, tokenizer, chat
-        self.max_length, self.batch_size, self.device = max_length, batch_size, torch.device(device)
+        self.max_length, self.batch_size = max_length, batch_size
+        self._device = torch.device(device)  # LM.device (a property) reads it
 
     def context_ids(self, context: str) -> list[int]:
         if self.chat:
