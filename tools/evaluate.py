@@ -115,8 +115,10 @@ def run_lm_eval(lm: Z2allLM, tasks: list[str], limit: int | None = None) -> dict
 
 
 def lm_eval_scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """{task: {metric: value}} from lm-eval's results (its "metric,filter" keys simplified)."""
-    return {task: {key.split(",")[0]: value for key, value in metrics.items()
+    """{task: {metric: value, "items": n}} from lm-eval's results ("metric,filter" keys
+    simplified, its "sample_len" named for what it is)."""
+    return {task: {"items" if key == "sample_len" else key.split(",")[0]: value
+                   for key, value in metrics.items()
                    if isinstance(value, (int, float)) and "_stderr" not in key}
             for task, metrics in results["results"].items()}
 
