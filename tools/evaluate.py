@@ -54,6 +54,8 @@ from utils.readers import find_data_files, iter_records
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 SHIPPED_PREFIX = "z2all_"  # names of the tasks in TASKS_DIR
 RESULTS_FILE = "evaluations.json"
+# report.md is rewritten by each training invocation; the trainer keeps what follows this line.
+EVALUATIONS_MARKER = "<!-- tools.evaluate results: kept when the trainer rewrites this report -->"
 
 
 # ------------------------------------------------------------------ language modelling
@@ -151,7 +153,10 @@ def record_results(report_dir: Path, title: str, settings: dict[str, Any],
              "| | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(_cell(values.get(metric)) for metric in metrics) + " |"
               for name, values in scores.items()]
-    with open(report_dir / "report.md", "a", encoding="utf-8") as handle:
+    report = report_dir / "report.md"
+    if EVALUATIONS_MARKER not in (report.read_text(encoding="utf-8") if report.is_file() else ""):
+        lines.insert(0, "\n" + EVALUATIONS_MARKER)
+    with open(report, "a", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
 
 

@@ -94,6 +94,7 @@ def test_cli_appends_a_table_to_report_md_and_the_figures_to_evaluations_json(
         assert entry["title"] == "language modelling"
         assert entry["scores"]["data"] == pytest.approx(expected, rel=1e-6)
     report = (report_dir / "report.md").read_text()
+    assert report.count(evaluate.EVALUATIONS_MARKER) == 1
     assert report.count("## Evaluation: language modelling") == 2
     assert f"| data | {expected['bits_per_byte']:.4g} | {expected['loss']:.4g} |" in report
 
