@@ -12,8 +12,10 @@ DPO rewards, throughput). The run's config goes in once as hyper-parameters. Onl
 trackers (`enabled=False` elsewhere gives a `Trackers` that does nothing).
 
 Resuming continues the same curves:
-- TensorBoard writes into `<run>/tensorboard` again with `purge_step=start_step`, so events a
-  crashed run logged after its last checkpoint are hidden instead of drawn twice.
+- TensorBoard writes into `<run>/tensorboard` again; the trainer's `resume` record (step N, the
+  checkpoint's) reopens the writer with `purge_step=N`, so events a crashed run logged after its
+  last checkpoint are hidden instead of drawn twice. Hyper-parameters go in once, on the run's
+  first invocation.
 - W&B reuses the run id stored in `<run>/wandb_run_id` with `resume="allow"`; every scalar is
   plotted against our own `step` field (`define_metric`), not W&B's internal counter, which
   refuses steps lower than ones it has seen (those a crash lost would come again).
@@ -75,18 +77,26 @@ class Trackers:
     """The open trackers of one run; `log` and `close` are called by the trainer's logger."""
 
     def __init__(self, options: TrackerOptions, run_dir: str | Path, config: dict[str, Any],
-                 start_step: int = 0, enabled: bool = True) -> None:
+                 enabled: bool = True) -> None:
         names = parse_tracker_list(options.tracker)
         self._tensorboard = self._wandb = None
+        self.tensorboard_dir = Path(run_dir) / "tensorboard"
         if not enabled:
             return
-        run_dir = Path(run_dir)
         if "tensorboard" in names:
-            self._tensorboard = _open_tensorboard(run_dir, config, start_step)
+            first_invocation = not self.tensorboard_dir.exists()
+            self._tensorboard = _open_tensorboard(self.tensorboard_dir)
+            if first_invocation:
+                _write_hyperparameters(self._tensorboard, config)
         if "wandb" in names:
-            self._wandb = _open_wandb(options, run_dir, config)
+            self._wandb = _open_wandb(options, Path(run_dir), config)
 
     def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        """Mirror a metrics.jsonl record; a `resume` record also restarts TensorBoard's curves
+        at its step (see the module docstring)."""
+        if kind == "resume" and self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = _open_tensorboard(self.tensorboard_dir, purge_step=step)
         scalars = {f"{kind}/{key}": value for key, value in scalar_values(values).items()}
         if not scalars:
             return
@@ -103,16 +113,19 @@ class Trackers:
             self._wandb.finish()
 
 
-def _open_tensorboard(run_dir: Path, config: dict[str, Any], start_step: int) -> Any:
+def _open_tensorboard(log_dir: Path, purge_step: int | None = None) -> Any:
     from torch.utils.tensorboard import SummaryWriter
+
+    # purge_step: readers drop the events at steps >= purge_step written before this point.
+    return SummaryWriter(str(log_dir), purge_step=purge_step)
+
+
+def _write_hyperparameters(writer: Any, config: dict[str, Any]) -> None:
+    """The config in TensorBoard's HPARAMS tab, in the same event files as the curves."""
     from torch.utils.tensorboard.summary import hparams
 
-    # purge_step: readers drop events at steps >= start_step written before this restart.
-    writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step or None)
-    if start_step == 0:  # hyper-parameters once per run, in the same event files as the curves
-        for summary in hparams(hyperparameters(config), metric_dict={}):
-            writer.file_writer.add_summary(summary)
-    return writer
+    for summary in hparams(hyperparameters(config), metric_dict={}):
+        writer.file_writer.add_summary(summary)
 
 
 def _open_wandb(options: TrackerOptions, run_dir: Path, config: dict[str, Any]) -> Any:

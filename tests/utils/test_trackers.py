@@ -62,8 +62,10 @@ def test_tensorboard_gets_the_same_curves_and_a_resume_continues_them(tmp_path):
     rng = random.Random(3)
     first = _log_run(Trackers(TrackerOptions("tensorboard"), tmp_path, CONFIG), range(0, 23), rng)
     # The first run crashed after step 22; its last checkpoint was step 15, where it resumes.
-    second = _log_run(Trackers(TrackerOptions("tensorboard"), tmp_path, CONFIG, start_step=15),
-                      range(15, 30), rng)
+    # Like the trainer, the second invocation opens its trackers before it knows that.
+    trackers = Trackers(TrackerOptions("tensorboard"), tmp_path, {**CONFIG, "resume": True})
+    trackers.log("resume", 15, {"checkpoint": "ckpt/step_000015"})
+    second = _log_run(trackers, range(15, 30), rng)
     expected = {tag: {**{s: v for s, v in first[tag].items() if s < 15}, **second[tag]}
                 for tag in first}
 
@@ -72,6 +74,7 @@ def test_tensorboard_gets_the_same_curves_and_a_resume_continues_them(tmp_path):
     assert sorted(events.Tags()["scalars"]) == sorted(expected)
     for tag, by_step in expected.items():
         got = {event.step: event.value for event in events.Scalars(tag)}
+        assert len(events.Scalars(tag)) == len(got)  # the crashed run's steps 15-22 purged
         assert got == pytest.approx(by_step, rel=1e-6)  # stored as float32
     content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     session = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
@@ -79,6 +82,7 @@ def test_tensorboard_gets_the_same_curves_and_a_resume_continues_them(tmp_path):
     assert session.hparams["task_type"].string_value == "pretrain"
     assert session.hparams["compile"].bool_value is False
     assert json.loads(session.hparams["betas"].string_value) == [0.9, 0.95]
+    assert "resume" not in session.hparams  # the first invocation's config, written once
 
 
 def read_wandb_records(path: Path) -> list[wandb_internal_pb2.Record]:
@@ -123,7 +127,9 @@ def test_wandb_offline_gets_the_same_curves_and_a_resume_reuses_the_run(tmp_path
     options = TrackerOptions("wandb", wandb_project="proj", wandb_run_name="tiny")
     first = _log_run(Trackers(options, tmp_path, CONFIG), range(0, 12), rng)
     time.sleep(1 - time.time() % 1)  # each session's folder is named after its start second
-    second = _log_run(Trackers(options, tmp_path, CONFIG, start_step=8), range(8, 16), rng)
+    trackers = Trackers(options, tmp_path, CONFIG)
+    trackers.log("resume", 8, {"checkpoint": "ckpt/step_000008"})
+    second = _log_run(trackers, range(8, 16), rng)
 
     run_files = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(run_files) == 2  # offline: nothing uploaded, two sessions of one run
