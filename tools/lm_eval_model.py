@@ -49,8 +49,10 @@ class Z2allLM(LM):
         results = []
         for start in tqdm(range(0, len(pairs), self.batch_size), desc="loglikelihood",
                           unit="batch", disable=len(pairs) <= self.batch_size):
-            chunk = [((context + continuation)[-(self.max_length + 1):], len(continuation))
-                     for context, continuation in pairs[start:start + self.batch_size]]
+            chunk = []  # (ids, how many of the last ones are scored)
+            for context, continuation in pairs[start:start + self.batch_size]:
+                ids = (context + continuation)[-(self.max_length + 1):]
+                chunk.append((ids, min(len(continuation), len(ids) - 1)))
             width = max(len(ids) - 1 for ids, _ in chunk)
             inputs = torch.tensor([ids[:-1] + [0] * (width - len(ids) + 1) for ids, _ in chunk],
                                   device=self.device)
@@ -60,7 +62,7 @@ class Z2allLM(LM):
             for row, (ids, num_scored) in enumerate(chunk):
                 positions = torch.arange(len(ids) - 1 - num_scored, len(ids) - 1,
                                          device=self.device)
-                targets = torch.tensor(ids[-num_scored:], device=self.device)
+                targets = torch.tensor(ids[len(ids) - num_scored:], device=self.device)
                 row_log_probs = log_probs[row, positions]
                 results.append((float(row_log_probs.gather(1, targets[:, None]).sum()),
                                 bool((row_log_probs.argmax(-1) == targets).all())))

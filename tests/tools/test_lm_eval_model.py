@@ -95,3 +95,42 @@ def test_unknown_task_is_refused_with_the_shipped_names(tiny_hf_tokenizer_dir):
     lm = Z2allLM(tiny_model(tokenizer, seed=0), tokenizer, chat=True, max_length=64)
     with pytest.raises(ValueError, match="z2all_demo_choice, z2all_demo_skills"):
         evaluate.run_lm_eval(lm, ["z2all_demo_skils"])
+
+
+class Request:
+    """The one field of lm-eval's Instance that a model reads."""
+
+    def __init__(self, *args):
+        self.args = args
+
+
+@torch.no_grad()
+def test_rolling_log_likelihood_equals_the_sum_over_consecutive_windows(tiny_hf_tokenizer_dir):
+    """With L dividing the token count, lm-eval's rolling windows are the consecutive L-token
+    chunks of [EOS] + tokens, each predicting the next L tokens."""
+    tokenizer = load_tokenizer(tiny_hf_tokenizer_dir)
+    model = tiny_model(tokenizer, seed=random.randrange(1000))
+    rng = random.Random()
+    words = ["model", "tokens", "我们", "naïve", "42", "the"]
+    while True:
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(10, 20)))
+        tokens = tokenizer.encode(text, add_special_tokens=False)
+        divisors = [d for d in range(4, len(tokens) // 2 + 1) if len(tokens) % d == 0]
+        if len(tokens) > 64:  # the tiny model's max_position_embeddings
+            continue
+        if divisors:
+            break
+    window = rng.choice(divisors)
+    sequence = torch.tensor([tokenizer.eos_token_id, *tokens])
+    expected = 0.0
+    for start in range(0, len(tokens), window):
+        log_probs = F.log_softmax(model(sequence[None, start:start + window]).logits[0], -1)
+        targets = sequence[start + 1:start + window + 1]
+        expected += float(log_probs.gather(1, targets[:, None]).sum())
+    lm = Z2allLM(model, tokenizer, chat=False, max_length=window, batch_size=3)
+    assert lm.loglikelihood_rolling([Request(text)]) == [pytest.approx(expected, abs=1e-3)]
+    # One window holding everything: the plain log-likelihood of the text after EOS.
+    whole = Z2allLM(model, tokenizer, chat=False, max_length=len(tokens))
+    unsplit = F.log_softmax(model(sequence[None, :-1]).logits[0], -1)
+    assert whole.loglikelihood_rolling([Request(text)]) == [pytest.approx(
+        float(unsplit.gather(1, sequence[1:, None]).sum()), abs=1e-3)]
