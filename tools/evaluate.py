@@ -1,6 +1,7 @@
 """Judge a model on its own: loss / perplexity / bits per byte on a text file, and lm-eval tasks.
 
-    python -m tools.evaluate --ckpt out/demo_pretrain --data data/demo/pretrain/x.jsonl
+    python -m tools.evaluate --ckpt out/demo_pretrain \\
+        --data data/demo/pretrain/bilingual_zh_en.jsonl
     python -m tools.evaluate --ckpt out/demo_sft --lm_eval z2all_demo_skills,z2all_demo_choice
 
 `--ckpt` is anything `model.loading.load_model` takes (a run dir, a checkpoint, an HF Llama dir).
