@@ -1,2 +1,3 @@
 """Leaves every layer may use: atomic writes, streaming readers, the chat template, checkpoint
-files, the DPO loss. A module here imports nothing of ours except other modules here."""
+files, the DPO loss, experiment trackers and the training progress line. A module here imports
+nothing of ours except other modules here."""

@@ -1,0 +1,117 @@
+"""tools.evaluate: loss / perplexity / bits per byte equal to the trainer's eval on the same data
+(built by the offline pretokenizer + sample index, as a training run would), the CLI's
+report.md / evaluations.json, and its one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from data_preprocess.build_pretrain_sample_index_map import build_sample_index
+from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
+from dataset.dataset_pretrain import PretokDatasetWithIndex
+from model.configuration_z2all import Z2allConfig
+from model.modeling_z2all import Z2allForCausalLM
+from tests.conftest import multilingual_corpus
+from tokenizer import load_tokenizer
+from tools import evaluate
+from trainer.distributed_env import DistributedEnv
+from trainer.evaluation import eval_loader, evaluate_language_model
+
+SEQ_LEN = 24
+torch.set_num_threads(1)  # the test machine is small and shared
+
+
+def tiny_model(tokenizer, seed: int) -> Z2allForCausalLM:
+    torch.manual_seed(seed)
+    config = Z2allConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                         max_position_embeddings=64, initializer_range=0.1)
+    return Z2allForCausalLM(config).eval()
+
+
+def write_raw_data(directory, seed: int) -> None:
+    """Two files of random multilingual documents (one .jsonl, one .txt), a few blank ones."""
+    directory.mkdir()
+    texts = multilingual_corpus(num_documents=30, seed=seed)
+    with open(directory / "a.jsonl", "w", encoding="utf-8") as handle:
+        for text in texts[:18]:
+            handle.write(json.dumps({"text": text if random.random() > 0.1 else ""}) + "\n")
+    (directory / "b.txt").write_text("\n".join(t.replace("\n", " ") for t in texts[18:]) + "\n",
+                                     encoding="utf-8")
+
+
+def trainer_figures(raw_dir, pretok_dir, tokenizer_dir, model, tokenizer, batch_size):
+    """The trainer's path: pretokenize, index every window as train (no valid split), then
+    the trainer's eval loader and evaluate_language_model over all of them."""
+    pretokenize_pretrain_data(raw_dir, tokenizer_dir, out_dir=pretok_dir, num_workers=1)
+    build_sample_index(pretok_dir, SEQ_LEN, valid_samples=0)
+    dataset = PretokDatasetWithIndex(pretok_dir, SEQ_LEN, split="train")
+    env = DistributedEnv(0, 1, 0, 1, torch.device("cpu"))
+    loader = eval_loader(dataset, default_collate, batch_size, len(dataset), env)
+    return evaluate_language_model(model, loader, tokenizer, env), len(dataset)
+
+
+@pytest.mark.parametrize("batch_size", [3, 5])
+def test_figures_equal_the_trainers_eval_on_the_same_data(tmp_path, tiny_hf_tokenizer_dir,
+                                                          batch_size):
+    seed = random.randrange(1000)
+    write_raw_data(tmp_path / "raw", seed)
+    tokenizer = load_tokenizer(tiny_hf_tokenizer_dir)
+    model = tiny_model(tokenizer, seed)
+    expected, num_windows = trainer_figures(tmp_path / "raw", tmp_path / "pretok",
+                                            tiny_hf_tokenizer_dir, model, tokenizer, batch_size)
+    got = evaluate.language_model_metrics(model, tokenizer, [str(tmp_path / "raw")], SEQ_LEN,
+                                          batch_size, ["text"], torch.device("cpu"))
+    assert num_windows > 2 * batch_size and got["tokens"] == num_windows * SEQ_LEN
+    assert got["tokens"] == expected["val_tokens"]
+    assert got["loss"] == pytest.approx(expected["val_loss"], rel=1e-5)
+    assert got["perplexity"] == pytest.approx(expected["val_ppl"], rel=1e-5)
+    assert got["bits_per_byte"] == pytest.approx(expected["val_bpb"], rel=1e-5)
+
+
+def test_cli_appends_a_table_to_report_md_and_the_figures_to_evaluations_json(
+        tmp_path, tiny_hf_tokenizer_dir, capsys):
+    write_raw_data(tmp_path / "raw", seed=7)
+    tokenizer = load_tokenizer(tiny_hf_tokenizer_dir)
+    model = tiny_model(tokenizer, seed=7)
+    model.save_pretrained(tmp_path / "model")
+    expected = evaluate.language_model_metrics(model, tokenizer, [str(tmp_path / "raw")],
+                                               SEQ_LEN, 4, ["text"], torch.device("cpu"))
+    report_dir = tmp_path / "report"
+    argv = ["--ckpt", str(tmp_path / "model"), "--tokenizer_dir", str(tiny_hf_tokenizer_dir),
+            "--data", str(tmp_path / "raw"), "--seq_len", str(SEQ_LEN), "--batch_size", "4",
+            "--dtype", "fp32", "--device", "cpu", "--report_dir", str(report_dir)]
+    for _ in range(2):
+        evaluate.main(argv)
+    history = json.loads((report_dir / "evaluations.json").read_text())
+    assert len(history) == 2
+    for entry in history:
+        assert entry["title"] == "language modelling"
+        assert entry["scores"]["data"] == pytest.approx(expected, rel=1e-6)
+    report = (report_dir / "report.md").read_text()
+    assert report.count(evaluate.EVALUATIONS_MARKER) == 1
+    assert report.count("## Evaluation: language modelling") == 2
+    assert f"| data | {expected['bits_per_byte']:.4g} | {expected['loss']:.4g} |" in report
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "nothing to evaluate"),
+    (["--data", "x.jsonl", "--batch_size", "0"], "--batch_size"),
+])
+def test_bad_options_are_refused_before_loading(extra, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        evaluate.main(["--ckpt", str(tmp_path / "missing"), *extra])
+
+
+def test_data_without_files_is_refused(tmp_path, tiny_hf_tokenizer_dir):
+    tokenizer = load_tokenizer(tiny_hf_tokenizer_dir)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no .jsonl/.json/.parquet/.txt files"):
+        evaluate.language_model_metrics(tiny_model(tokenizer, 0), tokenizer,
+                                        [str(tmp_path / "empty")], SEQ_LEN, 2, ["text"],
+                                        torch.device("cpu"))

@@ -1,0 +1,243 @@
+"""Judge a model on its own: loss / perplexity / bits per byte on a text file, and lm-eval tasks.
+
+    python -m tools.evaluate --ckpt out/demo_pretrain \\
+        --data data/demo/pretrain/bilingual_zh_en.jsonl
+    python -m tools.evaluate --ckpt out/demo_sft --lm_eval z2all_demo_skills,z2all_demo_choice
+
+`--ckpt` is anything `model.loading.load_model` takes (a run dir, a checkpoint, an HF Llama dir).
+
+Language modelling (`--data`, files or folders of .jsonl/.json/.parquet/.txt, streamed):
+Step 1. each file's texts are tokenized and packed exactly as the trainer packs pretraining
+        data (documents + EOS back to back, windows of L+1 tokens every L tokens, never across
+        files; dataset/stream_samples.py), L = the run's --max_seq_len;
+Step 2. the windows go through the model `--batch_size` at a time, behind a progress bar;
+Step 3. the sums are turned into figures by the trainer's own `evaluate_language_model`
+        (trainer/evaluation.py): loss (nats/token), perplexity = e^loss, and bits per byte =
+        Σ nll / (ln 2 · UTF-8 bytes of the targets). Same data, same numbers as the trainer.
+
+lm-evaluation-harness (`--lm_eval`, comma list of task names): the tasks shipped in
+tools/lm_eval_tasks/ (z2all_demo_skills, z2all_demo_choice) or any installed lm-eval task whose
+data is already local; run offline (no download is attempted) on tools/lm_eval_model.Z2allLM.
+
+Results: a table per evaluation appended to `<run>/report.md`, and every result (with its
+settings) appended to `<run>/evaluations.json`, next to it. For a bare HF dir, that dir holds
+them; `--report_dir` chooses another place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from dataset.stream_samples import Position, pretrain_samples
+from model.loading import add_model_arguments, load_for_inference, resolve_model_dir
+from tools.lm_eval_model import Z2allLM
+from trainer.distributed_env import DistributedEnv
+from trainer.evaluation import evaluate_language_model
+from utils.atomic_io import atomic_write_json
+from utils.cli_errors import run_main
+from utils.log_setup import configure_logging
+from utils.option_checks import raise_problems, range_problem
+from utils.readers import find_data_files, iter_records
+
+TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
+SHIPPED_PREFIX = "z2all_"  # names of the tasks in TASKS_DIR
+RESULTS_FILE = "evaluations.json"
+# report.md is rewritten by each training invocation; the trainer keeps what follows this line.
+EVALUATIONS_MARKER = "<!-- tools.evaluate results: kept when the trainer rewrites this report -->"
+
+
+# ------------------------------------------------------------------ language modelling
+
+def language_model_batches(files: list[Path], tokenizer: Any, seq_len: int, batch_size: int,
+                           text_keys: list[str]) -> Iterator[dict[str, torch.Tensor]]:
+    """Batches of packed windows (Step 1), as the trainer's pretraining batches look:
+    {"input_ids": [B, L], "labels": [B, L]}; the last batch may be smaller."""
+    windows = (sample for path in files for sample, _ in pretrain_samples(
+        iter_records(path), Position(0, 0, {}), tokenizer=tokenizer, seq_len=seq_len,
+        text_keys=text_keys, skip_bad_records=False))
+    while chunk := list(itertools.islice(windows, batch_size)):
+        yield {key: torch.from_numpy(np.stack([sample[key] for sample in chunk]))
+               for key in ("input_ids", "labels")}
+
+
+def language_model_metrics(model: torch.nn.Module, tokenizer: Any, data: list[str],
+                           seq_len: int, batch_size: int, text_keys: list[str],
+                           device: torch.device, max_batches: int = 0) -> dict[str, float]:
+    """loss, perplexity, bits_per_byte and tokens over `data` (Steps 1-3)."""
+    files = find_data_files(data)
+    if not files:
+        raise ValueError(f"--data {' '.join(data)}: no .jsonl/.json/.parquet/.txt files there")
+    batches = language_model_batches(files, tokenizer, seq_len, batch_size, text_keys)
+    if max_batches:
+        batches = itertools.islice(batches, max_batches)
+    env = DistributedEnv(0, 1, 0, 1, device)
+    with tqdm(batches, desc="evaluating", unit="batch", total=max_batches or None) as bar:
+        figures = evaluate_language_model(model, bar, tokenizer, env)
+    if not figures["val_tokens"]:
+        raise ValueError(f"--data {' '.join(data)}: no complete window of {seq_len + 1} tokens "
+                         "(files are packed separately); give more text or a smaller --seq_len")
+    return {"loss": figures["val_loss"], "perplexity": figures["val_ppl"],
+            "bits_per_byte": figures["val_bpb"], "tokens": int(figures["val_tokens"])}
+
+
+# ------------------------------------------------------------------ lm-evaluation-harness
+
+def run_lm_eval(lm: Z2allLM, tasks: list[str], limit: int | None = None) -> dict[str, Any]:
+    """lm-eval's result dict for `tasks` (per-item records under "samples"), offline."""
+    import datasets.config
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    # No network: a task whose data is not cached fails at once instead of downloading.
+    os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
+    datasets.config.HF_DATASETS_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    # Indexing lm-eval's thousands of installed tasks takes ~30 s: only when one is asked for.
+    installed_wanted = any(not task.startswith(SHIPPED_PREFIX) for task in tasks)
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=installed_wanted)
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        shipped = [task for task in manager.all_tasks if task.startswith(SHIPPED_PREFIX)]
+        raise ValueError(f"--lm_eval: unknown task(s) {', '.join(unknown)}; shipped: "
+                         f"{', '.join(sorted(shipped))}, "
+                         "or any installed lm-eval task with local data")
+    return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                           log_samples=True, bootstrap_iters=0)
+
+
+def lm_eval_scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """{task: {metric: value, "items": n}} from lm-eval's results ("metric,filter" keys
+    simplified, its "sample_len" named for what it is)."""
+    return {task: {"items" if key == "sample_len" else key.split(",")[0]: value
+                   for key, value in metrics.items()
+                   if isinstance(value, (int, float)) and "_stderr" not in key}
+            for task, metrics in results["results"].items()}
+
+
+# ------------------------------------------------------------------ where results go
+
+def report_dir_of(ckpt: str, report_dir: str | None) -> Path:
+    """The run dir (given it or one of its checkpoints), else the model dir itself."""
+    if report_dir:
+        return Path(report_dir)
+    model_dir = resolve_model_dir(ckpt)
+    for candidate in (Path(ckpt), model_dir.parent.parent):
+        if (candidate / "ckpt").is_dir():
+            return candidate
+    return model_dir
+
+
+def record_results(report_dir: Path, title: str, settings: dict[str, Any],
+                   scores: dict[str, dict[str, float]]) -> None:
+    """Append one evaluation to `evaluations.json` and its table to `report.md`."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    json_path = report_dir / RESULTS_FILE
+    history = json.loads(json_path.read_text(encoding="utf-8")) if json_path.is_file() else []
+    history.append({"title": title, "time": when, "settings": settings, "scores": scores})
+    atomic_write_json(json_path, history)
+    metrics = sorted({metric for values in scores.values() for metric in values})
+    lines = [f"\n## Evaluation: {title} ({when})\n",
+             "settings: " + ", ".join(f"{key}={value}" for key, value in settings.items()) + "\n",
+             "| | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(_cell(values.get(metric)) for metric in metrics) + " |"
+              for name, values in scores.items()]
+    report = report_dir / "report.md"
+    if EVALUATIONS_MARKER not in (report.read_text(encoding="utf-8") if report.is_file() else ""):
+        lines.insert(0, "\n" + EVALUATIONS_MARKER)
+    with open(report, "a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+def _cell(value: float | None) -> str:
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, int) or not math.isfinite(value) else f"{value:.4g}"
+
+
+# ------------------------------------------------------------------ command line
+
+def run_config_value(ckpt: str, key: str) -> Any:
+    """A value of the trainer's `config.json` of the run `ckpt` belongs to (None if none)."""
+    model_dir = resolve_model_dir(ckpt)
+    for config_file in (Path(ckpt) / "config.json", model_dir.parent.parent / "config.json"):
+        if config_file.is_file():
+            return json.loads(config_file.read_text(encoding="utf-8")).get(key)
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_arguments(parser)
+    parser.add_argument("--data", nargs="+", default=None,
+                        help="files/folders of .jsonl/.json/.parquet/.txt for loss, perplexity "
+                             "and bits per byte")
+    parser.add_argument("--text_key", nargs="+", default=["text"],
+                        help="field(s) holding the text in .jsonl/.json/.parquet records")
+    parser.add_argument("--seq_len", type=int, default=None,
+                        help="window length L (default: the run's --max_seq_len, else the "
+                             "model's max_position_embeddings)")
+    parser.add_argument("--batch_size", type=int, default=8, help="windows / requests per batch")
+    parser.add_argument("--max_batches", type=int, default=0,
+                        help="stop --data after this many batches (0: the whole data)")
+    parser.add_argument("--lm_eval", default=None,
+                        help="comma list of lm-eval tasks, e.g. z2all_demo_skills,"
+                             "z2all_demo_choice (shipped in tools/lm_eval_tasks/)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="at most this many items per lm-eval task")
+    parser.add_argument("--chat", choices=["auto", "yes", "no"], default="auto",
+                        help="lm-eval prompts as a chat user turn (auto: yes for sft/dpo runs; "
+                             "for an HF dir, yes if its tokenizer has a chat template)")
+    parser.add_argument("--report_dir", default=None,
+                        help="where report.md / evaluations.json go (default: the run dir)")
+    args = parser.parse_args(argv)
+    configure_logging()
+    raise_problems([range_problem("--batch_size", args.batch_size, 1),
+                    range_problem("--seq_len", args.seq_len, 1),
+                    range_problem("--max_batches", args.max_batches, 0),
+                    range_problem("--limit", args.limit, 1)])
+    if not args.data and not args.lm_eval:
+        raise ValueError("nothing to evaluate: give --data FILE_OR_DIR and/or --lm_eval TASKS")
+    model, tokenizer = load_for_inference(args)
+    report_dir = report_dir_of(args.ckpt, args.report_dir)
+    seq_len = (args.seq_len or run_config_value(args.ckpt, "max_seq_len")
+               or model.config.max_position_embeddings)
+    settings = {"ckpt": args.ckpt, "seq_len": seq_len, "batch_size": args.batch_size}
+    if args.data:
+        figures = language_model_metrics(model, tokenizer, args.data, seq_len, args.batch_size,
+                                         args.text_key, torch.device(args.device),
+                                         args.max_batches)
+        print("  ".join(f"{key} {_cell(value)}" for key, value in figures.items()))
+        record_results(report_dir, "language modelling",
+                       {**settings, "data": " ".join(args.data)}, {"data": figures})
+    if args.lm_eval:
+        chat = {"yes": True, "no": False}.get(args.chat)
+        if chat is None:
+            task_type = run_config_value(args.ckpt, "task_type")
+            chat = (task_type in ("sft", "dpo") if task_type
+                    else bool(getattr(tokenizer, "chat_template", None)))
+        lm = Z2allLM(model, tokenizer, chat=chat, max_length=seq_len,
+                     batch_size=args.batch_size, device=args.device)
+        tasks = [task.strip() for task in args.lm_eval.split(",") if task.strip()]
+        scores = lm_eval_scores(run_lm_eval(lm, tasks, args.limit))
+        for task, values in scores.items():
+            print(f"{task}: " + "  ".join(f"{k} {_cell(v)}" for k, v in values.items()))
+        record_results(report_dir, "lm-evaluation-harness",
+                       {**settings, "chat": chat, "limit": args.limit}, scores)
+    print(f"results appended to {report_dir / 'report.md'} and {report_dir / RESULTS_FILE}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
