@@ -23,7 +23,7 @@ from utils.atomic_io import atomic_write_text
 TINY_ARGS = ["--max_seq_len=32", "--batch_size=2", "--hidden_size=32", "--num_hidden_layers=1",
              "--num_attention_heads=2", "--num_key_value_heads=1", "--intermediate_size=64",
              "--warmup_iters=2", "--eval_iters=1", "--log_interval=1", "--max_new_tokens=3",
-             "--num_threads=1", "--dtype=fp32", "--lr=3e-3", "--min_lr=3e-4", "--tensorboard=false",
+             "--num_threads=1", "--dtype=fp32", "--lr=3e-3", "--min_lr=3e-4", "--tracker=none",
              '--eval_prompts=["What is 2 + 3?"]']
 
 

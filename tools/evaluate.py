@@ -46,6 +46,7 @@ from model.loading import add_model_arguments, load_for_inference, resolve_model
 from tools.lm_eval_model import Z2allLM
 from trainer.distributed_env import DistributedEnv
 from trainer.evaluation import evaluate_language_model
+from trainer.report import EVALUATIONS_MARKER
 from utils.atomic_io import atomic_write_json
 from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
@@ -55,8 +56,6 @@ from utils.readers import find_data_files, iter_records
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 SHIPPED_PREFIX = "z2all_"  # names of the tasks in TASKS_DIR
 RESULTS_FILE = "evaluations.json"
-# report.md is rewritten by each training invocation; the trainer keeps what follows this line.
-EVALUATIONS_MARKER = "<!-- tools.evaluate results: kept when the trainer rewrites this report -->"
 
 
 # ------------------------------------------------------------------ language modelling

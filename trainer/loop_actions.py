@@ -61,10 +61,12 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
     if run.options.data.skip_bad_records:  # counted, never silent
         (counts["bad_records_skipped"],) = all_reduce_sum([float(run.data.skipped_records())],
                                                           run.env)
+    averages = {name: total / per_step for name, total in zip(names, sums)}
+    throughput = run.meter.report()
     run.log.log("train", run.counters.step, **counts, lr=lr, grad_norm=grad_norm,
-                skipped=not stepped, tokens=run.counters.tokens_seen,
-                **{name: total / per_step for name, total in zip(names, sums)},
-                **run.meter.report())
+                skipped=not stepped, tokens=run.counters.tokens_seen, **averages, **throughput)
+    run.progress.update(run.counters.step, throughput.get("tokens_per_sec", 0.0),
+                        averages["loss"])
 
 
 def stop_diverged(run: Run, what: str) -> None:
@@ -92,5 +94,6 @@ def finish(run: Run) -> None:
                        "kernels": run.kernels.removeprefix("kernels: ")}
         report = write_report(run.run_dir, run.options, environment, run.meter.summary(),
                               run.tokenizer.fingerprint)
-        print(f"report: {report}", flush=True)
+        run.progress.write(f"report: {report}")
+    run.progress.close()
     run.log.close()

@@ -1,4 +1,4 @@
-"""Where training numbers go: a one-line summary on stdout, `metrics.jsonl`, and TensorBoard.
+"""Where training numbers go: a one-line summary on stdout, `metrics.jsonl`, and the trackers.
 
 `metrics.jsonl` is the run's source of truth (plots, reports and the supervisor read it): one
 JSON object per line, appended and flushed as it happens, so a crash loses at most the line
@@ -8,34 +8,38 @@ being written (readers skip a torn last line). Every record has a `kind`:
     {"kind": "eval", "step": 100, "val_loss": 4.2, "val_ppl": 66.7, "val_bpb": 1.6, ...}
     {"kind": "resume", "step": 100, "checkpoint": "out/run/ckpt/step_000100"}
 
-TensorBoard (optional: only if the `tensorboard` package is installed) gets every numeric
-field as `<kind>/<field>`. Only rank 0 logs; other ranks get a logger that does nothing.
+The trackers chosen with `--tracker` (TensorBoard by default, W&B; utils/trackers.py) get every
+record too, each numeric field as the scalar `<kind>/<field>` at the same step. Only rank 0
+logs; other ranks get a logger that does nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-try:
-    from torch.utils.tensorboard import SummaryWriter
-except ImportError:  # tensorboard is optional
-    SummaryWriter = None
+from utils.trackers import Trackers, scalar_values
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = True):
+    """`echo` prints the short lines (the progress bar's `write` on a terminal, so they land
+    above the bar)."""
+
+    def __init__(self, run_dir: str | Path, enabled: bool = True,
+                 trackers: Trackers | None = None,
+                 echo: Callable[[str], None] | None = None) -> None:
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
-        self._tb = None
+        self.trackers = trackers
+        self.echo = echo or functools.partial(print, flush=True)
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives with us
-            if tensorboard and SummaryWriter is not None:
-                self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
     def log(self, kind: str, step: int, quiet: bool = False, **values: Any) -> None:
         """Append `{"kind", "step", "time", **values}`; print a short line unless quiet."""
@@ -44,20 +48,17 @@ class MetricsLogger:
         record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
         self._file.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
         self._file.flush()
-        numbers = {k: v for k, v in values.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if self._tb is not None:
-            for key, value in numbers.items():
-                self._tb.add_scalar(f"{kind}/{key}", value, step)
+        if self.trackers is not None:
+            self.trackers.log(kind, step, values)
         if not quiet:
-            shown = "  ".join(f"{k} {_short(v)}" for k, v in numbers.items())
-            print(f"[{kind}] step {step}  {shown}", flush=True)
+            shown = "  ".join(f"{k} {_short(v)}" for k, v in scalar_values(values).items())
+            self.echo(f"[{kind}] step {step}  {shown}")
 
     def close(self) -> None:
         if self.enabled:
             self._file.close()
-            if self._tb is not None:
-                self._tb.close()
+            if self.trackers is not None:
+                self.trackers.close()
 
 
 def _short(value: float) -> str:

@@ -77,7 +77,7 @@ def check_paths(options: TrainingOptions) -> None:
 
 def _combination_problems(options: TrainingOptions) -> list[str]:
     """Options that are fine alone but cannot work together."""
-    problems = options.data.problems()
+    problems = options.data.problems() + options.tracking.problems()
     stop_at_iter, max_iters = options.optimization.stop_at_iter, options.optimization.max_iters
     if stop_at_iter is not None and stop_at_iter > max_iters:
         problems.append(f"--stop_at_iter={stop_at_iter} is beyond --max_iters={max_iters}")

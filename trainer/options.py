@@ -5,7 +5,8 @@ group is handed, typed, to the code it configures (`options.data` to the data bu
 `options.parallel` to `trainer/parallelize.py`, ...). On the command line and in saved files
 they are flat (`--lr=3e-4`), since every name is unique.
 
-The data options are the dataset layer's own `dataset.data_config.DataConfig`. Where an
+The data options are the dataset layer's own `dataset.data_config.DataConfig`, the tracking
+options `utils.trackers.TrackerOptions`. Where an
 option sets a field of a component with its own config (our DDP's
 `DistributedDataParallelConfig`, `OptimizerConfig`, `PowerSGDState`), the default is read from
 that component (`component_default`): a default exists once, and
@@ -28,6 +29,7 @@ from optimizer import OptimizerConfig
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 from utils.option_checks import option
+from utils.trackers import TrackerOptions
 
 
 def component_default(component: type, name: str) -> Any:
@@ -152,20 +154,20 @@ class RunOptions:
     save_interval: int = option(500, "checkpoint every N steps (and at the end)")
     keep_last: int = option(2, "checkpoints kept (plus the best by validation loss); "
                             "0 keeps all")
-    tensorboard: bool = option(True, "also log to TensorBoard")
     verbose: bool = option(False, "also log details at start (the DDP bucket -> params map)")
 
 
 GROUPS: dict[str, type] = {
     "data": DataConfig, "model": ModelOptions, "optimization": OptimizationOptions,
     "system": SystemOptions, "parallel": ParallelOptions, "eval": EvalOptions,
-    "dpo": DPOOptions, "run": RunOptions,
+    "dpo": DPOOptions, "run": RunOptions, "tracking": TrackerOptions,
 }
 # Options that describe one invocation, not the run: never inherited from a saved config.
 PER_INVOCATION = {"resume", "stop_at_iter", "overwrite"}
 # Options you may change on --resume without breaking bitwise reproducibility.
 RESUME_SAFE = {"resume", "stop_at_iter", "overwrite", "log_interval", "save_interval", "keep_last",
-               "num_workers", "num_threads", "tensorboard", "out_dir", "eval_prompts",
+               "num_workers", "num_threads", "tracker", "wandb_project", "wandb_run_name",
+               "out_dir", "eval_prompts",
                "max_new_tokens", "peak_flops", "eval_interval", "eval_iters", "dist_timeout",
                "verbose"}
 # Options a resumed run cannot change: the checkpoint holds a model of that shape and a data
@@ -193,6 +195,7 @@ class TrainingOptions:
     eval: EvalOptions = field(default_factory=EvalOptions)
     dpo: DPOOptions = field(default_factory=DPOOptions)
     run: RunOptions = field(default_factory=RunOptions)
+    tracking: TrackerOptions = field(default_factory=TrackerOptions)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat {option: value}, in the groups' order."""

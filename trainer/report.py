@@ -21,6 +21,10 @@ from trainer.metrics import read_metrics
 from trainer.options import TrainingOptions
 from utils.atomic_io import atomic_write_text
 
+# report.md is rewritten by each training invocation; what follows this line (the tables that
+# `python -m tools.evaluate` appends) is kept.
+EVALUATIONS_MARKER = "<!-- tools.evaluate results: kept when the trainer rewrites this report -->"
+
 
 def git_commit() -> str:
     """`<hash>` (+ ` (dirty)` with uncommitted changes), or `unknown` outside a git checkout."""
@@ -94,5 +98,7 @@ def write_report(run_dir: Path, options: TrainingOptions, environment: dict[str,
     lines += ["", "## Plots", "", f"Make or refresh them with `python -m tools.resplot {run_dir}`."]
     lines += [f"- [{p.name}](plots/{p.name})" for p in plots]
     path = run_dir / "report.md"
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    kept = old[old.index(EVALUATIONS_MARKER):] if EVALUATIONS_MARKER in old else ""
+    atomic_write_text(path, "\n".join(lines) + "\n" + (f"\n{kept}" if kept else ""))
     return path

@@ -51,6 +51,8 @@ from trainer.throughput import ThroughputMeter
 from trainer.training_checkpoint import restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
 from utils.precision import DTYPES, PrecisionChoice, resolve_dtype
+from utils.progress import TrainingProgress
+from utils.trackers import Trackers
 
 
 @dataclass
@@ -81,6 +83,7 @@ class Run:
     evaluator: Evaluator
     log: MetricsLogger
     meter: ThroughputMeter
+    progress: TrainingProgress
     counters: Counters
     resumed_from: Path | None
     kernels: str
@@ -102,15 +105,15 @@ class Run:
     @property
     def stop_step(self) -> int:
         """Where this invocation ends: --stop_at_iter, else the schedule's --max_iters."""
-        optimization = self.options.optimization
-        return min(optimization.stop_at_iter or optimization.max_iters, optimization.max_iters)
+        return self.progress.total_steps
 
 
 def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -> Run:
     run_dir = Path(options.run.out_dir)
     precision = broadcast_from_main(resolve_dtype(options.system.dtype, env.device)
                                     if env.is_main else None, env)
-    log = MetricsLogger(run_dir, enabled=env.is_main, tensorboard=options.run.tensorboard)
+    trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
+    log = MetricsLogger(run_dir, enabled=env.is_main, trackers=trackers)
     resume_candidates = (valid_checkpoints(run_dir) if options.run.resume and env.is_main
                          else iter(()))
     resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
@@ -145,8 +148,11 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
                           options.eval, env)
     meter = ThroughputMeter(model, data_options.max_seq_len, precision.dtype,
                             options.system.peak_flops, env)
+    stop_step = min(optimization.stop_at_iter or optimization.max_iters, optimization.max_iters)
+    progress = TrainingProgress(stop_step, start_step=counters.step, enabled=env.is_main)
+    log.echo = progress.write  # the log's lines go above the bar
     run = Run(options, env, run_dir, precision, tokenizer, model, parallel, schedule,
-              forward_step, data, evaluator, log, meter, counters, resume_dir,
+              forward_step, data, evaluator, log, meter, progress, counters, resume_dir,
               kernel_line(options, model, env, precision.dtype))
     _log_start(run)
     return run

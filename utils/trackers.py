@@ -30,9 +30,11 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from utils.option_checks import option
 
 TRACKER_NAMES = ("tensorboard", "wandb", "none")
 WANDB_RUN_ID_FILE = "wandb_run_id"
@@ -40,12 +42,20 @@ WANDB_RUN_ID_FILE = "wandb_run_id"
 
 @dataclass
 class TrackerOptions:
-    tracker: str = field(default="tensorboard", metadata={
-        "help": "where curves go besides metrics.jsonl: comma list of tensorboard, wandb, none"})
-    wandb_project: str = field(default="z2all", metadata={
-        "help": "W&B project (offline, under <run>/wandb, when WANDB_API_KEY is not set)"})
-    wandb_run_name: str = field(default="", metadata={
-        "help": "W&B run name (default: the run directory's name)"})
+    """The trainer's `tracking` option group."""
+
+    tracker: str = option("tensorboard", "where curves go besides metrics.jsonl: comma list "
+                          "of tensorboard, wandb, none")
+    wandb_project: str = option("z2all", "W&B project (offline, under <run>/wandb, when "
+                                "WANDB_API_KEY is not set)")
+    wandb_run_name: str = option("", "W&B run name (default: the run directory's name)")
+
+    def problems(self) -> list[str]:
+        try:
+            parse_tracker_list(self.tracker)
+        except ValueError as error:
+            return [str(error)]
+        return []
 
 
 def parse_tracker_list(spec: str) -> list[str]:

@@ -15,7 +15,7 @@ from trainer.throughput import ThroughputMeter
 
 
 def test_logger_appends_records_and_reader_skips_a_torn_line(tmp_path):
-    log = MetricsLogger(tmp_path, tensorboard=False)
+    log = MetricsLogger(tmp_path)
     values = [random.random() for _ in range(3)]
     for step, value in enumerate(values):
         log.log("train", step, quiet=True, loss=value)
