@@ -169,7 +169,7 @@ def test_resume_without_checkpoint_is_a_clear_error(data, tmp_path, capsys):
     with pytest.raises(ValueError, match="--resume: .*empty holds no run to continue"):
         run_main(argv)
     assert not (tmp_path / "empty").exists()  # a failed start leaves nothing behind
-    save_config(resolve_options(argv)[0], tmp_path / "empty")  # a run that saved nothing yet
+    save_config(resolve_options(argv[:-1])[0], tmp_path / "empty")  # a run that saved nothing
     with pytest.raises(CheckpointError, match="--resume: .*no checkpoint found"):
         run_main(argv)
     assert cli_run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT  # one line, exit code 2
