@@ -1,4 +1,4 @@
-"""monitor_process.py against tests/fake_trainer.py: crashes, hangs, signals, give-ups.
+"""monitor_process.py against tests/monitor/fake_trainer.py: crashes, hangs, signals, give-ups.
 
 The reference for "resumed correctly" is always an uninterrupted run of the same fake trainer:
 its state is a hash chain over the steps, so any lost or repeated step shows in the final state.
@@ -25,7 +25,7 @@ from monitor import run_progress
 from trainer.run_lock import RunLock
 
 REPO = Path(__file__).resolve().parents[2]
-FAKE_TRAINER = [sys.executable, "-m", "tests.fake_trainer"]
+FAKE_TRAINER = [sys.executable, "-m", "tests.monitor.fake_trainer"]
 # Short timings so the file stays fast; the heartbeat timeout is generous except in the hang
 # test, so a slow, busy machine never looks "hung".
 FAST = ["--restart_delay", "0.05", "--max_restart_delay", "0.2", "--kill_grace", "1",
@@ -291,7 +291,8 @@ def test_remote_mode_runs_through_ssh_and_restarts(tmp_path):
          "--remote_dir", str(REPO), "--", *FAKE_TRAINER, "--out_dir", str(run_dir),
          *trainer_args], cwd=tmp_path / "bin", stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"})
-    # (cwd is not the repo: the remote side must cd to --remote_dir to find tests.fake_trainer)
+    # (cwd is not the repo: the remote side must cd to --remote_dir to find
+    # tests.monitor.fake_trainer)
     stderr = finish(monitor)
     assert monitor.returncode == 0, stderr
     assert all("command=ssh -tt -o BatchMode=yes me@gpu-node " in line
