@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import os
 import signal
@@ -66,7 +65,6 @@ from trainer.model_setup import build_model
 from trainer.optimizer_setup import build_ddp_and_optimizer
 from trainer.report import write_report
 from trainer.rng_state import seed_everything
-from trainer.run_lock import RunDirInUse, RunLock
 from trainer.throughput import ThroughputMeter
 from trainer.training_checkpoint import (
     restore_training_checkpoint,
@@ -83,6 +81,7 @@ from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
 from utils.precision import DTYPES, resolve_dtype
+from utils.run_directory import RunDirInUse, RunLock, write_heartbeat
 
 # --------------------------------------------------------------------------- forward steps
 
@@ -149,18 +148,6 @@ class StopSignal:
         elif time.monotonic() - self._received_at > self.REPEAT_GRACE_S:
             signal.signal(signum, signal.SIG_DFL)  # asked again: stop now, mid-step
             os.kill(os.getpid(), signum)
-
-
-def write_heartbeat(run_dir: Path, step: int) -> None:
-    """`monitor_process.py` watches this file to tell a slow run from a hung one.
-
-    Written every step, so renamed into place (a reader never sees half a file) but not
-    fsynced like `utils.atomic_io` does: a heartbeat need not survive a power cut (the run does
-    not either), and an fsync waits for the disk on every step (here: ~0.1 ms idle, ~8 ms
-    while other jobs wrote to the same disk; a tiny model's step takes ~2 ms)."""
-    tmp_path = run_dir / ".heartbeat.tmp"
-    tmp_path.write_text(json.dumps({"step": step, "time": time.time()}))
-    os.replace(tmp_path, run_dir / "heartbeat")
 
 
 # --------------------------------------------------------------------------- the run
@@ -441,7 +428,7 @@ def _on_every_rank(load: Callable[[], Any], env: DistributedEnv) -> tuple[Any, s
 
 @contextlib.contextmanager
 def exclusive_run_dir(run_dir: str, env: DistributedEnv) -> Iterator[list[str]]:
-    """Rank 0 holds the run dir's lock (trainer/run_lock.py) while the run lasts; every rank
+    """Rank 0 holds the run dir's lock (utils/run_directory.py) while the run lasts; every rank
     exits at once when another live trainer holds it. Yields notes to print."""
     lock = RunLock(run_dir) if env.is_main else None
     note, problem = None, None

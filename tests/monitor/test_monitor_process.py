@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 import monitor_process as mp
-from monitor import run_progress
-from trainer.run_lock import RunLock
+from utils.run_directory import RunLock, newest_checkpoint_step
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_TRAINER = [sys.executable, "-m", "tests.monitor.fake_trainer"]
@@ -132,34 +131,6 @@ def test_stuck_means_the_last_n_failures_ended_at_one_step():
         assert mp.repeats_without_progress(failures, stuck_after) == expected, (steps, stuck_after)
 
 
-def test_newest_checkpoint_ignores_dirs_without_manifest(tmp_path):
-    steps = sorted(random.sample(range(1, 1000), 3))
-    for step in steps:
-        directory = tmp_path / "ckpt" / f"step_{step:06d}"
-        directory.mkdir(parents=True)
-        (directory / "manifest.json").write_text(json.dumps({"step": step}))
-    unfinished = tmp_path / "ckpt" / f"step_{steps[-1] + 1:06d}"
-    unfinished.mkdir()
-    (unfinished / "model.safetensors").write_bytes(os.urandom(64))
-    assert run_progress.newest_checkpoint_step(tmp_path) == steps[-1]
-    assert run_progress.newest_checkpoint_step(tmp_path / "empty") is None
-
-
-def test_resume_lines_wait_for_a_complete_line(tmp_path):
-    metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text(json.dumps({"kind": "resume", "step": 1}) + "\n")  # an earlier attempt's
-    reader = run_progress.ResumeLines(metrics)
-    step = random.randint(2, 10**6)
-    line = json.dumps({"kind": "resume", "step": step, "checkpoint": "c"}) + "\n"
-    with open(metrics, "a") as handle:
-        handle.write(json.dumps({"kind": "train", "step": 5, "loss": random.random()}) + "\n")
-        handle.write(line[:7])
-    assert reader.new() == []
-    with open(metrics, "a") as handle:
-        handle.write(line[7:])
-    assert [record["step"] for record in reader.new()] == [step]
-
-
 def test_out_dir_is_required_and_must_agree(tmp_path):
     with pytest.raises(SystemExit):
         mp.parse_args(["--", "python", "train.py"])
@@ -223,7 +194,7 @@ def test_a_run_that_keeps_failing_stops_after_max_restarts(tmp_path, trainer_arg
     assert len(events(run_dir, "RESTART")) == max_restarts
     assert "result=gave_up" in events(run_dir, "SUMMARY")[0]
     # --resume only when there is a checkpoint to resume from (the trainer refuses otherwise).
-    has_checkpoint = run_progress.newest_checkpoint_step(run_dir) is not None
+    has_checkpoint = newest_checkpoint_step(run_dir) is not None
     assert [" --resume" in line for line in events(run_dir, "START")[1:]] \
         == [has_checkpoint] * max_restarts
 
