@@ -31,7 +31,8 @@ lint: venv
 # `make bench BENCH_FLAGS=--quick` for a shorter run of every benchmark.
 BENCH_FLAGS ?=
 bench: venv
-	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script $(BENCH_FLAGS) || exit 1; done
+	@for script in bench/bench_*.py; do module=bench.$$(basename $$script .py); echo "== $$module"; \
+		$(PY) -m $$module $(BENCH_FLAGS) || exit 1; done
 
 clean:
 	rm -rf out data/demo tokenizer/demo_* .pytest_cache .ruff_cache

@@ -9,7 +9,7 @@ supervisor turns those into a short pause:
 
 1. it starts the command in its own process group and keeps track of every process below it
    (torchrun starts each rank in a session of its own), so that a signal reaches all of them
-   and nothing is left behind. It first checks the run dir's lock (trainer/run_lock.py): a
+   and nothing is left behind. It first checks the run dir's lock (utils/run_directory.py): a
    run dir in use by a live trainer is refused at start, and a relaunch waits up to
    `--kill_grace` seconds for the old holder to go;
 2. it watches the exit status and `<run>/heartbeat`, which the trainer rewrites every step. A
@@ -58,30 +58,27 @@ If the supervisor itself is killed (even with SIGKILL), the run goes down with i
 command it starts gets `PR_SET_PDEATHSIG` = SIGKILL (utils/parent_death.py), and torchrun's
 ranks set the same for themselves, so nothing trains on unsupervised. Elsewhere the run keeps
 going in its own session, and a new supervisor refuses the run dir while it is locked.
-The supervisor imports nothing of the trainer but its run-dir lock.
+The supervisor imports nothing of the trainer: it reads and locks-checks the run dir's files
+through utils/run_directory.py, the module the trainer writes them with.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
-from monitor.process_tree import RunProcesses
-from monitor.run_progress import HeartbeatWatch, ResumeLines, heartbeat_step, newest_checkpoint_step
-from trainer.run_lock import lock_holder
+from monitor.attempt import Attempt, AttemptWatch, StopSignals, progress_step
+from monitor.event_log import EventLog
 from utils.cli_errors import run_main
 from utils.option_checks import join_problems, range_problem
-from utils.parent_death import die_with_parent
+from utils.run_directory import MONITOR_LOG, lock_holder, newest_checkpoint_step
 
 EXIT_GAVE_UP = 1
 EXIT_STUCK = 3
@@ -149,38 +146,9 @@ def backoff_delay(restart_index: int, base: float, cap: float) -> float:
     return min(base * 2.0 ** restart_index, cap)
 
 
-# ---- the event log -----------------------------------------------------------------------------
-
-class EventLog:
-    """`<run>/monitor.log`: one event per line, UTC timestamp first, echoed to stderr."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def event(self, name: str, details: str) -> None:
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        line = f"{now} {name} {details}"
-        with open(self.path, "a") as handle:
-            handle.write(line + "\n")
-        print(f"[monitor] {line}", file=sys.stderr, flush=True)
-
-
-# ---- the supervisor ----------------------------------------------------------------------------
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:  # e.g. a real-time signal
-        return str(signum)
-
-
-@dataclass
-class Attempt:
-    number: int
-    cause: str | None  # None: exit code 0; else "exit code 3", "signal SIGKILL", "hang (...)"
-    step: int | None   # how far the run got: its last heartbeat, else its newest checkpoint
-
+# ---- the restart policy and the attempt loop ---------------------------------------------------
+# One attempt (start, watch, kill) lives in monitor/attempt.py; this loop judges each attempt
+# and decides: relaunch, give up or stop.
 
 def repeats_without_progress(failures: list[Attempt], stuck_after: int) -> bool:
     """True when the last `stuck_after` failures all ended at the same step (0: never)."""
@@ -189,131 +157,23 @@ def repeats_without_progress(failures: list[Attempt], stuck_after: int) -> bool:
 
 
 class Supervisor:
+    """The attempt loop of the module docstring: launch, judge the attempt, relaunch or stop."""
+
     def __init__(self, config: MonitorConfig, command: list[str], run_dir: Path):
         self.config = config
         self.command = command
         self.run_dir = run_dir
-        self.log = EventLog(run_dir / "monitor.log")
-        self.process: subprocess.Popen | None = None
-        self.processes: RunProcesses | None = None
-        self.signals_received: list[int] = []
-        self.signals_logged = 0
-        self.poll_seconds = min(1.0, config.heartbeat_timeout / 10 or 1.0)
+        self.log = EventLog(run_dir / MONITOR_LOG)
+        self.stop = StopSignals(self.log)
+        self.attempts = AttemptWatch(run_dir, self.log, self.stop,
+                                     startup_timeout=config.startup_timeout,
+                                     heartbeat_timeout=config.heartbeat_timeout,
+                                     kill_grace=config.kill_grace)
         self.start = time.monotonic()
-
-    # Signal handlers run between two bytecodes of the main loop: they only record and forward
-    # (os.kill is safe there); the main loop writes the log line, which is not.
-    def on_stop_signal(self, signum: int, _frame: object) -> None:
-        self.signals_received.append(signum)
-        if self.processes is not None and self.process.returncode is None:
-            first = len(self.signals_received) == 1
-            self.processes.signal(signum if first else signal.SIGKILL)
-
-    def log_new_signals(self) -> None:
-        for signum in self.signals_received[self.signals_logged:]:
-            action = ("forwarded to the run's processes; no restart"
-                      if self.signals_logged == 0 else "again: SIGKILL the run's processes")
-            self.log.event("STOP", f"signal={signal.Signals(signum).name} {action}")
-            self.signals_logged += 1
-
-    def log_resume_lines(self, resumes: ResumeLines, number: int) -> None:
-        for record in resumes.new():
-            self.log.event("RESUMED", f"attempt={number} step={record.get('step')} "
-                                      f"checkpoint={record.get('checkpoint')}")
-
-    def progress_step(self) -> int | None:
-        step = heartbeat_step(self.run_dir)
-        return step if step is not None else newest_checkpoint_step(self.run_dir)
-
-    def kill_run(self) -> None:
-        """SIGTERM + SIGCONT every process of the run, wait `kill_grace`, SIGKILL the rest.
-
-        SIGCONT because a stopped process acts on SIGTERM only once resumed. Ranks that
-        outlive the leader (or ignore SIGTERM) must not linger holding GPUs and ports.
-        """
-        self.processes.refresh()
-        self.processes.signal(signal.SIGTERM)
-        self.processes.signal(signal.SIGCONT)
-        deadline = time.monotonic() + self.config.kill_grace
-        while self.processes.alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.processes.alive():
-            self.log.event("KILL", f"still alive after {self.config.kill_grace}s: SIGKILL "
-                                   f"pgid={self.process.pid} pids={sorted(self.processes.known)}")
-        self.processes.signal(signal.SIGKILL)
-        self.process.wait()
-
-    @staticmethod
-    def die_with_supervisor() -> None:
-        """In the child between fork and exec: SIGKILL it if the supervisor dies (Linux)."""
-        die_with_parent(signal.SIGKILL)
-
-    def wait_until_unlocked(self, seconds: float) -> str | None:
-        """None once no live trainer holds the run dir's lock, else who still holds it."""
-        deadline = time.monotonic() + seconds
-        while (holder := lock_holder(self.run_dir)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return holder
-
-    def run_attempt(self, number: int, command: list[str]) -> Attempt:
-        heartbeat = HeartbeatWatch(self.run_dir / "heartbeat", self.config.startup_timeout,
-                                   self.config.heartbeat_timeout)
-        resumes = ResumeLines(self.run_dir / "metrics.jsonl")
-        self.process = subprocess.Popen(command, start_new_session=True,
-                                        preexec_fn=self.die_with_supervisor)
-        self.processes = RunProcesses(self.process)
-        self.log.event("START", f"attempt={number} pid={self.process.pid} "
-                                f"command={shlex.join(command)}")
-        hang_seconds = None
-        while hang_seconds is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=self.poll_seconds)
-            self.log_new_signals()
-            self.log_resume_lines(resumes, number)
-            self.processes.refresh()
-            if self.process.returncode is not None:
-                break
-            hang_seconds = heartbeat.overdue_seconds()
-        step = self.progress_step()
-        if hang_seconds is not None:
-            cause = f"hang (no heartbeat for {hang_seconds:.1f}s)"
-            self.log.event("HANG", f"attempt={number} step={step} pgid={self.process.pid}: "
-                                   f"{cause}; killing all its processes")
-        else:
-            code = self.process.returncode
-            if code == 0:
-                self.log.event("EXIT", f"attempt={number} code=0 step={step}")
-                return Attempt(number, None, step)
-            cause = f"exit code {code}" if code > 0 else f"signal {signal_name(-code)}"
-            self.log.event("EXIT", f'attempt={number} cause="{cause}" step={step}')
-        self.kill_run()
-        return Attempt(number, cause, step)
-
-    def sleep_unless_stopped(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while not self.signals_received and time.monotonic() < deadline:
-            time.sleep(min(0.05, seconds))
-        self.log_new_signals()
-        return not self.signals_received
-
-    def finish(self, result: str, reason: str, exit_code: int, attempts: int) -> int:
-        self.log.event("SUMMARY", f"result={result} attempts={attempts} "
-                                  f"restarts={attempts - 1} last_step={self.progress_step()} "
-                                  f"elapsed={time.monotonic() - self.start:.1f}s "
-                                  f'reason="{reason}"')
-        if exit_code != 0:
-            print(f"monitor_process: {reason}", file=sys.stderr, flush=True)
-        return exit_code
-
-    def interrupted(self, attempts: int) -> int:
-        signum = self.signals_received[0]
-        return self.finish("interrupted", f"stopped by {signal.Signals(signum).name}; "
-                           "not restarted", 128 + signum, attempts)
 
     def run(self) -> int:
         self.start = time.monotonic()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self.on_stop_signal)
+        self.stop.install()
         config = self.config
         failures: list[Attempt] = []
         command = with_run_flags(self.command, str(self.run_dir), resume=False)
@@ -327,8 +187,8 @@ class Supervisor:
                 return self.finish("gave_up", f"run dir {self.run_dir} still in use by {holder} "
                                    f"{config.kill_grace}s after the run was killed; not "
                                    "relaunching over it", EXIT_GAVE_UP, restart)
-            attempt = self.run_attempt(restart + 1, self.launchable(command))
-            if self.signals_received:
+            attempt = self.attempts.run(restart + 1, self.launchable(command))
+            if self.stop.received:
                 return self.interrupted(attempt.number)
             if attempt.cause is None:
                 return self.finish("succeeded", "the run finished", 0, attempt.number)
@@ -341,13 +201,8 @@ class Supervisor:
             if restart == config.max_restarts:
                 break
             delay = backoff_delay(restart, config.restart_delay, config.max_restart_delay)
-            resume_step = newest_checkpoint_step(self.run_dir)
-            self.log.event("RESTART", f"attempt={attempt.number + 1} restart={restart + 1}/"
-                                      f'{config.max_restarts} cause="{attempt.cause}" '
-                                      f"resume_step={resume_step} delay={delay:.1f}s"
-                                      + (" (no checkpoint yet: starting over)"
-                                         if resume_step is None else ""))
-            if not self.sleep_unless_stopped(delay):
+            resume_step = self.announce_restart(restart, attempt, delay)
+            if not self.stop.sleep_unless_stopped(delay):
                 return self.interrupted(attempt.number)
             # Without a checkpoint the trainer would refuse --resume: start over instead.
             command = with_run_flags(self.command, str(self.run_dir),
@@ -357,10 +212,43 @@ class Supervisor:
                            f"(last failure: {last.cause} at step {last.step})",
                            EXIT_GAVE_UP, last.number)
 
+    def announce_restart(self, restart: int, attempt: Attempt, delay: float) -> int | None:
+        """Log the RESTART line; return the step the relaunch will resume from (None: none)."""
+        config = self.config
+        resume_step = newest_checkpoint_step(self.run_dir)
+        self.log.event("RESTART", f"attempt={attempt.number + 1} restart={restart + 1}/"
+                                  f'{config.max_restarts} cause="{attempt.cause}" '
+                                  f"resume_step={resume_step} delay={delay:.1f}s"
+                                  + (" (no checkpoint yet: starting over)"
+                                     if resume_step is None else ""))
+        return resume_step
+
+    def wait_until_unlocked(self, seconds: float) -> str | None:
+        """None once no live trainer holds the run dir's lock, else who still holds it."""
+        deadline = time.monotonic() + seconds
+        while (holder := lock_holder(self.run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return holder
+
     def launchable(self, command: list[str]) -> list[str]:
         if self.config.remote is None:
             return command
         return over_ssh(command, self.config.remote, self.config.remote_dir or os.getcwd())
+
+    def finish(self, result: str, reason: str, exit_code: int, attempts: int) -> int:
+        last_step = progress_step(self.run_dir)
+        self.log.event("SUMMARY", f"result={result} attempts={attempts} "
+                                  f"restarts={attempts - 1} last_step={last_step} "
+                                  f"elapsed={time.monotonic() - self.start:.1f}s "
+                                  f'reason="{reason}"')
+        if exit_code != 0:
+            print(f"monitor_process: {reason}", file=sys.stderr, flush=True)
+        return exit_code
+
+    def interrupted(self, attempts: int) -> int:
+        signum = self.stop.received[0]
+        return self.finish("interrupted", f"stopped by {signal.Signals(signum).name}; "
+                           "not restarted", 128 + signum, attempts)
 
 
 # ---- command line ------------------------------------------------------------------------------

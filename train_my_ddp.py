@@ -51,13 +51,18 @@ from trainer.loop_actions import (
 )
 from trainer.option_validation import check_paths
 from trainer.options import RunOptions
-from trainer.run_lock import RunDirInUse, RunLock
 from trainer.setup import Run, build_run
 from trainer.stop_signal import StopSignal
 from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
-from utils.run_directory import RunDirHoldsARun, claim_for_fresh_run, write_heartbeat
+from utils.run_directory import (
+    RunDirHoldsARun,
+    RunDirInUse,
+    RunLock,
+    claim_for_fresh_run,
+    write_heartbeat,
+)
 
 
 def train_step(run: Run, micro_batches: list[dict[str, torch.Tensor]]
@@ -141,7 +146,7 @@ class RunDirClaim:
 @contextlib.contextmanager
 def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[RunDirClaim]:
     """Rank 0 claims the run dir: a fresh run refuses one holding another run (or moves it
-    aside with --overwrite), then holds its lock (trainer/run_lock.py) while the run lasts;
+    aside with --overwrite), then holds its lock (utils/run_directory.py) while the run lasts;
     every rank exits at once on a problem. A start that fails before the loop removes the
     directory it created, so nothing that looks like a run is left behind."""
     run_dir = Path(run_options.out_dir)

@@ -1,8 +1,8 @@
 """Benchmark: our DDP vs torch.nn.parallel.DistributedDataParallel, and our comm hooks.
 
-    python bench/bench_ddp.py [--quick | --smoke] [--world_size 2] [--hidden 768] [--layers 8]
+    python -m bench.bench_ddp [--quick | --smoke] [--world_size 2] [--hidden 768] [--layers 8]
 
-Starts `world_size` local gloo ranks (tests/distributed_helpers.run_on_ranks, 1 intra-op thread
+Starts `world_size` local gloo ranks (parallel/local_ranks.run_on_ranks, 1 intra-op thread
 each). Every rank holds an MLP
 of `layers` square Linear layers; a step is forward + backward + gradient averaging (+ plain
 SGD so weights move). Our DDP and torch's alternate step by step in the same processes, so
@@ -16,29 +16,25 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from parallel.distributed_data_parallel import (  # noqa: E402
+from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
 )
-from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (  # noqa: E402
+from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
     bf16_compress_hook,
 )
-from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (  # noqa: E402
+from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (
     PowerSGDState,
     powerSGD_hook,
 )
-from tests.distributed_helpers import run_on_ranks  # noqa: E402
+from parallel.local_ranks import run_on_ranks
 
 
 def make_model(hidden: int, layers: int) -> nn.Sequential:

@@ -1,6 +1,6 @@
 """Training-step throughput of our model vs transformers' LlamaForCausalLM, same weights.
 
-    python bench/bench_model.py [--quick | --smoke] [--threads 1] [--profile]
+    python -m bench.bench_model [--quick | --smoke] [--threads 1] [--profile]
 
 One step = forward + loss + backward + AdamW step, at the same config, batch and precision
 (fp32, and bf16 autocast with fp32 parameters). The two implementations run alternately in
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -29,12 +28,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from model.configuration_z2all import Z2allConfig  # noqa: E402
-from model.convert_to_hf import export_hf  # noqa: E402
-from model.modeling_z2all import Z2allForCausalLM  # noqa: E402
-from utils.precision import measure_cpu_dtype, time_matmul  # noqa: E402
+from model.configuration_z2all import Z2allConfig
+from model.convert_to_hf import export_hf
+from model.modeling_z2all import Z2allForCausalLM
+from utils.precision import measure_cpu_dtype, time_matmul
 
 # name -> (config overrides on the tiny preset, batch size, sequence length)
 _SIZE_25M = dict(vocab_size=8192, hidden_size=512, num_hidden_layers=7, num_attention_heads=8,

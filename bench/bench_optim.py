@@ -1,6 +1,6 @@
 """Optimizer-state memory per rank and step time: plain AdamW vs our ZeRO-1 vs torch's ZeRO.
 
-    python bench/bench_optim.py [--quick | --smoke]
+    python -m bench.bench_optim [--quick | --smoke]
 
 Two CPU ranks over gloo train the same fp32 MLP stack (same seed, same data) with:
 - torch DDP + torch AdamW (the reference: every rank holds all optimizer state);
@@ -18,23 +18,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from optimizer import OptimizerConfig, get_optimizer  # noqa: E402
-from parallel.distributed_data_parallel import (  # noqa: E402
+from optimizer import OptimizerConfig, get_optimizer
+from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
 )
-from tests.distributed_helpers import run_on_ranks  # noqa: E402
+from parallel.local_ranks import run_on_ranks
 
 VARIANTS = ["torch AdamW (reference)", "our FP32Optimizer", "our ZeRO-1",
             "our ZeRO-1 + overlap gather", "torch ZeroRedundancyOptimizer"]

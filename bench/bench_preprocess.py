@@ -1,6 +1,6 @@
 """Pretokenization throughput vs the bare tokenizer, and dataset read speed vs training needs.
 
-    python bench/bench_preprocess.py [--quick | --smoke] [--num_workers N]
+    python -m bench.bench_preprocess [--quick | --smoke] [--num_workers N]
 
 1. End to end: `pretokenize_pretrain_data` (read JSONL -> tokenize in N workers -> write
    .bin/.idx) in tokens/s, against the raw speed of the tokenizer's `encode_batch` on the same
@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from data_preprocess import worker_pool  # noqa: E402
-from data_preprocess.build_pretrain_sample_index_map import build_sample_index  # noqa: E402
-from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data  # noqa: E402
-from utils.readers import iter_texts_from  # noqa: E402
+from data.toy_corpus import multilingual_corpus
+from data_preprocess import worker_pool
+from data_preprocess.build_pretrain_sample_index_map import build_sample_index
+from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
+from utils.readers import iter_texts_from
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "data" / "demo" / "pretrain"
@@ -45,8 +43,6 @@ BATCH_SIZE = 64  # texts per task, the same for both: small enough to balance lo
 def corpus_texts(use_demo: bool, num_documents: int = 3000) -> list[str]:
     if use_demo and DEMO_CORPUS.is_dir():
         return list(iter_texts_from(DEMO_CORPUS))
-    from tests.conftest import multilingual_corpus
-
     return multilingual_corpus(num_documents=num_documents, seed=0)
 
 

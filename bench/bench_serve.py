@@ -1,6 +1,6 @@
 """Benchmark: continuous batching vs one generation at a time, in the server's engine.
 
-    python bench/bench_serve.py [--quick | --smoke] [--requests 32] [--max_batch_size 16]
+    python -m bench.bench_serve [--quick | --smoke] [--requests 32] [--max_batch_size 16]
 
 The same requests (random prompts of 8..64 tokens, 16..64 new tokens each, greedy) go through
 `server.engine.Engine` twice: with max_batch_size=1 (a request queue with one generation in
@@ -15,18 +15,14 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from model.configuration_z2all import Z2allConfig  # noqa: E402
-from model.modeling_z2all import Z2allForCausalLM  # noqa: E402
-from server.engine import Engine, Finished, GenerationRequest, SamplingParams  # noqa: E402
+from model.configuration_z2all import Z2allConfig
+from model.modeling_z2all import Z2allForCausalLM
+from server.engine import Engine, Finished, GenerationRequest, SamplingParams
 
 
 def run_requests(model: Z2allForCausalLM, max_batch_size: int,

@@ -1,6 +1,6 @@
 """Does the on-the-fly stream keep up with training? Samples/s side by side, and the ratios.
 
-    python bench/bench_stream.py [--quick | --smoke] [--seq_len 256] [--batch_size 8]
+    python -m bench.bench_stream [--quick | --smoke] [--seq_len 256] [--batch_size 8]
 
 Measured on this machine, one after another, all with L = seq_len:
 1. stream:  `StreamLoader` (dataset/stream.py) with 2 DataLoader workers reading raw .jsonl
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,16 +26,15 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.bench_preprocess import corpus_texts, tokenizer_dir  # noqa: E402
-from data_preprocess.build_pretrain_sample_index_map import build_sample_index  # noqa: E402
-from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data  # noqa: E402
-from dataset.dataset_pretrain import PretokDatasetWithIndex  # noqa: E402
-from dataset.sampler import StatefulDistributedSampler  # noqa: E402
-from dataset.stream import StreamDataset, StreamLoader, StreamSettings  # noqa: E402
-from dataset.stream_shards import find_sources  # noqa: E402
-from model.configuration_z2all import Z2allConfig  # noqa: E402
-from model.modeling_z2all import Z2allForCausalLM  # noqa: E402
+from bench.bench_preprocess import corpus_texts, tokenizer_dir
+from data_preprocess.build_pretrain_sample_index_map import build_sample_index
+from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
+from dataset.dataset_pretrain import PretokDatasetWithIndex
+from dataset.sampler import StatefulDistributedSampler
+from dataset.stream import StreamDataset, StreamLoader, StreamSettings
+from dataset.stream_shards import find_sources
+from model.configuration_z2all import Z2allConfig
+from model.modeling_z2all import Z2allForCausalLM
 
 NUM_SHARDS = 4
 NUM_WORKERS = 2

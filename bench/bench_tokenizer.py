@@ -1,6 +1,6 @@
 """Encode throughput of our tokenizer wrappers vs the raw libraries, on the same text.
 
-    python bench/bench_tokenizer.py [--quick | --smoke]
+    python -m bench.bench_tokenizer [--quick | --smoke]
 
 Uses tokenizer/demo_hf and tokenizer/demo_sp with the demo corpus (data/demo/pretrain) when they
 exist (`make demo` builds them); otherwise (and with --smoke) trains two small tokenizers on
@@ -16,7 +16,6 @@ on the model our tokenizer.json was converted from (so it also measures the conv
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,10 +24,10 @@ from pathlib import Path
 import sentencepiece
 import tokenizers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from tokenizer import load_tokenizer  # noqa: E402
-from tokenizer.train_tokenizer import build_tokenizer  # noqa: E402
+from data.toy_corpus import multilingual_corpus
+from tokenizer import load_tokenizer
+from tokenizer.train_tokenizer import build_tokenizer
+from utils.readers import iter_texts_from
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "data" / "demo" / "pretrain"
@@ -41,12 +40,8 @@ FALLBACK_VOCAB_SIZE = 1024  # what a few hundred generated documents can fill (4
 def load_documents(limit: int, use_demo: bool = True) -> tuple[list[str], str]:
     """`limit` documents spread evenly over the demo corpus (all its files), or generated ones."""
     if use_demo and DEMO_CORPUS.is_dir():
-        from utils.readers import iter_texts_from
-
         texts = list(iter_texts_from(DEMO_CORPUS))
         return texts[::max(1, len(texts) // limit)][:limit], f"demo corpus ({DEMO_CORPUS})"
-    from tests.conftest import multilingual_corpus
-
     return multilingual_corpus(num_documents=limit, seed=0), "generated multilingual text"
 
 

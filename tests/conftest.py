@@ -1,59 +1,26 @@
 """Shared pytest fixtures: tiny trained tokenizers (vocabulary 512), built once per session.
 
 `tiny_hf_tokenizer_dir` / `tiny_sp_tokenizer_dir` are saved directories, loadable with
-`tokenizer.load_tokenizer(dir)`; they are trained in about a second on `multilingual_corpus()`.
+`tokenizer.load_tokenizer(dir)`; they are trained in about a second on
+`data.toy_corpus.multilingual_corpus()`.
 """
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
+from data.toy_corpus import multilingual_corpus
+
 TINY_VOCAB_SIZE = 512
-_SYLLABLES = ["ka", "to", "ri", "men", "ste", "qu", "ol", "ph", "an", "ing", "tion", "er", "th",
-              "sh", "ou", "ra", "ve", "ly"]
-_ENGLISH = ["the", "model", "reads", "text", "and", "learns", "to", "predict", "next", "token",
-            "while", "we", "train", "it", "on", "many", "documents", "every", "day"]
-_CHINESE = "我们的模型在训练数据上学习预测下一个词语中文分词很有意思今天天气好人工智能大"
-_JAPANESE = ["日本語", "テキスト", "です", "ます", "カタカナ", "ひらがな"]
-_CODE = ["def f(x):\n    return x * 2\n", "for i in range(10):\n\tprint(i)\n",
-         "if a == b:  # compare\n    a += 1\n", "{\"key\": [1, 2, 3]}"]
-_EXTRAS = ["12345", "2024", "3.14159", "😀", "🚀", "naïve", "café", "  ", "\n\n", "\t", "—",
-           "。", "，"]
-
-
-def multilingual_corpus(num_documents: int = 1500, seed: int = 0) -> list[str]:
-    """Deterministic toy documents mixing English, Chinese, Japanese, code, numbers and emoji."""
-    rng = random.Random(seed)
-    made_up = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4)))
-               for _ in range(400)]
-
-    def word() -> str:
-        kind = rng.random()
-        if kind < 0.35:
-            return rng.choice(_ENGLISH)
-        if kind < 0.6:
-            return rng.choice(made_up)
-        if kind < 0.8:
-            return "".join(rng.choice(_CHINESE) for _ in range(rng.randint(1, 6)))
-        if kind < 0.88:
-            return rng.choice(_JAPANESE)
-        if kind < 0.92:
-            return rng.choice(_CODE)
-        if kind < 0.96:
-            return str(rng.choice([7, 12, 2024, 365, 100]) * rng.randint(1, 99))
-        return rng.choice(_EXTRAS)
-
-    return [" ".join(word() for _ in range(rng.randint(5, 60))) for _ in range(num_documents)]
 
 
 def _build_tiny(kind: str, out: Path) -> Path:
     from tokenizer.train_tokenizer import build_tokenizer
 
     build_tokenizer(kind, iter(multilingual_corpus()), TINY_VOCAB_SIZE, out,
-                    training={"corpus": "tests/conftest.py:multilingual_corpus"},
+                    training={"corpus": "data/toy_corpus.py:multilingual_corpus"},
                     show_progress=False)
     return out
 

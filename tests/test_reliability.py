@@ -30,7 +30,7 @@ from dataset.build import build_datasets
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from tests.train_helpers import TINY_ARGS, data_args, tiny_training_data
 from tokenizer import train_tokenizer
 from trainer import training_checkpoint

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import train_my_ddp
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from utils.atomic_io import atomic_write_text
 
 # A model of ~20k parameters on 32-token windows: a step takes milliseconds.

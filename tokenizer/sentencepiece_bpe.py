@@ -10,8 +10,8 @@ the highest-scoring piece; a character that is no piece becomes its UTF-8 byte p
 (<0xE4><0xBD><0xA0>). `tokenizers`' BPE does the same given merges ranked by that score, a
 Metaspace pre-tokenizer that only replaces spaces (no split, no prefix) and byte_fallback.
 The one difference: a literal "▁" in the text reads as a space, so it decodes to " "
-(docs/design.md §2.2 allows this one exception); tests/test_tokenizer.py checks the ids
-against sentencepiece's.
+(docs/design.md §2.2 allows this one exception); tests/tokenizer/test_z2all_tokenizer.py
+checks the ids against sentencepiece's.
 """
 
 from __future__ import annotations

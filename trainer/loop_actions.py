@@ -13,6 +13,7 @@ from trainer.report import write_report
 from trainer.setup import Run
 from trainer.training_checkpoint import save_training_checkpoint
 from utils.checkpoint import list_checkpoints
+from utils.run_directory import checkpoints_dir
 
 
 def evaluate(run: Run) -> float:
@@ -37,7 +38,8 @@ def save_checkpoint(run: Run, val_loss: float | None) -> Path:
         stop_diverged(run, "the weights are not finite")
     counters = run.counters
     path = save_training_checkpoint(
-        run.env, run.run_dir / "ckpt", counters.step, model=run.model, optimizer=run.optimizer,
+        run.env, checkpoints_dir(run.run_dir), counters.step, model=run.model,
+        optimizer=run.optimizer,
         trainer_state={"step": counters.step, "tokens_seen": counters.tokens_seen,
                        "consumed_samples": counters.consumed_samples,
                        "config": run.options.to_dict()},
@@ -73,7 +75,7 @@ def stop_diverged(run: Run, what: str) -> None:
     """Diverged: the weights are (or are about to be) NaN, and every later step and checkpoint
     would be too. Stop without saving, naming the newest good checkpoint."""
     run.log.close()
-    newest = list_checkpoints(run.run_dir / "ckpt")
+    newest = list_checkpoints(checkpoints_dir(run.run_dir))
     raise SystemExit(f"error: step {run.counters.step}: {what}; stopped without saving. Newest "
                      f"checkpoint: {newest[-1][1] if newest else 'none'}. Lower --lr, or check "
                      "the data.")

@@ -37,8 +37,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from utils.atomic_io import atomic_write_json, fsync_dir
 
 CHECKPOINT_FORMAT = "z2all-checkpoint"
@@ -282,4 +280,6 @@ def checkpoint_step(ckpt_dir: str | os.PathLike) -> int:
 
 def load_torch(path: str | os.PathLike) -> Any:
     """The only way we unpickle: `weights_only=True` never runs code from the file."""
+    import torch  # here, not at the top: the supervisor lists checkpoints without torch
+
     return torch.load(path, map_location="cpu", weights_only=True)

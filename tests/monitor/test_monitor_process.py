@@ -1,4 +1,4 @@
-"""monitor_process.py against tests/fake_trainer.py: crashes, hangs, signals, give-ups.
+"""monitor_process.py against tests/monitor/fake_trainer.py: crashes, hangs, signals, give-ups.
 
 The reference for "resumed correctly" is always an uninterrupted run of the same fake trainer:
 its state is a hash chain over the steps, so any lost or repeated step shows in the final state.
@@ -21,11 +21,10 @@ from pathlib import Path
 import pytest
 
 import monitor_process as mp
-from monitor import run_progress
-from trainer.run_lock import RunLock
+from utils.run_directory import RunLock, newest_checkpoint_step
 
 REPO = Path(__file__).resolve().parents[2]
-FAKE_TRAINER = [sys.executable, "-m", "tests.fake_trainer"]
+FAKE_TRAINER = [sys.executable, "-m", "tests.monitor.fake_trainer"]
 # Short timings so the file stays fast; the heartbeat timeout is generous except in the hang
 # test, so a slow, busy machine never looks "hung".
 FAST = ["--restart_delay", "0.05", "--max_restart_delay", "0.2", "--kill_grace", "1",
@@ -132,34 +131,6 @@ def test_stuck_means_the_last_n_failures_ended_at_one_step():
         assert mp.repeats_without_progress(failures, stuck_after) == expected, (steps, stuck_after)
 
 
-def test_newest_checkpoint_ignores_dirs_without_manifest(tmp_path):
-    steps = sorted(random.sample(range(1, 1000), 3))
-    for step in steps:
-        directory = tmp_path / "ckpt" / f"step_{step:06d}"
-        directory.mkdir(parents=True)
-        (directory / "manifest.json").write_text(json.dumps({"step": step}))
-    unfinished = tmp_path / "ckpt" / f"step_{steps[-1] + 1:06d}"
-    unfinished.mkdir()
-    (unfinished / "model.safetensors").write_bytes(os.urandom(64))
-    assert run_progress.newest_checkpoint_step(tmp_path) == steps[-1]
-    assert run_progress.newest_checkpoint_step(tmp_path / "empty") is None
-
-
-def test_resume_lines_wait_for_a_complete_line(tmp_path):
-    metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text(json.dumps({"kind": "resume", "step": 1}) + "\n")  # an earlier attempt's
-    reader = run_progress.ResumeLines(metrics)
-    step = random.randint(2, 10**6)
-    line = json.dumps({"kind": "resume", "step": step, "checkpoint": "c"}) + "\n"
-    with open(metrics, "a") as handle:
-        handle.write(json.dumps({"kind": "train", "step": 5, "loss": random.random()}) + "\n")
-        handle.write(line[:7])
-    assert reader.new() == []
-    with open(metrics, "a") as handle:
-        handle.write(line[7:])
-    assert [record["step"] for record in reader.new()] == [step]
-
-
 def test_out_dir_is_required_and_must_agree(tmp_path):
     with pytest.raises(SystemExit):
         mp.parse_args(["--", "python", "train.py"])
@@ -223,7 +194,7 @@ def test_a_run_that_keeps_failing_stops_after_max_restarts(tmp_path, trainer_arg
     assert len(events(run_dir, "RESTART")) == max_restarts
     assert "result=gave_up" in events(run_dir, "SUMMARY")[0]
     # --resume only when there is a checkpoint to resume from (the trainer refuses otherwise).
-    has_checkpoint = run_progress.newest_checkpoint_step(run_dir) is not None
+    has_checkpoint = newest_checkpoint_step(run_dir) is not None
     assert [" --resume" in line for line in events(run_dir, "START")[1:]] \
         == [has_checkpoint] * max_restarts
 
@@ -291,7 +262,8 @@ def test_remote_mode_runs_through_ssh_and_restarts(tmp_path):
          "--remote_dir", str(REPO), "--", *FAKE_TRAINER, "--out_dir", str(run_dir),
          *trainer_args], cwd=tmp_path / "bin", stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"})
-    # (cwd is not the repo: the remote side must cd to --remote_dir to find tests.fake_trainer)
+    # (cwd is not the repo: the remote side must cd to --remote_dir to find
+    # tests.monitor.fake_trainer)
     stderr = finish(monitor)
     assert monitor.returncode == 0, stderr
     assert all("command=ssh -tt -o BatchMode=yes me@gpu-node " in line

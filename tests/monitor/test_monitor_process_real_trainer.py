@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from monitor import run_progress
 from tests.monitor.test_monitor_process import is_dead
 from tests.train_helpers import (
     TINY_ARGS,
@@ -30,7 +29,8 @@ from tests.train_helpers import (
     tiny_training_data,
     train_losses,
 )
-from trainer.run_lock import lock_holder
+from utils import run_directory
+from utils.run_directory import lock_holder
 
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_STEPS = 100  # steps take milliseconds: room for a late kill on a busy machine
@@ -86,7 +86,7 @@ def leader_pids(run_dir: Path) -> list[int]:
 
 
 def heartbeat_step(run_dir: Path) -> int:
-    return run_progress.heartbeat_step(run_dir) or 0
+    return run_directory.heartbeat_step(run_dir) or 0
 
 
 def wait_until(condition, what: str, timeout: float = 240) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from optimizer.clip_grads import clip_grads_, global_grad_norm, unscale_and_check_for_inf_
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 
 
 def random_grads(seed: int) -> list[torch.Tensor]:

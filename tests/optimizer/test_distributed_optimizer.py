@@ -19,7 +19,7 @@ from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
 )
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from tests.optimizer.helpers import (
     TinyNet,
     loss_fn,

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from optimizer.distributed_optimizer.zero1_checkpoint import find_shard_files, load_resharded_state
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from tests.optimizer.helpers import TinyNet, random_batches
 from tests.optimizer.test_distributed_optimizer import make_config, train_step, wrap
 

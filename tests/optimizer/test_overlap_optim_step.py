@@ -17,7 +17,7 @@ from parallel.distributed_data_parallel import (
     DistributedDataParallelConfig,
 )
 from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import allreduce_hook
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from tests.parallel.toy_models import make_batch, make_mlp, mse_loss
 
 HYPER = dict(lr=3e-2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)

@@ -18,7 +18,7 @@ from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
     fp16_compress_wrapper,
     reduce_scatter_hook,
 )
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from tests.parallel.toy_models import make_batch, make_mlp, mse_loss
 
 

@@ -14,7 +14,7 @@ from parallel.distributed_data_parallel import (
     DistributedDataParallelConfig,
 )
 from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import allreduce_hook
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from tests.parallel.toy_models import make_batch, make_mlp, mse_loss
 
 # (bucket_size, overlap_grad_reduce, accumulation steps): one bucket, several buckets, buckets

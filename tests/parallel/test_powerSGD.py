@@ -18,7 +18,7 @@ from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (
     PowerSGDState,
     powerSGD_hook,
 )
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from tests.parallel.toy_models import make_batch, make_mlp, mse_loss
 
 

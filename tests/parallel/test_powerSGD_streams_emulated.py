@@ -21,7 +21,7 @@ from parallel.distributed_data_parallel import (
     DistributedDataParallelConfig,
 )
 from parallel.distributed_data_parallel.ddp_comm_hooks import powerSGD_hook as powersgd
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from tests.parallel.toy_models import make_batch, make_mlp, mse_loss
 
 

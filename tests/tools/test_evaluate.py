@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
+from data.toy_corpus import multilingual_corpus
 from data_preprocess.build_pretrain_sample_index_map import build_sample_index
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
-from tests.conftest import multilingual_corpus
 from tokenizer import load_tokenizer
 from tools import evaluate
 from trainer.distributed_env import DistributedEnv

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 
 
 def _all_reduce_random(rank, world_size, seed):

@@ -13,7 +13,8 @@ import sys
 import pytest
 import tokenizers
 
-from tests.conftest import TINY_VOCAB_SIZE, multilingual_corpus
+from data.toy_corpus import multilingual_corpus
+from tests.conftest import TINY_VOCAB_SIZE
 from tokenizer import load_tokenizer
 from tokenizer.train_tokenizer import build_tokenizer
 from tokenizer.z2all_tokenizer import with_special_tokens

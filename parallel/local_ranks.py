@@ -1,6 +1,7 @@
-"""Run a function on N local ranks over gloo, the way our multi-process tests need it.
+"""Run a function on N local ranks over gloo, the way multi-process tests and benches need it.
 
-Every multi-process test in this suite calls `run_on_ranks(fn, world_size=2, ...)`:
+Every multi-process test (and `bench.bench_ddp`, `bench.bench_optim`) calls
+`run_on_ranks(fn, world_size=2, ...)`:
 - ranks are fresh interpreters (`spawn`, not `fork`: forking a parent that already ran torch
   ops can deadlock inside OpenMP), each with one intra-op thread so two ranks fit two cores;
 - the process group is gloo over localhost on a free port;

@@ -26,7 +26,7 @@ from tokenizer import load_tokenizer
 from utils.checkpoint import save_checkpoint
 from utils.conversation import build_generation_prompt, render_conversation, stop_ids
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 KINDS = ["hf", "sp"]
 
 

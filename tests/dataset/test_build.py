@@ -16,7 +16,7 @@ from dataset.build import CACHE_DIR_NAME, build_datasets
 from dataset.chat_store import ChatTokenStore, Complement
 from dataset.prepare import prepare_once
 from dataset.sampler import StatefulDistributedSampler
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 
 
 def write_sft(path: Path, tag: str, count: int) -> None:

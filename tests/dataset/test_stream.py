@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
+from data.toy_corpus import multilingual_corpus
 from data_preprocess.build_pretrain_sample_index_map import build_sample_index
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from dataset.dataset_dpo import DPOCollator
@@ -26,7 +27,6 @@ from dataset.dataset_pretrain import PretokDatasetWithIndex
 from dataset.dataset_sft import SFTCollator
 from dataset.stream import StreamDataset, StreamLoader, StreamSettings, holdout_items
 from dataset.stream_shards import find_sources, parse_data_mix
-from tests.conftest import multilingual_corpus
 
 SEQ_LEN = 16
 

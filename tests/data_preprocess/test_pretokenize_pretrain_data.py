@@ -24,7 +24,7 @@ from tests.megatron_spec_reader import read_by_spec
 from tokenizer import load_tokenizer
 from utils.readers import BadRecordError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PIECES = ["the", "model", "数据", "训练", "😀", " ", "\n", "\t", "naïve", "<|endoftext|>",
           "<|im_start|>", "42", "def f(x):", "—", "テキスト"]
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import multilingual_corpus
+from data.toy_corpus import multilingual_corpus
 from tokenizer import load_tokenizer, train_tokenizer
 from tokenizer.long_texts import bounded_pieces
 from tokenizer.train_tokenizer import build_tokenizer, main

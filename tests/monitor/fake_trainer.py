@@ -1,6 +1,6 @@
 """A stand-in for train_my_ddp.py that the monitor_process.py tests can crash, hang and resume.
 
-Run as `python -m tests.fake_trainer --out_dir DIR ...` from the repo root.
+Run as `python -m tests.monitor.fake_trainer --out_dir DIR ...` from the repo root.
 
 It keeps the run-dir contract of the real trainer (docs/design.md §2.7) and nothing else:
 - "training" is a hash chain, `state = H(state, step)`, so a skipped, repeated or reordered
