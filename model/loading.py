@@ -1,7 +1,8 @@
 """Where a model comes from: the one resolver behind every `--ckpt` and `--init_from`.
 
     what the path is                                   what is loaded
-    an HF Llama dir (config.json: model_type "llama")  Z2allForCausalLM.from_hf(path)
+    an HF dir (config.json: model_type not "z2all")    Z2allForCausalLM.from_hf(path) (refuses
+                                                       what is not a representable Llama)
     one checkpoint dir (has manifest.json / step_N)    that checkpoint, after its manifest verifies
     a run dir or its ckpt/ dir                         the newest checkpoint whose manifest verifies
     a bare `save_pretrained` dir (no manifest)         as it is: nothing to verify it against
@@ -28,12 +29,14 @@ from utils.checkpoint import MANIFEST, resolve_checkpoint
 from utils.precision import DTYPES, resolve_dtype
 
 
-def is_hf_llama_dir(path: Path) -> bool:
+def is_hf_model_dir(path: Path) -> bool:
+    """A Hugging Face model directory: a config.json that is not ours (`from_hf` then accepts
+    a Llama or says in one line why not)."""
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
         return False
     with open(config_file, encoding="utf-8") as handle:
-        return json.load(handle).get("model_type") == "llama"
+        return json.load(handle).get("model_type", "z2all") != "z2all"
 
 
 def resolve_model_dir(path: str | os.PathLike) -> Path:
@@ -41,7 +44,7 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
     path = Path(path)
     is_bare_save = ((path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file()
                     and not (path / MANIFEST).exists())
-    if is_hf_llama_dir(path) or is_bare_save:
+    if is_hf_model_dir(path) or is_bare_save:
         return path
     return resolve_checkpoint(path)  # verifies; raises CheckpointError with the reason
 
@@ -49,7 +52,7 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
 def load_model(path: str | os.PathLike) -> tuple[Z2allForCausalLM, Path]:
     """(the model, the directory its weights came from) for any kind of path above."""
     model_dir = resolve_model_dir(path)
-    if is_hf_llama_dir(model_dir):
+    if is_hf_model_dir(model_dir):
         return Z2allForCausalLM.from_hf(model_dir), model_dir
     return Z2allForCausalLM.from_pretrained(model_dir), model_dir
 
