@@ -72,6 +72,9 @@ class Z2allConfig:
     """Std of the normal init; residual output projections get std/sqrt(2*layers)."""
     vocab_size_multiple: int = 64
     """Padding multiple for vocab_size; `from_hf` uses 1 to keep an HF vocabulary exact."""
+    tokenizer_fingerprint: str | None = None
+    """Fingerprint of the tokenizer the model is trained with (set by the trainer), so a
+    tool given another tokenizer refuses it (model/run_tokenizer.py). None: not recorded."""
     hf_config: dict[str, Any] | None = None
     """The HF `config.json` a model was loaded from (`from_hf`), kept whole so an export
     writes back every field, including those z2all does not use. None: made here."""

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
-from tokenizer import load_tokenizer
+from model.run_tokenizer import model_tokenizer
+from tokenizer import PretrainedTokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
 from utils.checkpoint import MANIFEST, resolve_checkpoint
 from utils.precision import DTYPES, resolve_dtype
@@ -57,19 +58,6 @@ def load_model(path: str | os.PathLike) -> tuple[Z2allForCausalLM, Path]:
     return Z2allForCausalLM.from_pretrained(model_dir), model_dir
 
 
-def default_tokenizer_dir(ckpt: Path, model_dir: Path) -> Path:
-    """The run's tokenizer: `tokenizer_dir` in out/<run>/config.json (given the run dir or one
-    of its checkpoints), or a tokenizer stored next to the weights (an exported HF dir)."""
-    for run_config in (ckpt / "config.json", model_dir.parent.parent / "config.json"):
-        if run_config.is_file():
-            tokenizer_dir = json.loads(run_config.read_text()).get("tokenizer_dir")
-            if tokenizer_dir:
-                return Path(tokenizer_dir)
-    if (model_dir / "tokenizer_config.json").is_file():
-        return model_dir
-    raise ValueError(f"no tokenizer recorded for {ckpt}; pass --tokenizer_dir")
-
-
 # ------------------------------------------------------------------ model runners' shared CLI
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,19 +66,20 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", required=True,
                         help="run dir, checkpoint dir, save_pretrained dir or HF Llama dir")
     parser.add_argument("--tokenizer_dir", default=None,
-                        help="default: tokenizer_dir from the run's config.json")
+                        help="default: the model's own (model/run_tokenizer.py); another one "
+                             "is refused")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                         help="auto: as the trainer decides (utils/precision.py: measured on "
                              "CPU, bf16 on CUDA where supported)")
 
 
-def load_for_inference(args: argparse.Namespace) -> tuple[Z2allForCausalLM, Z2allTokenizer]:
+def load_for_inference(args: argparse.Namespace
+                       ) -> tuple[Z2allForCausalLM, Z2allTokenizer | PretrainedTokenizer]:
     """The model (on `--device`, in the precision `--dtype` resolves to, in eval mode) and its
     tokenizer. The precision choice is printed to stderr: stdout may be the generated text."""
     model, model_dir = load_model(args.ckpt)
-    tokenizer = load_tokenizer(args.tokenizer_dir
-                               or default_tokenizer_dir(Path(args.ckpt), model_dir))
+    tokenizer = model_tokenizer(args.ckpt, model.config, model_dir, args.tokenizer_dir)
     device = torch.device(args.device)
     precision = resolve_dtype(args.dtype, device)
     print(precision.reason, file=sys.stderr)

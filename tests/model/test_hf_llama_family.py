@@ -32,9 +32,10 @@ VARIANTS = {
 }
 
 
-def random_hf_dir(tmp_path, variant: str, seed: int = 0, **save_options):
+def random_hf_dir(tmp_path, variant: str, seed: int = 0, vocab_size: int = VOCAB,
+                  **save_options):
     torch.manual_seed(seed)
-    values = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+    values = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
                   num_attention_heads=4, rms_norm_eps=1e-6, max_position_embeddings=256,
                   initializer_range=0.1, tie_word_embeddings=False)
     hf_model = LlamaForCausalLM(LlamaConfig(**{**values, **VARIANTS[variant]})).eval()
