@@ -14,8 +14,12 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 import generate
 from model.convert_to_hf import main as convert_main
 from model.loading import load_model
-from model.run_tokenizer import (check_tokenizer_matches, default_tokenizer_dir,
-                                 model_tokenizer, save_run_tokenizer)
+from model.run_tokenizer import (
+    check_tokenizer_matches,
+    default_tokenizer_dir,
+    model_tokenizer,
+    save_run_tokenizer,
+)
 from tests.model.model_helpers import small_model
 from tests.model.test_hf_llama_family import random_hf_dir
 from tests.pretrained_helpers import make_pretrained_tokenizer_dir, random_conversation
