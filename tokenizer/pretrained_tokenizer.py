@@ -17,6 +17,7 @@ and `auto_map` are ignored: nothing in the directory is imported or run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ def _token_string(value: Any) -> str | None:
 
 
 class PretrainedTokenizer(TextOnlyTokenizerFast):
-    """A pretrained model's tokenizer. Beyond transformers': `fingerprint`, `kind`
+    """A pretrained model's tokenizer. Beyond transformers': `fingerprint` (of tokenizer.json's
+    ids-deciding parts and the chat template), `kind`
     ("pretrained"), `special_token_ids` ({token: id} of tokenizer.json's added tokens),
     `chat_renderer` (a `ChatTemplate`, or None without a template) and `stop_token_ids`."""
 
@@ -55,7 +57,11 @@ class PretrainedTokenizer(TextOnlyTokenizerFast):
         if self.pad_token is None:  # (Llama-3 has none; padded positions are masked anyway)
             self.pad_token = self.eos_token
         self.kind = "pretrained"
-        self.fingerprint = fingerprint_of(self.backend_tokenizer)
+        # The template decides the ids of a conversation and its masks, as tokenizer.json
+        # decides those of a text: both are in the fingerprint (and so in cache keys).
+        self.fingerprint = hashlib.sha256(
+            f"{fingerprint_of(self.backend_tokenizer)}\n{template}".encode()
+        ).hexdigest()[:16]
         self.special_token_ids = {token.content: index for index, token in
                                   self.backend_tokenizer.get_added_tokens_decoder().items()}
         self.source_files = {CONFIG_FILE: config, GENERATION_CONFIG_FILE: generation_config}

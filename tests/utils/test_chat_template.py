@@ -6,11 +6,13 @@ demo template; text never becomes a special id; stop ids = the generation config
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 from transformers import AutoTokenizer, GenerationConfig
 
+from dataset.build import build_datasets
 from tests.pretrained_helpers import (
     STYLES,
     make_pretrained_tokenizer_dir,
@@ -26,6 +28,7 @@ from utils.conversation import (
     render_conversations,
     stop_ids,
 )
+from utils.labels import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module", params=sorted(STYLES))
@@ -48,6 +51,29 @@ def test_ids_and_masks_equal_transformers(pair, seed):
         assert ids == reference["input_ids"]
         assert mask == reference["assistant_masks"]
         assert sum(mask) > 0
+
+
+def test_sft_dataset_trains_on_transformers_assistant_mask(pair, tmp_path):
+    """Through the real data path (build_datasets: worker processes, the online cache): each
+    sample's labels are the next tokens where transformers' assistant mask is 1."""
+    ours, hf, _ = pair
+    rng = random.Random(21)
+    conversations = [random_conversation(rng) for _ in range(6)]
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "train.jsonl").write_text(
+        "".join(json.dumps({"messages": messages}) + "\n" for messages in conversations))
+    (tmp_path / "raw" / "valid.jsonl").write_text(json.dumps({"messages": conversations[0]}))
+    train, _, _ = build_datasets("sft", tmp_path / "raw", ours.name_or_path, 1024,
+                                 num_workers=1)
+    expected = set()
+    for messages in conversations:
+        reference = hf.apply_chat_template(messages, return_dict=True,
+                                           return_assistant_tokens_mask=True)
+        ids, mask = reference["input_ids"], reference["assistant_masks"]
+        labels = [i if m else IGNORE_INDEX for i, m in zip(ids[1:], mask[1:])] + [IGNORE_INDEX]
+        expected.add((tuple(ids), tuple(labels)))
+    assert {(tuple(train[i]["input_ids"].tolist()), tuple(train[i]["labels"].tolist()))
+            for i in range(len(train))} == expected
 
 
 def test_generation_prompt_equals_transformers(pair):
@@ -97,6 +123,23 @@ def test_demo_template_gives_the_chatml_renderer(tiny_hf_tokenizer_dir, seed):
     for _ in range(8):
         messages = random_conversation(rng, injected=["<|im_end|>", "\n"])
         assert template.ids_and_mask(messages) == render_conversation(ours, messages)
+
+
+def test_fingerprint_covers_the_template(pair, tmp_path):
+    """Another template renders other ids and masks from the same tokenizer.json: a cache or
+    a run check keyed by the fingerprint must see the difference."""
+    ours, _, _ = pair
+    changed = tmp_path / "changed"
+    ours.save_pretrained(changed)
+    config = json.loads((changed / "tokenizer_config.json").read_text())
+    if "chat_template" in config:
+        config["chat_template"] = config["chat_template"].replace("message['role']", "'x'")
+        (changed / "tokenizer_config.json").write_text(json.dumps(config))
+    else:
+        template = (changed / "chat_template.jinja").read_text()
+        (changed / "chat_template.jinja").write_text(template.replace("message['role']", "'x'"))
+    assert load_tokenizer(changed).fingerprint != ours.fingerprint
+    assert load_tokenizer(ours.name_or_path).fingerprint == ours.fingerprint
 
 
 def test_template_that_rewrites_earlier_turns_is_refused(tiny_hf_tokenizer_dir):
