@@ -40,7 +40,11 @@ class Z2allConfig:
     num_hidden_layers: int = 12
     """Number of transformer blocks."""
     num_attention_heads: int = 12
-    """Query heads; head_dim = hidden_size / num_attention_heads."""
+    """Query heads."""
+    head_dim: int | None = None
+    """Width of one attention head. None: hidden_size / num_attention_heads (some HF models,
+    e.g. Gemma-style Llamas, set it explicitly: then heads * head_dim may differ from
+    hidden_size)."""
     num_key_value_heads: int | None = None
     """Key/value heads: = heads is MHA, 1 is MQA, in between is GQA (Ainslie et al. 2023).
     None means num_attention_heads."""
@@ -54,6 +58,10 @@ class Z2allConfig:
     bounds training lengths and is what FLOP estimates assume)."""
     rope_theta: float = 10000.0
     """RoPE base: frequencies are theta^(-2i/head_dim) (Su et al. 2021)."""
+    rope_scaling: dict[str, Any] | None = None
+    """Stretched RoPE frequencies for a longer context, as HF writes them (see model/rope.py):
+    {"rope_type": "linear", "factor": f} or {"rope_type": "llama3", "factor",
+    "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}. None: plain."""
     rms_norm_eps: float = 1e-5
     """Epsilon inside RMSNorm's square root."""
     tie_word_embeddings: bool = True
@@ -64,6 +72,12 @@ class Z2allConfig:
     """Std of the normal init; residual output projections get std/sqrt(2*layers)."""
     vocab_size_multiple: int = 64
     """Padding multiple for vocab_size; `from_hf` uses 1 to keep an HF vocabulary exact."""
+    tokenizer_fingerprint: str | None = None
+    """Fingerprint of the tokenizer the model is trained with (set by the trainer), so a
+    tool given another tokenizer refuses it (model/run_tokenizer.py). None: not recorded."""
+    hf_config: dict[str, Any] | None = None
+    """The HF `config.json` a model was loaded from (`from_hf`), kept whole so an export
+    writes back every field, including those z2all does not use. None: made here."""
     activation_checkpointing: bool = False
     """Recompute block activations in backward instead of storing them (less memory, ~+33%
     compute)."""
@@ -78,20 +92,18 @@ class Z2allConfig:
         if self.intermediate_size is None:
             self.intermediate_size = round_up(8 * self.hidden_size // 3,
                                               self.intermediate_multiple_of)
-        if self.hidden_size % self.num_attention_heads:
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
                              f"num_attention_heads {self.num_attention_heads}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} is not a multiple "
                              f"of num_key_value_heads {self.num_key_value_heads} (GQA groups)")
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
         if self.activation_checkpointing_every < 1:
             raise ValueError("activation_checkpointing_every must be >= 1")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     # ---- presets ----------------------------------------------------------------------------
     @classmethod

@@ -29,10 +29,20 @@ _GATE = re.compile(r"(.*\.mlp\.)gate_proj\.weight")
 
 def config_to_hf(config: Z2allConfig, dtype: torch.dtype,
                  eos_token_id: int | None = None) -> dict[str, Any]:
-    """A `config.json` for `LlamaForCausalLM` (transformers 4.x reads rope_theta, 5.x
-    rope_parameters; both are written). Our tokenizers have no BOS; EOS doubles as padding
-    (unknown to the model itself: pass it from the tokenizer, else HF's default ids 1/2
-    would silently stop `generate` at an ordinary token)."""
+    """A `config.json` for `LlamaForCausalLM`.
+
+    A model that came from HF gets its own config.json back, field for field (only the dtype
+    is updated): fine-tuning changes no shape, and fields z2all does not read (bos/eos ids,
+    generation hints) must survive. A model made here: transformers 4.x reads rope_theta and
+    rope_scaling, 5.x rope_parameters; both are written. Our tokenizers have no BOS; EOS
+    doubles as padding (unknown to the model itself: pass it from the tokenizer, else HF's
+    default ids 1/2 would silently stop `generate` at an ordinary token)."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    if config.hf_config is not None:
+        written = dict(config.hf_config)
+        dtype_keys = [key for key in ("dtype", "torch_dtype") if key in written] or ["dtype"]
+        return {**written, **{key: dtype_name for key in dtype_keys}}
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta, **(config.rope_scaling or {})}
     return {
         "bos_token_id": None, "eos_token_id": eos_token_id, "pad_token_id": eos_token_id,
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -43,43 +53,69 @@ def config_to_hf(config: Z2allConfig, dtype: torch.dtype,
         "num_key_value_heads": config.num_key_value_heads, "head_dim": config.head_dim,
         "hidden_act": "silu", "max_position_embeddings": config.max_position_embeddings,
         "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_scaling": config.rope_scaling, "rope_parameters": rope,
         "tie_word_embeddings": config.tie_word_embeddings,
         "initializer_range": config.initializer_range, "attention_bias": False,
-        "mlp_bias": False, "attention_dropout": config.dropout,
-        "dtype": str(dtype).removeprefix("torch."),
+        "mlp_bias": False, "attention_dropout": config.dropout, "dtype": dtype_name,
     }
 
 
+# Fields of an HF Llama config that z2all's model cannot honour: (field, unsupported when).
+_UNSUPPORTED = (
+    ("attention_bias", lambda value: bool(value), "no bias in q/k/v/o projections"),
+    ("mlp_bias", lambda value: bool(value), "no bias in the MLP"),
+    ("sliding_window", lambda value: value is not None, "attention is full, not windowed"),
+    ("hidden_act", lambda value: value != "silu", "the MLP is SwiGLU (silu)"),
+    ("pretraining_tp", lambda value: value not in (None, 1), "no tensor-parallel slicing"),
+)
+_SCALING_KEYS = {"linear": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                            "original_max_position_embeddings")}
+
+
+def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None, str | None]:
+    """(rope_theta, our rope_scaling or None, a problem or None). transformers 5.x writes
+    `rope_parameters` (theta inside), 4.x `rope_scaling` + a top-level `rope_theta`."""
+    field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    rope = dict(hf.get(field) or {})
+    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    if rope_type == "default":
+        return theta, None, None
+    if rope_type not in _SCALING_KEYS:
+        return theta, None, (f"{field}.rope_type={rope_type!r} (z2all supports default, "
+                             f"{', '.join(_SCALING_KEYS)})")
+    missing = [key for key in _SCALING_KEYS[rope_type] if key not in rope]
+    if missing:
+        return theta, None, f"{field} of type {rope_type!r} lacks {missing}"
+    return theta, {"rope_type": rope_type,
+                   **{key: rope[key] for key in _SCALING_KEYS[rope_type]}}, None
+
+
 def config_from_hf(hf: dict[str, Any], source: str) -> Z2allConfig:
-    """A `Z2allConfig` for an HF Llama config dict; refuses features our model lacks."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    problems = []
-    if hf.get("model_type", "llama") != "llama":
-        problems.append(f"model_type {hf.get('model_type')!r} (expected 'llama')")
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        problems.append(f"RoPE scaling {rope!r}")
-    if hf.get("hidden_act", "silu") != "silu":
-        problems.append(f"hidden_act {hf['hidden_act']!r}")
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        problems.append("linear biases")
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    if head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
-        problems.append(f"head_dim {head_dim} != hidden_size / num_attention_heads")
+    """A `Z2allConfig` for an HF Llama config dict; refuses, in one line naming each field,
+    what our model cannot represent."""
+    if hf.get("model_type") != "llama":
+        raise ValueError(f"{source}: model_type={hf.get('model_type')!r}: z2all loads "
+                         "LlamaForCausalLM directories (model_type 'llama') only")
+    problems = [f"{field}={hf[field]!r} ({why})" for field, unsupported, why in _UNSUPPORTED
+                if field in hf and unsupported(hf[field])]
+    rope_theta, rope_scaling, rope_problem = _rope_from_hf(hf)
+    problems += [rope_problem] if rope_problem else []
     if problems:
-        raise ValueError(f"{source}: unsupported Llama variant: {', '.join(problems)}")
+        raise ValueError(f"{source}: unsupported Llama variant: {'; '.join(problems)}")
     return Z2allConfig(
         vocab_size=hf["vocab_size"], vocab_size_multiple=1, hidden_size=hf["hidden_size"],
         num_hidden_layers=hf["num_hidden_layers"],
         num_attention_heads=hf["num_attention_heads"],
         num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        intermediate_size=hf["intermediate_size"],
+        head_dim=hf.get("head_dim"), intermediate_size=hf["intermediate_size"],
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+        rope_theta=rope_theta, rope_scaling=rope_scaling,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_word_embeddings=hf.get("tie_word_embeddings", False),
         dropout=hf.get("attention_dropout", 0.0) or 0.0,
-        initializer_range=hf.get("initializer_range", 0.02))
+        initializer_range=hf.get("initializer_range", 0.02), hf_config=hf)
 
 
 def state_dict_to_hf(state_dict: dict[str, torch.Tensor], config: Z2allConfig

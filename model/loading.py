@@ -1,7 +1,8 @@
 """Where a model comes from: the one resolver behind every `--ckpt` and `--init_from`.
 
     what the path is                                   what is loaded
-    an HF Llama dir (config.json: model_type "llama")  Z2allForCausalLM.from_hf(path)
+    an HF dir (config.json: model_type not "z2all")    Z2allForCausalLM.from_hf(path) (refuses
+                                                       what is not a representable Llama)
     one checkpoint dir (has manifest.json / step_N)    that checkpoint, after its manifest verifies
     a run dir or its ckpt/ dir                         the newest checkpoint whose manifest verifies
     a bare `save_pretrained` dir (no manifest)         as it is: nothing to verify it against
@@ -22,18 +23,21 @@ from pathlib import Path
 import torch
 
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
-from tokenizer import load_tokenizer
+from model.run_tokenizer import model_tokenizer
+from tokenizer import PretrainedTokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
 from utils.checkpoint import MANIFEST, resolve_checkpoint
 from utils.precision import DTYPES, resolve_dtype
 
 
-def is_hf_llama_dir(path: Path) -> bool:
+def is_hf_model_dir(path: Path) -> bool:
+    """A Hugging Face model directory: a config.json that is not ours (`from_hf` then accepts
+    a Llama or says in one line why not)."""
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
         return False
     with open(config_file, encoding="utf-8") as handle:
-        return json.load(handle).get("model_type") == "llama"
+        return json.load(handle).get("model_type", "z2all") != "z2all"
 
 
 def resolve_model_dir(path: str | os.PathLike) -> Path:
@@ -41,7 +45,7 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
     path = Path(path)
     is_bare_save = ((path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file()
                     and not (path / MANIFEST).exists())
-    if is_hf_llama_dir(path) or is_bare_save:
+    if is_hf_model_dir(path) or is_bare_save:
         return path
     return resolve_checkpoint(path)  # verifies; raises CheckpointError with the reason
 
@@ -49,22 +53,9 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
 def load_model(path: str | os.PathLike) -> tuple[Z2allForCausalLM, Path]:
     """(the model, the directory its weights came from) for any kind of path above."""
     model_dir = resolve_model_dir(path)
-    if is_hf_llama_dir(model_dir):
+    if is_hf_model_dir(model_dir):
         return Z2allForCausalLM.from_hf(model_dir), model_dir
     return Z2allForCausalLM.from_pretrained(model_dir), model_dir
-
-
-def default_tokenizer_dir(ckpt: Path, model_dir: Path) -> Path:
-    """The run's tokenizer: `tokenizer_dir` in out/<run>/config.json (given the run dir or one
-    of its checkpoints), or a tokenizer stored next to the weights (an exported HF dir)."""
-    for run_config in (ckpt / "config.json", model_dir.parent.parent / "config.json"):
-        if run_config.is_file():
-            tokenizer_dir = json.loads(run_config.read_text()).get("tokenizer_dir")
-            if tokenizer_dir:
-                return Path(tokenizer_dir)
-    if (model_dir / "tokenizer_config.json").is_file():
-        return model_dir
-    raise ValueError(f"no tokenizer recorded for {ckpt}; pass --tokenizer_dir")
 
 
 # ------------------------------------------------------------------ model runners' shared CLI
@@ -75,19 +66,20 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", required=True,
                         help="run dir, checkpoint dir, save_pretrained dir or HF Llama dir")
     parser.add_argument("--tokenizer_dir", default=None,
-                        help="default: tokenizer_dir from the run's config.json")
+                        help="default: the model's own (model/run_tokenizer.py); another one "
+                             "is refused")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                         help="auto: as the trainer decides (utils/precision.py: measured on "
                              "CPU, bf16 on CUDA where supported)")
 
 
-def load_for_inference(args: argparse.Namespace) -> tuple[Z2allForCausalLM, Z2allTokenizer]:
+def load_for_inference(args: argparse.Namespace
+                       ) -> tuple[Z2allForCausalLM, Z2allTokenizer | PretrainedTokenizer]:
     """The model (on `--device`, in the precision `--dtype` resolves to, in eval mode) and its
     tokenizer. The precision choice is printed to stderr: stdout may be the generated text."""
     model, model_dir = load_model(args.ckpt)
-    tokenizer = load_tokenizer(args.tokenizer_dir
-                               or default_tokenizer_dir(Path(args.ckpt), model_dir))
+    tokenizer = model_tokenizer(args.ckpt, model.config, model_dir, args.tokenizer_dir)
     device = torch.device(args.device)
     precision = resolve_dtype(args.dtype, device)
     print(precision.reason, file=sys.stderr)

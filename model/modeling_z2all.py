@@ -40,6 +40,7 @@ _logged_kernel_choices: set[tuple[str, torch.dtype]] = set()
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+HF_INDEX_FILE = "model.safetensors.index.json"
 
 
 @dataclass
@@ -105,7 +106,8 @@ class Z2allModel(nn.Module):
         dtype = _compute_dtype(hidden)
         _log_kernels_once(device, dtype, config.head_dim)
         position_ids = position_ids_for(key_padding_mask, query_len, past_len, device)
-        cos, sin = rotary_cos_sin(position_ids, config.head_dim, config.rope_theta, dtype)
+        cos, sin = rotary_cos_sin(position_ids, config.head_dim, config.rope_theta, dtype,
+                                  config.rope_scaling)
         use_flash = not kernels.why_not_flash_attention(device, dtype, config.head_dim)
         layout = attention_layout_for(key_padding_mask, query_len, past_len, device, use_flash)
         for layer_idx, layer in enumerate(self.layers):
@@ -233,14 +235,20 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
     @classmethod
     def from_hf(cls, directory: str | os.PathLike,
                 dtype: torch.dtype | None = None) -> Z2allForCausalLM:
-        """Load a Hugging Face `LlamaForCausalLM` directory (config.json + one or more
-        safetensors files)."""
+        """Load a Hugging Face `LlamaForCausalLM` directory (config.json + model.safetensors, or
+        shards listed in model.safetensors.index.json)."""
         directory = Path(directory)
         with open(directory / CONFIG_FILE, encoding="utf-8") as handle:
             config = config_from_hf(json.load(handle), source=str(directory / CONFIG_FILE))
+        index_file = directory / HF_INDEX_FILE  # sharded: the index names every shard
+        if index_file.is_file():
+            with open(index_file, encoding="utf-8") as handle:
+                weight_files = sorted(set(json.load(handle)["weight_map"].values()))
+        else:
+            weight_files = sorted(path.name for path in directory.glob("*.safetensors"))
         hf_state = {}
-        for weights_file in sorted(directory.glob("*.safetensors")):
-            hf_state.update(load_file(weights_file))
+        for weights_file in weight_files:
+            hf_state.update(load_file(directory / weights_file))
         if not hf_state:
             raise FileNotFoundError(f"{directory}: no *.safetensors weights found")
         return cls._from_state_dict(config, state_dict_from_hf(hf_state, config), dtype)

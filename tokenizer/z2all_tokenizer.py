@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from utils.atomic_io import atomic_write_bytes
 from utils.conversation import CHAT_TEMPLATE
+
+from .text_only import TextOnlyTokenizerFast
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 ENDOFTEXT = SPECIAL_TOKENS[0]
@@ -72,8 +73,9 @@ def fingerprint_of(tokenizer: tokenizers.Tokenizer) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
-class Z2allTokenizer(PreTrainedTokenizerFast):
-    """`PreTrainedTokenizerFast` whose every encode path keeps special-token strings as text.
+class Z2allTokenizer(TextOnlyTokenizerFast):
+    """Our own tokenizers: `TextOnlyTokenizerFast` (special-token strings stay text) with the
+    vocabulary layout checked.
 
     Extras beyond transformers': `encode_batch(texts)`, `fingerprint`, `special_token_ids`
     ({token: id}), `kind` and `z2all_record` (what tokenizer_config.json holds under "z2all").
@@ -131,39 +133,6 @@ class Z2allTokenizer(PreTrainedTokenizerFast):
                 raise ValueError(f"{source}: {CONFIG_FILE} says {key}={saved[key]!r} but "
                                  f"{TOKENIZER_FILE} gives {self.z2all_record[key]!r}; the "
                                  "directory is inconsistent")
-
-    # --- encode paths: special-token strings are always ordinary text ------------------------
-    def _encode_plus(self, *args: Any, **kwargs: Any):
-        # transformers' one entry point for encode, __call__ and tokenize; a caller's
-        # split_special_tokens=False is overridden here.
-        kwargs["split_special_tokens"] = True
-        kwargs.pop("sanitize_control_tokens", None)
-        return super()._encode_plus(*args, **kwargs)
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, as ordinary text: the library's own batch encoder (Rust,
-        multi-threaded), with no Python work per token."""
-        if isinstance(texts, str):
-            raise TypeError("encode_batch takes a list of texts; use encode(text) for one text")
-        self.backend_tokenizer.encode_special_tokens = True
-        encodings = self.backend_tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
-        return [encoding.ids for encoding in encodings]
-
-    def apply_chat_template(self, *args: Any, **kwargs: Any):
-        raise NotImplementedError(
-            "z2all's tokenizer keeps special-token strings as text, so it cannot encode a "
-            "rendered template: use utils.conversation (injection-safe ids built by id), or "
-            "transformers.AutoTokenizer.from_pretrained(dir) for the HF convention")
-
-    # --- decoding: exact, and loud about ids outside the vocabulary --------------------------
-    def _decode(self, token_ids: int | list[int], skip_special_tokens: bool = False,
-                clean_up_tokenization_spaces: bool | None = None, **kwargs: Any) -> str:
-        ids = [token_ids] if isinstance(token_ids, int) else [int(i) for i in token_ids]
-        bad = [i for i in ids if not 0 <= i < len(self)]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {len(self)})")
-        return super()._decode(ids, skip_special_tokens=skip_special_tokens,
-                               clean_up_tokenization_spaces=False)
 
     # --- saving: the two standard files, nothing else ----------------------------------------
     def save_pretrained(self, save_directory: str | os.PathLike, **_: Any) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ import torch
 
 from data.demo_tasks import is_correct
 from model.loading import load_model
-from tokenizer import load_tokenizer
+from model.run_tokenizer import model_tokenizer
 from trainer.evaluation import generate_samples
 from utils.atomic_io import atomic_write_json
 from utils.cli_errors import run_main
@@ -32,12 +32,13 @@ from utils.option_checks import raise_problems, range_problem
 from utils.precision import DTYPES, resolve_dtype
 
 
-def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path, tasks_file: str | Path,
+def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path | None, tasks_file: str | Path,
                   max_new_tokens: int = 12, dtype: str = "auto") -> dict[str, Any]:
     precision = resolve_dtype(dtype, torch.device("cpu"))
     print(precision.reason, flush=True)
-    model = load_model(ckpt)[0].to(DTYPES[precision.dtype]).eval()
-    tokenizer = load_tokenizer(tokenizer_dir)
+    model, model_dir = load_model(ckpt)
+    tokenizer = model_tokenizer(ckpt, model.config, model_dir, tokenizer_dir)
+    model = model.to(DTYPES[precision.dtype]).eval()
     with open(tasks_file, encoding="utf-8") as handle:
         items = [json.loads(line) for line in handle if line.strip()]
     samples = generate_samples(model, tokenizer, [item["prompt"] for item in items], chat=True,
@@ -56,7 +57,8 @@ def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path, tasks_file: str |
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", required=True, help="run dir or checkpoint dir")
-    parser.add_argument("--tokenizer_dir", required=True)
+    parser.add_argument("--tokenizer_dir", default=None,
+                        help="default: the model's own (model/run_tokenizer.py)")
     parser.add_argument("--tasks", default="data/demo/eval/tasks.jsonl")
     parser.add_argument("--max_new_tokens", type=int, default=12)
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",

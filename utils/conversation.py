@@ -28,6 +28,10 @@ next turn's `<|im_start|>`, and the trailing "\n" after `<|im_end|>` (generation
 the first token where the turn's ids part from the header's own ids ("assistant\n" encoded
 alone): almost always right after them; when the content begins with a line break that merges
 with the header's "\n" into one token, that token carries content and is trained.
+
+A pretrained model's tokenizer (`tokenizer.PretrainedTokenizer`) brings its own template: every
+function below then hands the work to its `chat_renderer` (utils/chat_template.py), which
+applies the same rules to any template and gives these very ids and masks for this one.
 """
 
 from __future__ import annotations
@@ -69,14 +73,28 @@ def check_messages(messages: Sequence[Any]) -> None:
             raise ValueError(f"message {position}: a system message may only come first")
 
 
+def _template_renderer(tokenizer: Any) -> Any:
+    """A pretrained tokenizer's own `ChatTemplate`; None for ours (ChatML, rendered here)."""
+    if not hasattr(tokenizer, "chat_renderer"):
+        return None
+    if tokenizer.chat_renderer is None:
+        raise ValueError(f"{tokenizer.name_or_path}: the tokenizer has no chat template "
+                         "(tokenizer_config.json chat_template or chat_template.jinja); "
+                         "chat data and chat prompts need one")
+    return tokenizer.chat_renderer
+
+
 def render_conversations(tokenizer: Any, conversations: Sequence[Sequence[Message]],
                          system: str | None = None) -> list[tuple[list[int], list[int]]]:
     """Render many conversations with one batched encode; returns (ids, loss_mask) for each."""
-    start_id = tokenizer.convert_tokens_to_ids(IM_START)
-    end_id = tokenizer.convert_tokens_to_ids(IM_END)
     conversations = [with_system_prompt(messages, system) for messages in conversations]
     for messages in conversations:
         check_messages(messages)
+    renderer = _template_renderer(tokenizer)
+    if renderer is not None:
+        return [renderer.ids_and_mask(messages) for messages in conversations]
+    start_id = tokenizer.convert_tokens_to_ids(IM_START)
+    end_id = tokenizer.convert_tokens_to_ids(IM_END)
     # Step 1: every piece of ordinary text, in one list, so the tokenizer sees one big batch:
     # the glue "\n", each role's header alone (to find where content starts), then each turn.
     pieces = ["\n", *(f"{role}\n" for role in ROLES)]
@@ -122,6 +140,9 @@ def build_generation_prompt(tokenizer: Any, messages: Sequence[Message],
     Generation should stop at `<|im_end|>` (pass its id as the eos_token_id).
     """
     messages = with_system_prompt(messages, system)
+    renderer = _template_renderer(tokenizer)
+    if renderer is not None:
+        return renderer.generation_prompt(messages)
     ids = render_conversation(tokenizer, messages)[0] if messages else []
     header = tokenizer.encode_batch(["assistant\n"])[0]
     return ids + [tokenizer.convert_tokens_to_ids(IM_START), *header]
@@ -129,5 +150,8 @@ def build_generation_prompt(tokenizer: Any, messages: Sequence[Message],
 
 def stop_ids(tokenizer: Any) -> list[int]:
     """The ids that end a generation: <|endoftext|> (end of a document) and <|im_end|> (end of
-    a turn). generate.py, the server and the HF export's generation_config.json agree on them."""
+    a turn). generate.py, the server and the HF export's generation_config.json agree on them.
+    A pretrained tokenizer's: its EOS and generation_config.json's eos_token_id(s)."""
+    if hasattr(tokenizer, "stop_token_ids"):
+        return list(tokenizer.stop_token_ids)
     return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)]

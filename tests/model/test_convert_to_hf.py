@@ -20,7 +20,8 @@ from transformers import AutoTokenizer, LlamaForCausalLM, pipeline
 
 import generate
 from model.convert_to_hf import main as convert_main
-from model.loading import default_tokenizer_dir, load_model
+from model.loading import load_model
+from model.run_tokenizer import default_tokenizer_dir
 from tests.model.model_helpers import small_model
 from tokenizer import load_tokenizer
 from utils.checkpoint import save_checkpoint

@@ -29,6 +29,8 @@ def test_task_accuracy_counts_correct_replies_per_task(tmp_path, monkeypatch):
     tasks_file.write_text("".join(json.dumps(item) + "\n" for item in items))
 
     class FakeModel:
+        config = None
+
         def eval(self):
             return self
 
@@ -36,7 +38,7 @@ def test_task_accuracy_counts_correct_replies_per_task(tmp_path, monkeypatch):
             return self
 
     monkeypatch.setattr(demo_eval, "load_model", lambda ckpt: (FakeModel(), Path(ckpt)))
-    monkeypatch.setattr(demo_eval, "load_tokenizer", lambda directory: None)
+    monkeypatch.setattr(demo_eval, "model_tokenizer", lambda ckpt, config, model_dir, tok: None)
     monkeypatch.setattr(demo_eval, "generate_samples", lambda model, tok, prompts, **kw: [
         {"prompt": p, "completion": replies[p]} for p in prompts])
     result = demo_eval.task_accuracy("ckpt", "tok", tasks_file)

@@ -1,0 +1,89 @@
+"""HF Llama-family directories in and out: our logits = transformers' for Llama-2, Llama-3
+(RoPE scaling), linear scaling, tied embeddings (SmolLM-style), an explicit head_dim and MQA;
+the export writes the source config.json back unchanged; what we cannot represent is refused
+in one line naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from model.convert_to_hf import export_hf
+from model.loading import load_model
+
+TOLERANCE = 1e-5
+VOCAB = 300
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 100.0, "factor": 4.0,
+               "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+               "original_max_position_embeddings": 64}
+# name: LlamaConfig overrides. head_dim 16 and theta 100 give wavelengths 6.3, 11, 20, 35, ...
+# so the llama3 rule keeps one frequency, mixes two and divides the rest (model/rope.py).
+VARIANTS = {
+    "llama2": dict(num_key_value_heads=4),
+    "llama3": dict(num_key_value_heads=2, rope_parameters=LLAMA3_ROPE),
+    "linear": dict(num_key_value_heads=2, rope_parameters={"rope_type": "linear",
+                                                           "rope_theta": 300.0, "factor": 2.0}),
+    "tied": dict(num_key_value_heads=2, tie_word_embeddings=True),
+    "head_dim": dict(num_key_value_heads=2, head_dim=24),
+    "mqa": dict(num_key_value_heads=1),
+}
+
+
+def random_hf_dir(tmp_path, variant: str, seed: int = 0, vocab_size: int = VOCAB,
+                  **save_options):
+    torch.manual_seed(seed)
+    values = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                  num_attention_heads=4, rms_norm_eps=1e-6, max_position_embeddings=256,
+                  initializer_range=0.1, tie_word_embeddings=False)
+    hf_model = LlamaForCausalLM(LlamaConfig(**{**values, **VARIANTS[variant]})).eval()
+    directory = tmp_path / f"hf_{variant}"
+    hf_model.save_pretrained(directory, **save_options)
+    return hf_model, directory
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_load_and_export_match_hf(variant, tmp_path):
+    # A 100 kB shard limit makes transformers write several shards and an index.
+    hf_model, hf_dir = random_hf_dir(tmp_path, variant, max_shard_size="100KB")
+    assert (hf_dir / "model.safetensors.index.json").is_file()
+    model, model_dir = load_model(hf_dir)
+    assert model_dir == hf_dir and model.config.vocab_size == VOCAB
+    input_ids = torch.randint(0, VOCAB, (2, 150))  # beyond the llama3 original length 64
+    export_hf(model, tmp_path / "export")
+    exported = LlamaForCausalLM.from_pretrained(tmp_path / "export").eval()
+    with torch.no_grad():
+        reference = hf_model(input_ids).logits
+        assert (model.eval()(input_ids).logits - reference).abs().max() <= TOLERANCE
+        assert (exported(input_ids).logits - reference).abs().max() <= TOLERANCE
+    source = json.loads((hf_dir / "config.json").read_text())
+    assert json.loads((tmp_path / "export" / "config.json").read_text()) == source
+
+
+def test_rope_scaling_changes_the_model(tmp_path):
+    """The scaled variants would pass the parity test vacuously if scaling did nothing."""
+    scaled, _ = random_hf_dir(tmp_path, "llama3")
+    plain_config = scaled.config.to_dict()
+    plain_config["rope_parameters"] = {"rope_type": "default", "rope_theta": 100.0}
+    plain = LlamaForCausalLM(LlamaConfig(**plain_config)).eval()
+    plain.load_state_dict(scaled.state_dict())
+    input_ids = torch.randint(0, VOCAB, (1, 150))
+    with torch.no_grad():
+        assert (plain(input_ids).logits - scaled(input_ids).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("field, value", [
+    ("attention_bias", True), ("mlp_bias", True), ("sliding_window", 4096),
+    ("hidden_act", "gelu"), ("model_type", "mistral"),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}),
+])
+def test_unrepresentable_fields_are_refused_in_one_line(field, value, tmp_path):
+    _, hf_dir = random_hf_dir(tmp_path, "llama2")
+    config = json.loads((hf_dir / "config.json").read_text())
+    config[field] = value
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=field) as error:
+        load_model(hf_dir)
+    assert "\n" not in str(error.value)
