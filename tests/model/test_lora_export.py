@@ -11,22 +11,24 @@ import torch
 from peft import PeftModel
 from transformers import LlamaForCausalLM
 
+import generate
 from model import convert_to_hf
 from model.convert_to_hf import export_hf
 from model.loading import load_lora_checkpoint, load_model, lora_base_reference
 from model.lora import LoraConfig, apply_lora, lora_state_dict
 from model.lora_checkpoint import save_lora_checkpoint
 from tests.model.model_helpers import random_batch, small_model
+from tokenizer import load_tokenizer
 from utils.checkpoint import save_checkpoint
 from utils.cli_errors import run_main
 
 LORA = LoraConfig(rank=4, alpha=8.0, dropout=0.1, targets="q_proj,v_proj,o_proj,up_proj,down_proj")
 
 
-def make_lora_run(tmp_path, base_kind: str):
+def make_lora_run(tmp_path, base_kind: str, **model_overrides):
     """A base saved as an HF dir or as a z2all checkpoint, and a run whose checkpoint holds
     trained-looking adapters (random A and B) on it."""
-    base = small_model("gqa", seed=3)
+    base = small_model("gqa", seed=3, **model_overrides)
     if base_kind == "hf":
         export_hf(base, tmp_path / "base")
         base_path = tmp_path / "base"
@@ -105,3 +107,19 @@ def test_changed_base_and_adapter_export_of_a_full_model_are_refused(tmp_path, c
     assert "has changed since the LoRA run" in errors[0]
     assert "--adapter" in errors[1] and "not a LoRA checkpoint" in errors[1]
     assert not (tmp_path / "merged").exists() and not (tmp_path / "adapter").exists()
+
+
+def test_generate_runs_a_lora_run_as_its_merged_export(tmp_path, tiny_hf_tokenizer_dir, capsys):
+    tokenizer_dir = str(tiny_hf_tokenizer_dir)
+    _, _, run = make_lora_run(tmp_path, "hf",
+                              vocab_size=len(load_tokenizer(tiny_hf_tokenizer_dir)))
+    assert run_main(convert_to_hf.main, ["--ckpt", str(run), "--out", str(tmp_path / "merged"),
+                                         "--tokenizer_dir", tokenizer_dir]) == 0
+    capsys.readouterr()
+    outputs = []
+    for ckpt in (run, tmp_path / "merged"):
+        assert run_main(generate.main, ["--ckpt", str(ckpt), "--tokenizer_dir", tokenizer_dir,
+                                        "--prompt", "the cat", "--max_new_tokens", "12",
+                                        "--temperature", "0", "--dtype", "fp32"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0].strip() and outputs[0] == outputs[1]
