@@ -39,7 +39,7 @@ from tests.distributed_helpers import find_free_port  # noqa: E402
 SIZES = {
     "smoke": (dict(vocab_size=256, hidden_size=64, num_hidden_layers=2), 2, 32),
     "10M": (dict(vocab_size=8192, hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
-                 num_key_value_heads=2), 4, 128),
+                 num_key_value_heads=2), 2, 128),
     "40M": (dict(vocab_size=8192, hidden_size=640, num_hidden_layers=8, num_attention_heads=10,
                  num_key_value_heads=2), 4, 256),
 }
@@ -102,7 +102,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}",
                             rank=0, world_size=1)
-    sizes, steps = (["smoke"], 2) if args.smoke else (["10M"], 4) if args.quick \
+    sizes, steps = (["smoke"], 2) if args.smoke else (["10M"], 3) if args.quick \
         else (["10M", "40M"], 6)
     rows = [row for size in sizes for dtype in ("fp32", "bf16")
             for row in compare(size, dtype, args.rank, steps)]
