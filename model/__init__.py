@@ -9,5 +9,7 @@ Reading order:
     chunked_lm_head.py      output projection + loss without materialising all logits
     generation.py           KV-cache decoding, greedy/top-k/top-p sampling, streaming
     hf_llama_mapping.py, convert_to_hf.py   to and from transformers' LlamaForCausalLM
+    lora.py, lora_checkpoint.py   LoRA adapters (checked against peft) and what a LoRA run saves
+    loading.py              `load_model(path)`: every kind of --ckpt, LoRA runs merged
     reference_ops.py        plain-math versions of the kernels, for the tests
 """

@@ -1,6 +1,7 @@
 """Export a z2all model as a Hugging Face `LlamaForCausalLM` directory.
 
     python -m model.convert_to_hf --ckpt out/<run> --out hf_model/   [--tokenizer_dir DIR]
+    python -m model.convert_to_hf --ckpt out/<lora run> --out adapter/ --adapter
 
 `--ckpt` takes a run dir (its newest valid checkpoint), one checkpoint dir, any
 `save_pretrained` dir or an HF Llama dir. The result is a standard HF Llama directory that loads
@@ -14,19 +15,29 @@ written as `tokenizer.json` + `tokenizer_config.json` with the ChatML chat_templ
 generate.py does). No BOS on either side: HF's greedy output equals generate.py's. The mapping
 (and why no RoPE permutation is needed) is in `model/hf_llama_mapping.py`; the reverse direction
 is `Z2allForCausalLM.from_hf(dir)`.
+
+A LoRA run (`model/lora_checkpoint.py`) exports by default as the merged model, the same
+stock `LlamaForCausalLM` directory. With `--adapter` it becomes a peft adapter directory
+instead: `adapter_config.json` + `adapter_model.safetensors`, for
+`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "adapter/")`, whose
+`base_model_name_or_path` is the run's base when that is an HF Llama dir, else the base
+exported beside it into `adapter/base_model/`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
 from safetensors.torch import save
 
 from model.hf_llama_mapping import config_to_hf, state_dict_to_hf
-from model.loading import load_model
+from model.loading import is_hf_model_dir, load_lora_checkpoint, load_model, resolve_model_dir
+from model.lora import LoraConfig, lora_state_dict
+from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from model.run_tokenizer import model_tokenizer
 from tokenizer import PretrainedTokenizer
@@ -37,6 +48,12 @@ from utils.conversation import IM_END
 from utils.log_setup import configure_logging
 
 GENERATION_CONFIG_FILE = "generation_config.json"
+PEFT_CONFIG_FILE = "adapter_config.json"
+PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
+BASE_SUBDIR = "base_model"
+# ours: model.layers.0.self_attn.qkv_proj.lora_A.q_proj   -> peft (adapter name dropped, as
+# peft saves): base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight
+_OUR_ADAPTER = re.compile(r"(.*)\.\w+\.(lora_[AB])\.(\w+)")
 
 
 def export_hf(model: Z2allForCausalLM, out_dir: str | os.PathLike,
@@ -64,6 +81,37 @@ def export_tokenizer(tokenizer: Z2allTokenizer | PretrainedTokenizer,
         "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None})
 
 
+def export_peft_adapter(model: Z2allForCausalLM, config: LoraConfig, base_dir: str,
+                        out_dir: str | os.PathLike) -> None:
+    """Write the adapters of `model` (live, unmerged) as a peft LoRA adapter directory."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    peft_state = {}
+    for name, tensor in lora_state_dict(model).items():
+        parent, kind, hf_projection = _OUR_ADAPTER.fullmatch(name).groups()
+        peft_state[f"base_model.model.{parent}.{hf_projection}.{kind}.weight"] = \
+            tensor.contiguous()
+    atomic_write_bytes(out_dir / PEFT_WEIGHTS_FILE, save(peft_state, metadata={"format": "pt"}))
+    atomic_write_json(out_dir / PEFT_CONFIG_FILE, {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_dir,
+        "r": config.rank, "lora_alpha": config.alpha, "lora_dropout": config.dropout,
+        "target_modules": config.target_names, "bias": "none", "fan_in_fan_out": False,
+        "use_rslora": False, "use_dora": False, "inference_mode": True})
+
+
+def export_lora_run_as_adapter(model_dir: Path, out_dir: str | os.PathLike,
+                               eos_token_id: int | None) -> str:
+    """The peft adapter directory of a LoRA checkpoint; returns the base it names."""
+    model, config, base = load_lora_checkpoint(model_dir)
+    base_dir = Path(base["path"])
+    if not is_hf_model_dir(base_dir):  # a z2all base: peft needs it as an HF model too
+        base_model, _ = load_model(base_dir)
+        base_dir = Path(out_dir).resolve() / BASE_SUBDIR
+        export_hf(base_model, base_dir, eos_token_id)
+    export_peft_adapter(model, config, str(base_dir), out_dir)
+    return str(base_dir)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt", required=True,
@@ -72,11 +120,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer_dir", default=None,
                         help="default: the model's own (model/run_tokenizer.py); another one "
                              "is refused")
+    parser.add_argument("--adapter", action="store_true",
+                        help="LoRA runs only: write a peft adapter directory instead of the "
+                             "merged model")
     args = parser.parse_args(argv)
     configure_logging()
-    model, model_dir = load_model(args.ckpt)
+    model_dir = resolve_model_dir(args.ckpt)
+    if args.adapter and not is_lora_checkpoint(model_dir):
+        raise ValueError(f"--adapter: {model_dir} is not a LoRA checkpoint (no {LORA_FILE}); "
+                         "drop --adapter to export the model")
+    model, _ = load_model(model_dir)
     tokenizer = model_tokenizer(args.ckpt, model.config, model_dir, args.tokenizer_dir)
     export_tokenizer(tokenizer, args.out)
+    if args.adapter:
+        base_dir = export_lora_run_as_adapter(model_dir, args.out, tokenizer.eos_token_id)
+        print(f"exported the adapters of {model_dir} to {args.out} (base: {base_dir})")
+        return
     export_hf(model, args.out, tokenizer.eos_token_id)
     print(f"exported {model_dir} ({model.num_parameters():,} parameters) to {args.out}")
 

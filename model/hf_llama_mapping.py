@@ -118,12 +118,22 @@ def config_from_hf(hf: dict[str, Any], source: str) -> Z2allConfig:
         initializer_range=hf.get("initializer_range", 0.02), hf_config=hf)
 
 
+def hf_projection_rows(config: Z2allConfig) -> dict[str, list[tuple[str, int]]]:
+    """Each of our linear layers in a block -> the HF projections stacked in its rows, in
+    order, with their row counts (LoRA targets and the q/k/v split both use this)."""
+    query_rows = config.num_attention_heads * config.head_dim
+    kv_rows = config.num_key_value_heads * config.head_dim
+    return {"qkv_proj": [("q_proj", query_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
+            "o_proj": [("o_proj", config.hidden_size)],
+            "gate_up_proj": [("gate_proj", config.intermediate_size),
+                             ("up_proj", config.intermediate_size)],
+            "down_proj": [("down_proj", config.hidden_size)]}
+
+
 def state_dict_to_hf(state_dict: dict[str, torch.Tensor], config: Z2allConfig
                      ) -> dict[str, torch.Tensor]:
     """Our tensors under HF names; split matrices are copies (safetensors refuses views)."""
-    qkv_rows = [n * config.head_dim for n in (config.num_attention_heads,
-                                              config.num_key_value_heads,
-                                              config.num_key_value_heads)]
+    qkv_rows = [rows for _, rows in hf_projection_rows(config)["qkv_proj"]]
     hf_state = {}
     for name, tensor in state_dict.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:

@@ -6,6 +6,9 @@
     one checkpoint dir (has manifest.json / step_N)    that checkpoint, after its manifest verifies
     a run dir or its ckpt/ dir                         the newest checkpoint whose manifest verifies
     a bare `save_pretrained` dir (no manifest)         as it is: nothing to verify it against
+    a LoRA checkpoint (lora.json, any of the above)    its base (verified by fingerprint) with
+                                                       the adapters merged in (for inference;
+                                                       `load_lora_checkpoint` keeps them apart)
 
 `generate.py`, `model.convert_to_hf`, the trainer's `--init_from` and the DPO reference, and
 `tools.demo_eval` all call `load_model`, so a damaged checkpoint is refused the same way
@@ -22,11 +25,19 @@ from pathlib import Path
 
 import torch
 
+from model.lora import (
+    LoraConfig,
+    apply_lora,
+    load_lora_state_dict,
+    merge_and_unload,
+    weights_fingerprint,
+)
+from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint, read_lora_checkpoint
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from model.run_tokenizer import model_tokenizer
 from tokenizer import PretrainedTokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
-from utils.checkpoint import MANIFEST, resolve_checkpoint
+from utils.checkpoint import MANIFEST, CheckpointError, resolve_checkpoint
 from utils.precision import DTYPES, resolve_dtype
 
 
@@ -43,8 +54,9 @@ def is_hf_model_dir(path: Path) -> bool:
 def resolve_model_dir(path: str | os.PathLike) -> Path:
     """The directory whose weights `load_model(path)` reads (see the module docstring)."""
     path = Path(path)
-    is_bare_save = ((path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file()
-                    and not (path / MANIFEST).exists())
+    has_weights = (((path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file())
+                   or (path / LORA_FILE).is_file())
+    is_bare_save = has_weights and not (path / MANIFEST).exists()
     if is_hf_model_dir(path) or is_bare_save:
         return path
     return resolve_checkpoint(path)  # verifies; raises CheckpointError with the reason
@@ -53,9 +65,34 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
 def load_model(path: str | os.PathLike) -> tuple[Z2allForCausalLM, Path]:
     """(the model, the directory its weights came from) for any kind of path above."""
     model_dir = resolve_model_dir(path)
+    if is_lora_checkpoint(model_dir):
+        model, _, _ = load_lora_checkpoint(model_dir)
+        return merge_and_unload(model), model_dir
     if is_hf_model_dir(model_dir):
         return Z2allForCausalLM.from_hf(model_dir), model_dir
     return Z2allForCausalLM.from_pretrained(model_dir), model_dir
+
+
+def lora_base_reference(model: Z2allForCausalLM, model_dir: Path) -> dict[str, str]:
+    """What a LoRA checkpoint records about its base (`model/lora_checkpoint.py`): call it on
+    `load_model(--init_from)`'s result before any dtype change or `apply_lora`."""
+    return {"path": str(Path(model_dir).resolve()), "fingerprint": weights_fingerprint(model)}
+
+
+def load_lora_checkpoint(model_dir: str | os.PathLike
+                         ) -> tuple[Z2allForCausalLM, LoraConfig, dict[str, str]]:
+    """(the base with live adapters holding the saved values, their config, the base
+    reference) of a LoRA checkpoint: to resume training, or to export a peft adapter."""
+    config, base, adapters = read_lora_checkpoint(model_dir)
+    model, _ = load_model(base["path"])
+    if weights_fingerprint(model) != base["fingerprint"]:
+        raise CheckpointError(
+            f"{Path(model_dir) / LORA_FILE}: its base {base['path']} has changed since the "
+            f"LoRA run (fingerprint {weights_fingerprint(model)}, recorded "
+            f"{base['fingerprint']}); restore that base or retrain the adapters")
+    apply_lora(model, config)
+    load_lora_state_dict(model, adapters, source=str(model_dir))
+    return model, config, base
 
 
 # ------------------------------------------------------------------ model runners' shared CLI

@@ -1,6 +1,6 @@
 """The entry points stay readable: no function or class in train_my_ddp.py, trainer/,
-monitor_process.py or monitor/ longer than ~100 lines, and the training loop one screen (issue: the front
-door reads as parse -> build -> loop -> close)."""
+monitor_process.py or monitor/ longer than ~100 lines, and the training loop one screen (the
+front door reads as parse -> build -> loop -> close)."""
 
 from __future__ import annotations
 

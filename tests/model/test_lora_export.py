@@ -1,0 +1,125 @@
+"""A LoRA checkpoint (model/lora_checkpoint.py) through `load_model` and `model.convert_to_hf`:
+the merged export and the peft adapter export (loaded by peft itself) give the logits of the
+live LoRA model; reloading is bitwise; a changed base is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import LlamaForCausalLM
+
+import generate
+from model import convert_to_hf
+from model.convert_to_hf import export_hf
+from model.loading import load_lora_checkpoint, load_model, lora_base_reference
+from model.lora import LoraConfig, apply_lora, lora_state_dict
+from model.lora_checkpoint import save_lora_checkpoint
+from tests.model.model_helpers import random_batch, small_model
+from tokenizer import load_tokenizer
+from utils.checkpoint import save_checkpoint
+from utils.cli_errors import run_main
+
+LORA = LoraConfig(rank=4, alpha=8.0, dropout=0.1, targets="q_proj,v_proj,o_proj,up_proj,down_proj")
+
+
+def make_lora_run(tmp_path, base_kind: str, **model_overrides):
+    """A base saved as an HF dir or as a z2all checkpoint, and a run whose checkpoint holds
+    trained-looking adapters (random A and B) on it."""
+    base = small_model("gqa", seed=3, **model_overrides)
+    if base_kind == "hf":
+        export_hf(base, tmp_path / "base")
+        base_path = tmp_path / "base"
+    else:
+        base_path = save_checkpoint(tmp_path / "base_run" / "ckpt", 7, base.save_pretrained)
+    model, model_dir = load_model(base_path)
+    reference = lora_base_reference(model, model_dir)
+    apply_lora(model, LORA)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        for param in lora_state_dict(model).values():
+            param.normal_(0, 0.05)
+    save_checkpoint(tmp_path / "run" / "ckpt", 20, lambda tmp_dir: save_lora_checkpoint(
+        model, LORA, reference, tmp_dir))
+    return model.eval(), base_path, tmp_path / "run"
+
+
+def hf_logits(model, input_ids):
+    with torch.no_grad():
+        return model.eval()(input_ids).logits
+
+
+@pytest.mark.parametrize("base_kind", ["hf", "z2all"])
+def test_merged_and_peft_adapter_exports_give_the_lora_models_logits(tmp_path, base_kind):
+    lora_model, base_path, run = make_lora_run(tmp_path, base_kind)
+    input_ids, _ = random_batch(2, 10)
+    expected = hf_logits(lora_model, input_ids)
+
+    merged, _ = load_model(run)  # what generate.py / serve.py run
+    torch.testing.assert_close(hf_logits(merged, input_ids), expected, rtol=1e-5, atol=1e-5)
+
+    assert run_main(convert_to_hf.main, ["--ckpt", str(run), "--out",
+                                         str(tmp_path / "merged")]) == 0
+    merged_hf = LlamaForCausalLM.from_pretrained(tmp_path / "merged")
+    merged_logits = hf_logits(merged_hf, input_ids)
+    torch.testing.assert_close(merged_logits, expected, rtol=1e-5, atol=1e-5)
+
+    assert run_main(convert_to_hf.main, ["--ckpt", str(run), "--out", str(tmp_path / "adapter"),
+                                         "--adapter"]) == 0
+    adapter_config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    base_dir = adapter_config["base_model_name_or_path"]
+    expected_base = tmp_path / ("base" if base_kind == "hf" else "adapter/base_model")
+    assert base_dir == str(expected_base.resolve())
+    peft_model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base_dir),
+                                           tmp_path / "adapter")
+    torch.testing.assert_close(hf_logits(peft_model, input_ids), merged_logits,
+                               rtol=1e-5, atol=1e-5)
+    with peft_model.disable_adapter():  # and the base under the adapter is the base
+        base_model, _ = load_model(base_path)
+        torch.testing.assert_close(hf_logits(peft_model, input_ids),
+                                   hf_logits(base_model, input_ids), rtol=1e-5, atol=1e-5)
+
+
+def test_reloading_a_lora_checkpoint_is_bitwise(tmp_path):
+    lora_model, _, run = make_lora_run(tmp_path, "z2all")
+    reloaded, config, base = load_lora_checkpoint(next((run / "ckpt").glob("step_*")))
+    assert config == LORA
+    assert base["path"].endswith("step_000007")
+    for (name, saved), (reloaded_name, value) in zip(lora_model.state_dict().items(),
+                                                     reloaded.state_dict().items()):
+        assert name == reloaded_name and torch.equal(saved, value)
+    assert [n for n, p in reloaded.named_parameters() if p.requires_grad] \
+        == [n for n, p in lora_model.named_parameters() if p.requires_grad]
+
+
+def test_changed_base_and_adapter_export_of_a_full_model_are_refused(tmp_path, capsys):
+    _, base_path, run = make_lora_run(tmp_path, "hf")
+    changed = small_model("gqa", seed=4)
+    export_hf(changed, base_path)
+    assert run_main(convert_to_hf.main, ["--ckpt", str(run), "--out",
+                                         str(tmp_path / "merged")]) == 2
+    assert run_main(convert_to_hf.main, ["--ckpt", str(base_path), "--out",
+                                         str(tmp_path / "adapter"), "--adapter"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2
+    assert "has changed since the LoRA run" in errors[0]
+    assert "--adapter" in errors[1] and "not a LoRA checkpoint" in errors[1]
+    assert not (tmp_path / "merged").exists() and not (tmp_path / "adapter").exists()
+
+
+def test_generate_runs_a_lora_run_as_its_merged_export(tmp_path, tiny_hf_tokenizer_dir, capsys):
+    tokenizer_dir = str(tiny_hf_tokenizer_dir)
+    _, _, run = make_lora_run(tmp_path, "hf",
+                              vocab_size=len(load_tokenizer(tiny_hf_tokenizer_dir)))
+    assert run_main(convert_to_hf.main, ["--ckpt", str(run), "--out", str(tmp_path / "merged"),
+                                         "--tokenizer_dir", tokenizer_dir]) == 0
+    capsys.readouterr()
+    outputs = []
+    for ckpt in (run, tmp_path / "merged"):
+        assert run_main(generate.main, ["--ckpt", str(ckpt), "--tokenizer_dir", tokenizer_dir,
+                                        "--prompt", "the cat", "--max_new_tokens", "12",
+                                        "--temperature", "0", "--dtype", "fp32"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0].strip() and outputs[0] == outputs[1]
