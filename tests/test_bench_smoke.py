@@ -1,6 +1,7 @@
-"""Every benchmark runs on a fresh clone: `bench/bench_*.py --smoke` (tiny sizes, generated data
-instead of `make demo`'s corpus and tokenizers) must exit 0. The benches run side by side, one
-thread each, so the whole check costs about as long as the slowest one (~10-20 s)."""
+"""Every benchmark runs on a fresh clone: `python -m bench.bench_* --smoke` (tiny sizes,
+generated data instead of `make demo`'s corpus and tokenizers) must exit 0. The benches run
+side by side, one thread each, so the whole check costs about as long as the slowest one
+(~10-20 s)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ BENCHES = sorted(REPO.glob("bench/bench_*.py"))
 def test_every_bench_runs_its_smoke_mode():
     assert len(BENCHES) >= 5
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    running = {path.name: subprocess.Popen([sys.executable, str(path), "--smoke"], cwd=REPO,
+    # `-m bench.<name>` from the repository root: the project imports without sys.path edits.
+    running = {path.name: subprocess.Popen([sys.executable, "-m", f"bench.{path.stem}",
+                                            "--smoke"], cwd=REPO,
                                            env=env, stdout=subprocess.PIPE,
                                            stderr=subprocess.STDOUT, text=True)
                for path in BENCHES}
