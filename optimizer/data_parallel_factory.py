@@ -43,16 +43,19 @@ COMM_HOOKS = ("allreduce", "bf16", "powersgd", "overlap_optim")
 
 def check_zero_options(zero_stage: int, comm_hook: str = "allreduce",
                        use_distributed_optimizer: bool = False, cpu_offload: bool = False,
-                       overlap_param_gather: bool = False) -> None:
-    """Refuse option combinations that cannot work, in one line naming the options (the
-    trainer's option check calls this before any work)."""
+                       overlap_param_gather: bool = False) -> int:
+    """The effective ZeRO stage (`--use_distributed_optimizer` is the old spelling of stage 1),
+    or a one-line ValueError naming the options that cannot work together (the trainer's
+    option check calls this before any work)."""
     if zero_stage not in ZERO_STAGES:
         raise ValueError(f"--zero_stage must be one of {ZERO_STAGES}, got {zero_stage}")
     if comm_hook not in COMM_HOOKS:
         raise ValueError(f"--comm_hook must be one of {COMM_HOOKS}, got {comm_hook!r}")
-    if use_distributed_optimizer and zero_stage != 1:
-        raise ValueError(f"--use_distributed_optimizer is the old spelling of --zero_stage=1; "
-                         f"drop it or pass --zero_stage=1 (got --zero_stage={zero_stage})")
+    if use_distributed_optimizer:
+        if zero_stage >= 2:
+            raise ValueError(f"--use_distributed_optimizer means --zero_stage=1; drop it to "
+                             f"use --zero_stage={zero_stage}")
+        zero_stage = 1
     if zero_stage >= 2:
         refused = [name for name, on in (
             (f"--comm_hook={comm_hook}", comm_hook != "allreduce"),
@@ -65,8 +68,9 @@ def check_zero_options(zero_stage: int, comm_hook: str = "allreduce",
     if zero_stage == 1 and comm_hook in ("powersgd", "overlap_optim"):
         raise ValueError(f"--comm_hook={comm_hook} cannot be combined with --zero_stage=1 "
                          f"(ZeRO-1 needs the plain reduce-scatter): use --comm_hook allreduce")
-    if zero_stage != 1 and (cpu_offload or overlap_param_gather):
+    if zero_stage == 0 and (cpu_offload or overlap_param_gather):
         raise ValueError("--cpu_offload and --overlap_param_gather need --zero_stage=1")
+    return zero_stage
 
 
 def build_data_parallel(model: torch.nn.Module, zero_stage: int,
@@ -78,8 +82,9 @@ def build_data_parallel(model: torch.nn.Module, zero_stage: int,
                         ) -> tuple[torch.nn.Module, TrainingOptimizer, PowerSGDState | None]:
     """(the wrapped model, the optimizer the loop steps, the comm hook state a checkpoint must
     save or None). `process_group` is the data-parallel group (None = all ranks)."""
-    check_zero_options(zero_stage, comm_hook, cpu_offload=optimizer_config.cpu_offload,
-                       overlap_param_gather=optimizer_config.overlap_param_gather)
+    zero_stage = check_zero_options(
+        zero_stage, comm_hook, optimizer_config.use_distributed_optimizer,
+        optimizer_config.cpu_offload, optimizer_config.overlap_param_gather)
     if zero_stage >= 2:
         wrapped = ShardedDataParallel(model, zero_stage, process_group,
                                       grad_reduce_in_fp32=ddp_config.grad_reduce_in_fp32)

@@ -170,3 +170,8 @@ def test_impossible_combinations_are_refused_in_one_line(options):
     with pytest.raises(ValueError) as error:
         check_zero_options(**options)
     assert "\n" not in str(error.value) and "zero_stage" in str(error.value)
+
+
+def test_use_distributed_optimizer_is_stage_1():
+    assert check_zero_options(0, use_distributed_optimizer=True) == 1
+    assert check_zero_options(3) == 3
