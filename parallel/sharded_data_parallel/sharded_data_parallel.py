@@ -115,6 +115,7 @@ class ShardedDataParallel(nn.Module):
             if self.root_unit is not None:
                 self._register_root_gather(module)
         self._backward_callback_queued = False
+        self._pinned = False  # inside gathered_params(): no hook frees anything
         self._in_backward: set[FlatParamUnit] = set()
         self._reducing: list[FlatParamUnit] = []
 
@@ -156,7 +157,8 @@ class ShardedDataParallel(nn.Module):
             unit = self._block_units[position][1]
             if unit in self._in_backward:
                 return  # activation checkpointing's recompute: backward follows at once
-            unit.free_params()
+            if not self._pinned:
+                unit.free_params()
             if torch.is_grad_enabled() and isinstance(output, torch.Tensor) \
                     and output.requires_grad:
                 output.register_hook(self._make_pre_backward(position))
@@ -178,7 +180,7 @@ class ShardedDataParallel(nn.Module):
         self._queue_backward_callback()
         unit, index = self._unit_of_param[param]
         if unit.add_grad(param, index):
-            if unit is not self.root_unit:
+            if unit is not self.root_unit and not self._pinned:
                 unit.free_params()  # stage 3: its backward is done
             unit.start_reduce()
             self._reducing.append(unit)
@@ -202,7 +204,8 @@ class ShardedDataParallel(nn.Module):
             unit.finish_reduce()
         self._reducing = []
         self._in_backward.clear()
-        self.reshard()
+        if not self._pinned:
+            self.reshard()
 
     def reshard(self) -> None:
         """Stage 3: free every gathered unit (a no-op at stage 2, whose params stay whole)."""
@@ -232,13 +235,16 @@ class ShardedDataParallel(nn.Module):
 
     @contextlib.contextmanager
     def gathered_params(self) -> Iterator[None]:
-        """Every parameter whole inside the block (all ranks must enter it): for saving the model
-        or reading weights outside a forward."""
+        """Every parameter whole, and kept whole, inside the block. All ranks must enter it (it
+        all-gathers); inside, one rank alone may run forwards (sample generation on rank 0) or
+        save the model, since no hook gathers or frees there."""
         for unit in self.units:
             unit.wait_gather()
+        self._pinned = True
         try:
             yield
         finally:
+            self._pinned = False
             self.reshard()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

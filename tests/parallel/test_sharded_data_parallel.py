@@ -75,12 +75,15 @@ def our_run(rank: int, world_size: int, zero_stage: int) -> dict:
             gathered_after_step.append([u.name for u in wrapped.units
                                         if u.full_params.untyped_storage().nbytes() > 0])
     result = {"norms": norms, "gathered_after_step": gathered_after_step,
-              "gathered_in_forward": gathered_in_forward}
+              "gathered_in_forward": list(gathered_in_forward)}  # training steps only
     if zero_stage >= 2:
         result["resident"] = wrapped.resident_bytes()
         result["state"] = wrapped.full_state_dict()
         prompt = torch.randint(0, VOCAB, (1, 4), generator=torch.Generator().manual_seed(1))
         result["generated"] = model.generate(prompt, max_new_tokens=6)  # gathers unit by unit
+        with wrapped.gathered_params():  # the trainer's way: rank 0 alone generates samples
+            if rank == 0:
+                result["generated_on_rank0"] = model.generate(prompt, max_new_tokens=6)
         result["blocks_gathered_after_generate"] = [u.name for u in wrapped.units[1:]
                                                     if u.is_gathered]
     else:
@@ -160,6 +163,7 @@ def test_stage3_generation_equals_reference(two_ranks):
     expected = model.generate(prompt, max_new_tokens=6)
     for rank_result in two_ranks:
         assert torch.equal(torch.as_tensor(rank_result[3]["generated"]), expected)
+        assert torch.equal(torch.as_tensor(two_ranks[0][3]["generated_on_rank0"]), expected)
 
 
 @pytest.mark.parametrize("options", [
