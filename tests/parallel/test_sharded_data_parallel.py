@@ -112,9 +112,27 @@ def fsdp2_run(rank: int, world_size: int) -> dict:
     return {name: t.full_tensor().detach().clone() for name, t in model.state_dict().items()}
 
 
+def bf16_run(rank: int, world_size: int, zero_stage: int) -> dict:
+    """bf16 params: stage 3 keeps fp32 master shards (checked) and must track stage 0's
+    full fp32 master copy."""
+    model = new_model().to(torch.bfloat16)
+    config = make_optimizer_config()
+    config.params_dtype = "bf16"
+    wrapped, optimizer, _ = build_data_parallel(
+        model, zero_stage, DistributedDataParallelConfig(bucket_size=3000), config)
+    for batch in batches(3, world_size):
+        train_step(wrapped, optimizer, batch, rank, world_size)
+    if zero_stage == 3:
+        assert all(s.main_param_shard.dtype == torch.float32 and
+                   s.model_param_shard.dtype == torch.bfloat16 for s in optimizer.bucket_shards)
+        return {n: t.float() for n, t in wrapped.full_state_dict().items()}
+    return {n: t.detach().float() for n, t in model.state_dict().items()}
+
+
 def all_checks(rank: int, world_size: int) -> dict:
     results = {stage: our_run(rank, world_size, stage) for stage in (0, 1, 2, 3)}
     results["fsdp2"] = fsdp2_run(rank, world_size)
+    results["bf16"] = {stage: bf16_run(rank, world_size, stage) for stage in (0, 3)}
     return as_numpy(results)
 
 
@@ -136,6 +154,14 @@ def test_every_stage_equals_whole_batch_adamw(two_ranks, zero_stage):
 def test_stage3_equals_fsdp2(two_ranks):
     for rank_result in two_ranks:
         assert max_diff(rank_result[3]["state"], rank_result["fsdp2"]) < 2e-5
+
+
+def test_stage3_bf16_with_fp32_master_shards_tracks_stage0(two_ranks):
+    initial = {n: t.float() for n, t in new_model().to(torch.bfloat16).state_dict().items()}
+    for rank_result in two_ranks:
+        stage0, stage3 = rank_result["bf16"][0], rank_result["bf16"][3]
+        assert max_diff(stage0, initial) > 1e-3
+        assert max_diff(stage3, stage0) <= 2 ** -7  # at most about one bf16 rounding step
 
 
 def test_stage3_gathers_one_block_plus_prefetch_and_frees_after(two_ranks):
