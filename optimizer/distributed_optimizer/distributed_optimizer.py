@@ -71,7 +71,7 @@ class BucketShard:
     """`main_param_shard[piece.shard_start:piece.shard_end]` per piece: AdamW's params."""
 
 
-def _fp32_shard(source: Tensor, cpu_offload: bool) -> Tensor:
+def fp32_shard(source: Tensor, cpu_offload: bool) -> Tensor:
     """The fp32 tensor the optimizer works on for `source`: `source` itself when possible."""
     if source.dtype == torch.float32 and not cpu_offload:
         return source
@@ -108,12 +108,12 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         start, end = shard_range(bucket, self.rank, self.world_size)
         model_param_shard = bucket.param_data[start:end]
         model_grad_shard = bucket.grad_data[start:end]
-        main_param_shard = _fp32_shard(model_param_shard, cpu_offload)
+        main_param_shard = fp32_shard(model_param_shard, cpu_offload)
         pieces = pieces_in_shard(buffer, bucket, self.rank, self.world_size, self.param_names)
         return BucketShard(
             bucket=bucket, model_param_shard=model_param_shard,
             model_grad_shard=model_grad_shard, main_param_shard=main_param_shard,
-            main_grad_shard=_fp32_shard(model_grad_shard, cpu_offload), pieces=pieces,
+            main_grad_shard=fp32_shard(model_grad_shard, cpu_offload), pieces=pieces,
             main_pieces=[main_param_shard[p.shard_start:p.shard_end] for p in pieces])
 
     def _owned_pieces(self) -> list[tuple[ShardPiece, Tensor]]:
@@ -258,5 +258,9 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
     def load_checkpoint(self, optim_dir: str | Path) -> None:
         """Works whatever the world size of the run that saved (see zero1_checkpoint.py)."""
         my_pieces = [(p.name, p.param_start, p.param_end) for p, _ in self._owned_pieces()]
-        self.load_state_dict(load_resharded_state(
-            Path(optim_dir), my_pieces, self._param_shapes(), self.rank, self.world_size))
+        state = load_resharded_state(Path(optim_dir), my_pieces, self._param_shapes(),
+                                     self.rank, self.world_size)
+        # ZeRO stages 1, 2 and 3 write the same pieces (optimizer/sharded_optimizer.py): a file
+        # of any of them, once re-cut for this rank, is this optimizer's state.
+        state["kind"] = type(self).__name__
+        self.load_state_dict(state)

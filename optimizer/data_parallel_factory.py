@@ -1,0 +1,108 @@
+"""`build_data_parallel(...)`: the model wrapper and optimizer for ZeRO stage 0, 1, 2 or 3.
+
+    stage  wrapper                                         optimizer
+    0      DistributedDataParallel (all-reduce)            FP32Optimizer / Float16... / Overlapped
+    1      DistributedDataParallel (reduce-scatter)        DistributedOptimizer (state sharded)
+    2      ShardedDataParallel (grads sharded)             ShardedOptimizer
+    3      ShardedDataParallel (grads and params sharded)  ShardedOptimizer
+
+Every wrapper offers the loop the same calls (`no_sync()`, `finish_grad_sync()`, `module`,
+`process_group`) and every optimizer the `TrainingOptimizer` protocol, so the training loop does
+not branch on the stage. `--comm_hook` (see trainer/optimizer_setup.py for the choices) only
+applies to our DDP: ZeRO-2/3 reduce-scatter unit by unit themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from optimizer.factory import TrainingOptimizer, get_optimizer
+from optimizer.optimizer_config import OptimizerConfig
+from optimizer.sharded_optimizer import ShardedOptimizer
+from parallel.distributed_data_parallel import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+)
+from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
+    allreduce_hook,
+    bf16_compress_wrapper,
+    reduce_scatter_hook,
+)
+from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (
+    PowerSGDState,
+    powerSGD_hook,
+)
+from parallel.sharded_data_parallel import ShardedDataParallel
+
+ZERO_STAGES = (0, 1, 2, 3)
+COMM_HOOKS = ("allreduce", "bf16", "powersgd", "overlap_optim")
+
+
+def check_zero_options(zero_stage: int, comm_hook: str = "allreduce",
+                       use_distributed_optimizer: bool = False, cpu_offload: bool = False,
+                       overlap_param_gather: bool = False) -> int:
+    """The effective ZeRO stage (`--use_distributed_optimizer` is the old spelling of stage 1),
+    or a one-line ValueError naming the options that cannot work together (the trainer's
+    option check calls this before any work)."""
+    if zero_stage not in ZERO_STAGES:
+        raise ValueError(f"--zero_stage must be one of {ZERO_STAGES}, got {zero_stage}")
+    if comm_hook not in COMM_HOOKS:
+        raise ValueError(f"--comm_hook must be one of {COMM_HOOKS}, got {comm_hook!r}")
+    if use_distributed_optimizer:
+        if zero_stage >= 2:
+            raise ValueError(f"--use_distributed_optimizer means --zero_stage=1; drop it to "
+                             f"use --zero_stage={zero_stage}")
+        zero_stage = 1
+    if zero_stage >= 2:
+        refused = [name for name, on in (
+            (f"--comm_hook={comm_hook}", comm_hook != "allreduce"),
+            ("--cpu_offload", cpu_offload),
+            ("--overlap_param_gather", overlap_param_gather)) if on]
+        if refused:
+            raise ValueError(f"{', '.join(refused)} cannot be combined with "
+                             f"--zero_stage={zero_stage} (they work on our DDP's buckets; "
+                             f"ZeRO-2/3 reduce unit by unit): use --zero_stage 0 or 1")
+    if zero_stage == 1 and comm_hook in ("powersgd", "overlap_optim"):
+        raise ValueError(f"--comm_hook={comm_hook} cannot be combined with --zero_stage=1 "
+                         f"(ZeRO-1 needs the plain reduce-scatter): use --comm_hook allreduce")
+    if zero_stage == 0 and (cpu_offload or overlap_param_gather):
+        raise ValueError("--cpu_offload and --overlap_param_gather need --zero_stage=1")
+    return zero_stage
+
+
+def build_data_parallel(model: torch.nn.Module, zero_stage: int,
+                        ddp_config: DistributedDataParallelConfig,
+                        optimizer_config: OptimizerConfig,
+                        process_group: dist.ProcessGroup | None = None,
+                        comm_hook: str = "allreduce",
+                        powersgd_state: PowerSGDState | None = None,
+                        ) -> tuple[torch.nn.Module, TrainingOptimizer, PowerSGDState | None]:
+    """(the wrapped model, the optimizer the loop steps, the comm hook state a checkpoint must
+    save or None). `process_group` is the data-parallel group (None = all ranks)."""
+    zero_stage = check_zero_options(
+        zero_stage, comm_hook, optimizer_config.use_distributed_optimizer,
+        optimizer_config.cpu_offload, optimizer_config.overlap_param_gather)
+    if zero_stage >= 2:
+        wrapped = ShardedDataParallel(model, zero_stage, process_group,
+                                      grad_reduce_in_fp32=ddp_config.grad_reduce_in_fp32)
+        return wrapped, ShardedOptimizer(optimizer_config, wrapped), None
+
+    sharded = zero_stage == 1
+    ddp = DistributedDataParallel(
+        model, dataclasses.replace(ddp_config, use_distributed_optimizer=sharded), process_group)
+    optimizer = get_optimizer(dataclasses.replace(
+        optimizer_config, use_distributed_optimizer=sharded,
+        overlap_step=comm_hook == "overlap_optim"), ddp)
+    if comm_hook == "bf16":
+        default_hook = reduce_scatter_hook if sharded else allreduce_hook
+        ddp.register_comm_hook(ddp.process_group, bf16_compress_wrapper(default_hook))
+    if comm_hook == "powersgd":
+        if powersgd_state is None:
+            raise ValueError("comm_hook='powersgd' needs a PowerSGDState (powersgd_state=...)")
+        ddp.register_comm_hook(powersgd_state, powerSGD_hook)
+        return ddp, optimizer, powersgd_state
+    return ddp, optimizer, None
+

@@ -1,0 +1,54 @@
+"""Will it fit? Print the bytes one rank holds for a model preset at a ZeRO stage.
+
+    python -m tools.memory_plan --model_preset 0.5B --world_size 8 --zero_stage 3 --dtype bf16 \\
+        --batch_size 4 --max_seq_len 2048 [--activation_checkpointing]
+
+Parameters, gradients and optimizer state are computed exactly as the code lays them out
+(optimizer/memory_plan.py; the trainer prints the same plan at start-up); activations are an
+estimate. Not counted: the CUDA context, allocator fragmentation, temporary buffers of one
+collective (one unit's whole gradient at stages 2/3, two units' params at stage 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from model.configuration_z2all import PRESETS, Z2allConfig
+from optimizer.memory_plan import plan_memory
+from utils.cli_errors import run_main
+from utils.option_checks import raise_problems, range_problem
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.memory_plan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model_preset", choices=sorted(PRESETS), default="0.1B")
+    parser.add_argument("--vocab_size", type=int, default=None,
+                        help="override the preset's vocabulary size")
+    parser.add_argument("--world_size", type=int, default=1, help="data-parallel ranks")
+    parser.add_argument("--zero_stage", type=int, choices=(0, 1, 2, 3), default=0)
+    parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="bf16")
+    parser.add_argument("--batch_size", type=int, default=8, help="micro-batch rows per rank")
+    parser.add_argument("--max_seq_len", type=int, default=1024)
+    parser.add_argument("--activation_checkpointing", action="store_true")
+    parser.add_argument("--no_grad_reduce_in_fp32", action="store_true",
+                        help="gradients in the params' dtype instead of fp32")
+    args = parser.parse_args(argv)
+    raise_problems([range_problem("--world_size", args.world_size, low=1),
+                    range_problem("--batch_size", args.batch_size, low=1),
+                    range_problem("--max_seq_len", args.max_seq_len, low=1)])
+    overrides = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
+    config = Z2allConfig.from_preset(args.model_preset, **overrides)
+    plan = plan_memory(config, args.world_size, args.zero_stage, args.dtype, args.batch_size,
+                       args.max_seq_len, args.activation_checkpointing,
+                       grad_reduce_in_fp32=not args.no_grad_reduce_in_fp32)
+    print(f"model {args.model_preset}, ZeRO stage {args.zero_stage}, {args.world_size} rank(s), "
+          f"{args.dtype}, micro-batch {args.batch_size} x {args.max_seq_len}, activation "
+          f"checkpointing {'on' if args.activation_checkpointing else 'off'}; per rank:")
+    print(plan.render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
