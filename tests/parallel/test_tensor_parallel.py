@@ -1,0 +1,79 @@
+"""Our tensor-parallel pieces against references, on 2 gloo ranks: the column/row linear pair
+against torch DTensor's ColwiseParallel/RowwiseParallel on the same weights, and the
+vocab-parallel loss against F.cross_entropy on the full logits (the whole model under TP is
+checked against one process in test_grid_training.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parallel.parallel_dims import ParallelDims
+from parallel.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from parallel.tensor_parallel.sharding import ShardLayout, shard_tensor, unshard_tensors
+from tests.distributed_helpers import run_on_ranks
+
+
+def _linear_pair_matches_dtensor(rank: int, world_size: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    dims = ParallelDims(world_size, tensor_parallel=world_size).build_groups()
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(16, 24, bias=False), nn.Linear(24, 16, bias=False))
+    up, down = (layer.weight.detach().clone() for layer in reference)
+    parallelize_module(reference, init_device_mesh("cpu", (world_size,)),
+                       {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    column = ColumnParallelLinear(shard_tensor(up, ShardLayout(0, (24,)), rank, world_size),
+                                  dims.tp_group, sequence_parallel=False)
+    row = RowParallelLinear(shard_tensor(down, ShardLayout(1, (24,)), rank, world_size),
+                            dims.tp_group, sequence_parallel=False)
+    x = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(7))
+    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, theirs = row(column(x_ours)), reference(x_theirs)
+    torch.testing.assert_close(ours, theirs)
+    ours.square().sum().backward()
+    theirs.square().sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_theirs.grad)
+    torch.testing.assert_close(column.weight.grad, reference[0].weight.grad.to_local())
+    torch.testing.assert_close(row.weight.grad, reference[1].weight.grad.to_local())
+
+
+def _vocab_parallel_loss_matches_cross_entropy(rank: int, world_size: int) -> None:
+    dims = ParallelDims(world_size, tensor_parallel=world_size).build_groups()
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(12, 40, generator=generator) * 3
+    labels = torch.randint(0, 40, (12,), generator=generator)
+    labels[[2, 7]] = -100
+    full = logits.clone().requires_grad_()
+    expected = F.cross_entropy(full, labels, reduction="none")
+    weights = torch.rand(12, generator=generator)  # a different gradient per token
+    (expected * weights).sum().backward()
+    local = logits.chunk(world_size, dim=-1)[rank].clone().requires_grad_()
+    losses = vocab_parallel_cross_entropy(local, labels, rank * 40 // world_size, dims.tp_group)
+    torch.testing.assert_close(losses, expected)
+    (losses * weights).sum().backward()
+    torch.testing.assert_close(local.grad, full.grad.chunk(world_size, dim=-1)[rank])
+
+
+def _check_all(rank: int, world_size: int) -> None:
+    _linear_pair_matches_dtensor(rank, world_size)
+    _vocab_parallel_loss_matches_cross_entropy(rank, world_size)
+
+
+def test_tensor_parallel_pieces_match_references():
+    run_on_ranks(_check_all, world_size=2)
+
+
+def test_unshard_inverts_shard_of_fused_blocks():
+    full = torch.randn(14, 6)  # blocks of 8, 2 and 4 rows: a fused q/k/v with GQA
+    layout = ShardLayout(0, (8, 2, 4))
+    shards = [shard_tensor(full, layout, rank, 2) for rank in range(2)]
+    assert torch.equal(shards[1], torch.cat([full[4:8], full[9:10], full[12:14]]))
+    assert torch.equal(unshard_tensors(shards, layout), full)
