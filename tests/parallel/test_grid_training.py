@@ -39,7 +39,7 @@ def _train_grids(rank: int, world_size: int, grids: dict) -> dict:
 @pytest.mark.parametrize("grids", [TWO_RANK_GRIDS, FOUR_RANK_GRIDS], ids=["2ranks", "4ranks"])
 def test_grid_equals_single_process(grids):
     world_size = next(iter(grids.values()))[0]
-    results = run_on_ranks(_train_grids, grids, world_size=world_size, timeout=240)
+    results = run_on_ranks(_train_grids, grids, world_size=world_size, timeout=600)
     for name, (world, tp, pp, _, _, num_micro) in grids.items():
         data_parallel = world // (tp * pp)
         ref_losses, ref_state = train_single_process(data_parallel, num_micro)
