@@ -31,7 +31,7 @@ def _train_grids(rank: int, world_size: int, grids: dict) -> dict:
     would travel as shared-memory handles that die with this process)."""
     results = {}
     for name, grid in grids.items():
-        losses, state = train_on_grid(*grid)
+        losses, state, _ = train_on_grid(*grid)
         results[name] = (losses, state and {key: t.numpy() for key, t in state.items()})
     return results
 
@@ -42,7 +42,7 @@ def test_grid_equals_single_process(grids):
     results = run_on_ranks(_train_grids, grids, world_size=world_size, timeout=600)
     for name, (world, tp, pp, _, _, num_micro) in grids.items():
         data_parallel = world // (tp * pp)
-        ref_losses, ref_state = train_single_process(data_parallel, num_micro)
+        ref_losses, ref_state, _ = train_single_process(data_parallel, num_micro)
         for rank in range(world):  # every rank reports the same (global) loss
             torch.testing.assert_close(results[rank][name][0], ref_losses, rtol=1e-5, atol=1e-6,
                                        msg=f"{name}: losses differ on rank {rank}")
