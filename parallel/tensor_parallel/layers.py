@@ -27,6 +27,7 @@ from parallel.tensor_parallel.collectives import (
     reduce_scatter_sequence,
 )
 from parallel.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from utils.labels import IGNORE_INDEX
 
 
 class ColumnParallelLinear(nn.Module):
@@ -110,7 +111,7 @@ class VocabParallelLMHead(nn.Module):
                                                     self.group)
         if per_token:
             return -token_losses
-        num_valid = (labels != -100).sum().clamp(min=1)
+        num_valid = (labels != IGNORE_INDEX).sum().clamp(min=1)  # all ignored: 0, not NaN
         return token_losses.sum() / num_valid
 
 
