@@ -1,7 +1,8 @@
 """Our tensor-parallel pieces against references, on 2 gloo ranks: the column/row linear pair
-against torch DTensor's ColwiseParallel/RowwiseParallel on the same weights, and the
-vocab-parallel loss against F.cross_entropy on the full logits (the whole model under TP is
-checked against one process in test_grid_training.py)."""
+against torch DTensor's ColwiseParallel/RowwiseParallel on the same weights, the vocab-parallel
+loss against F.cross_entropy on the full logits, gather/scatter against slicing, and the TP
+model's gathered logits against the whole model's (training under TP is checked against one
+process in test_grid_training.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallel.parallel_dims import ParallelDims
+from parallel.tensor_parallel.collectives import gather_from_region, scatter_to_region
 from parallel.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from parallel.tensor_parallel.parallelize import parallelize_model
 from parallel.tensor_parallel.sharding import ShardLayout, shard_tensor, unshard_tensors
 from tests.distributed_helpers import run_on_ranks
+from tests.model.model_helpers import small_model
 
 
 def _linear_pair_matches_dtensor(rank: int, world_size: int) -> None:
@@ -62,13 +66,41 @@ def _vocab_parallel_loss_matches_cross_entropy(rank: int, world_size: int) -> No
     torch.testing.assert_close(local.grad, full.grad.chunk(world_size, dim=-1)[rank])
 
 
+def _gather_and_scatter_match_slicing(rank: int, world_size: int) -> None:
+    """scatter = take my columns, gather = concatenate everyone's; each backward is the other."""
+    dims = ParallelDims(world_size, tensor_parallel=world_size).build_groups()
+    generator = torch.Generator().manual_seed(11)
+    full, weights = torch.randn(4, 6, generator=generator), torch.randn(4, 6, generator=generator)
+    x = full.clone().requires_grad_()
+    mine = scatter_to_region(x, dims.tp_group)
+    assert torch.equal(mine, full.chunk(world_size, dim=-1)[rank])
+    (mine * weights.chunk(world_size, dim=-1)[rank]).sum().backward()
+    torch.testing.assert_close(x.grad, weights)  # every rank's slice of the gradient
+    x_mine = full.chunk(world_size, dim=-1)[rank].clone().requires_grad_()
+    gathered = gather_from_region(x_mine, dims.tp_group)
+    assert torch.equal(gathered, full)
+    (gathered * weights).sum().backward()
+    torch.testing.assert_close(x_mine.grad, weights.chunk(world_size, dim=-1)[rank])
+
+
+def _tensor_parallel_logits_match_the_model(rank: int, world_size: int) -> None:
+    """Without labels the head gathers the full logits (generation, evaluation)."""
+    dims = ParallelDims(world_size, tensor_parallel=world_size).build_groups()
+    reference = small_model("gqa", seed=0)
+    model = parallelize_model(small_model("gqa", seed=0), dims, sequence_parallel=False)
+    input_ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(model(input_ids).logits, reference(input_ids).logits)
+
+
 def _check_all(rank: int, world_size: int) -> None:
     _linear_pair_matches_dtensor(rank, world_size)
     _vocab_parallel_loss_matches_cross_entropy(rank, world_size)
+    _gather_and_scatter_match_slicing(rank, world_size)
+    _tensor_parallel_logits_match_the_model(rank, world_size)
 
 
 def test_tensor_parallel_pieces_match_references():
-    run_on_ranks(_check_all, world_size=2)
+    run_on_ranks(_check_all, world_size=2, timeout=600)
 
 
 def test_unshard_inverts_shard_of_fused_blocks():
