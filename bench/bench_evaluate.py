@@ -1,6 +1,6 @@
 """Is the standalone evaluator as fast as the trainer's eval? Tokens/s of both, same data.
 
-    python bench/bench_evaluate.py [--smoke] [--preset tiny] [--seq_len 256] [--batch_size 8]
+    python -m bench.bench_evaluate [--smoke] [--preset tiny] [--seq_len 256] [--batch_size 8]
 
 Measured on this machine, one after the other, on one corpus written as .jsonl:
 1. evaluator: `tools.evaluate.language_model_metrics`, which reads the raw file, tokenizes and
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,17 +24,16 @@ from pathlib import Path
 import torch
 from torch.utils.data import default_collate
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.bench_preprocess import corpus_texts, tokenizer_dir  # noqa: E402
-from data_preprocess.build_pretrain_sample_index_map import build_sample_index  # noqa: E402
-from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data  # noqa: E402
-from dataset.dataset_pretrain import PretokDatasetWithIndex  # noqa: E402
-from model.configuration_z2all import Z2allConfig  # noqa: E402
-from model.modeling_z2all import Z2allForCausalLM  # noqa: E402
-from tokenizer import load_tokenizer  # noqa: E402
-from tools.evaluate import language_model_metrics  # noqa: E402
-from trainer.distributed_env import DistributedEnv  # noqa: E402
-from trainer.evaluation import eval_loader, evaluate_language_model  # noqa: E402
+from bench.bench_preprocess import corpus_texts, tokenizer_dir
+from data_preprocess.build_pretrain_sample_index_map import build_sample_index
+from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
+from dataset.dataset_pretrain import PretokDatasetWithIndex
+from model.configuration_z2all import Z2allConfig
+from model.modeling_z2all import Z2allForCausalLM
+from tokenizer import load_tokenizer
+from tools.evaluate import language_model_metrics
+from trainer.distributed_env import DistributedEnv
+from trainer.evaluation import eval_loader, evaluate_language_model
 
 
 def timed(run) -> tuple[dict, float]:

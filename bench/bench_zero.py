@@ -2,7 +2,7 @@
 
     python -m bench.bench_zero [--smoke] [--world_size 2] [--hidden 256] [--layers 4]
 
-Starts `world_size` local gloo ranks (tests/distributed_helpers.run_on_ranks, 1 thread each),
+Starts `world_size` local gloo ranks (parallel/local_ranks.run_on_ranks, 1 thread each),
 trains the same z2all model for a few AdamW steps (fp32) with each wrapper and reports, for
 rank 0:
     at rest  params + grads + optimizer state held between steps (measure_memory), and the
@@ -29,7 +29,7 @@ from optimizer import OptimizerConfig
 from optimizer.data_parallel_factory import build_data_parallel
 from optimizer.memory_plan import measure_memory, plan_memory
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 
 
 def model_config(args: argparse.Namespace) -> Z2allConfig:

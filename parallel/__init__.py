@@ -1,2 +1,4 @@
-"""Data parallelism built from scratch: our DDP (bucketed gradient buffers, overlapped
-reduction) and its comm hooks (all-reduce, bf16 compression, PowerSGD)."""
+"""Parallelism built from scratch: our DDP (bucketed gradient buffers, overlapped reduction)
+and its comm hooks (all-reduce, bf16 compression, PowerSGD); the device grid
+(parallel_dims.py), tensor and sequence parallelism (tensor_parallel/), pipeline parallelism
+(pipeline_parallel/) and layout-neutral checkpoints of a grid (layout_neutral_checkpoint.py)."""

@@ -25,7 +25,7 @@ from optimizer.memory_plan import (
     plan_memory,
 )
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from utils.precision import DTYPES
 
 BUCKET_SIZE = 5000  # several buckets, each padded

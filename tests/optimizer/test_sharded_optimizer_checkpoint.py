@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from optimizer.data_parallel_factory import build_data_parallel
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from tests.parallel.zero_helpers import (
     as_numpy,
     batches,

@@ -17,7 +17,7 @@ import torch
 
 from optimizer.data_parallel_factory import build_data_parallel, check_zero_options
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
-from tests.distributed_helpers import run_on_ranks
+from parallel.local_ranks import run_on_ranks
 from tests.model.model_helpers import VOCAB
 from tests.parallel.zero_helpers import (
     as_numpy,

@@ -1,0 +1,191 @@
+"""Pipeline schedules: run forward and backward of M micro-batches through P stages.
+
+`PipelineSchedule(model, dims, schedule).step(micro_batches)` is what the trainer calls once
+per optimizer step instead of its own micro-batch loop. It returns the mean loss over the
+micro-batches (on every rank) and leaves the gradients of the M micro-batches summed in the
+parameters, each micro-batch's loss scaled by 1/M as gradient accumulation does.
+
+Two schedules, drawn for P=3 stages and M=4 micro-batches (F = forward, B = backward of
+micro-batch n, time to the right, . = idle):
+
+    afab (GPipe, Huang et al. 2019): all forwards, then all backwards.
+        stage 0  F0 F1 F2 F3 .  .  .  .  B0 B1 B2 B3
+        stage 1  .  F0 F1 F2 F3 .  .  B0 B1 B2 B3 .
+        stage 2  .  .  F0 F1 F2 F3 B0 B1 B2 B3 .  .
+    Simple; every stage holds the activations of all M micro-batches at once.
+
+    1f1b (PipeDream-Flush, Narayanan et al. 2021): after P-s-1 warm-up forwards, stage s
+    alternates one forward, one backward, then drains the remaining backwards.
+        stage 0  F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3
+        stage 1  .  F0 F1 .  B0 F2 B1 F3 B2 .  B3 .
+        stage 2  .  .  F0 B0 F1 B1 F2 B2 F3 B3 .  .
+    Same bubble, but stage s holds at most P-s micro-batches' activations instead of M.
+
+Both leave each stage idle for (P-1) forward+backward slots out of M+P-1: the bubble fraction
+(P-1)/(M+P-1). `last_step_stats` reports it next to the measured idle fraction, 1 - (time in
+forward/backward) / (step time).
+
+Communication is point-to-point: activations to the next stage, their gradients back. A send
+and a receive that cross (send my output forward, receive a gradient from the same neighbour)
+are posted together (`batch_isend_irecv`) so that two neighbours waiting on each other cannot
+deadlock, as Megatron-LM's `send_forward_recv_backward` does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from model.modeling_z2all import Z2allForCausalLM
+from parallel.parallel_dims import ParallelDims
+from parallel.pipeline_parallel.stage import stage_forward, sync_tied_embedding_grads
+
+SCHEDULES = ("afab", "1f1b")
+
+
+@dataclass
+class PipelineStepStats:
+    micro_batches: int
+    stages: int
+    bubble_theory: float
+    """(P-1)/(M+P-1)."""
+    bubble_measured: float
+    """1 - compute time / step time on this rank."""
+    step_seconds: float
+
+
+class PipelineSchedule:
+    def __init__(self, model: Z2allForCausalLM, dims: ParallelDims, schedule: str = "1f1b",
+                 sequence_parallel: bool = False) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"--pp_schedule {schedule!r}: choose one of {list(SCHEDULES)}")
+        self.model, self.dims, self.schedule = model, dims, schedule
+        self.sequence_parallel = sequence_parallel
+        self.activation_dtype = next(model.parameters()).dtype
+        self.last_step_stats: PipelineStepStats | None = None
+
+    # ---- point to point ---------------------------------------------------------------------
+    def _activation_buffer(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """An empty tensor shaped like what the previous stage sends: [B, S(/T), hidden]."""
+        batch_size, seq_len = micro_batch["input_ids"].shape
+        if self.sequence_parallel:
+            seq_len //= self.dims.tensor_parallel
+        return torch.empty(batch_size, seq_len, self.model.config.hidden_size,
+                           dtype=self.activation_dtype, device=micro_batch["input_ids"].device)
+
+    def _exchange(self, micro_batch: dict[str, torch.Tensor], send_next=None, send_prev=None,
+                  recv_prev: bool = False, recv_next: bool = False
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Post the sends and receives with the neighbour stages together, wait for all.
+        Returns (from previous stage, from next stage); what does not exist is skipped."""
+        dims = self.dims
+        has_prev, has_next = not dims.is_first_stage, not dims.is_last_stage
+        prev_rank, next_rank = dims.stage_rank(dims.pp_rank - 1), dims.stage_rank(dims.pp_rank + 1)
+        operations, from_prev, from_next = [], None, None
+        if has_next and send_next is not None:
+            operations.append(dist.P2POp(dist.isend, send_next.contiguous(), next_rank))
+        if has_prev and send_prev is not None:
+            operations.append(dist.P2POp(dist.isend, send_prev.contiguous(), prev_rank))
+        if has_prev and recv_prev:
+            from_prev = self._activation_buffer(micro_batch)
+            operations.append(dist.P2POp(dist.irecv, from_prev, prev_rank))
+        if has_next and recv_next:
+            from_next = self._activation_buffer(micro_batch)
+            operations.append(dist.P2POp(dist.irecv, from_next, next_rank))
+        if operations:
+            for work in dist.batch_isend_irecv(operations):
+                work.wait()
+        return from_prev, from_next
+
+    # ---- one micro-batch ----------------------------------------------------------------------
+    def _forward(self, micro_batch, stage_input, num_micro_batches: int) -> torch.Tensor:
+        start = time.perf_counter()
+        if stage_input is not None:
+            stage_input.requires_grad_()
+        output = stage_forward(self.model, self.dims, stage_input, micro_batch)
+        if self.dims.is_last_stage:
+            self._losses.append(output.detach())
+            output = output / num_micro_batches  # gradient accumulation's scaling
+        self._in_flight.append((stage_input, output))
+        self._compute_seconds += time.perf_counter() - start
+        return output
+
+    def _backward(self, grad_output: torch.Tensor | None) -> torch.Tensor | None:
+        """Backward of the oldest micro-batch still in flight; the gradient of its input."""
+        start = time.perf_counter()
+        stage_input, output = self._in_flight.pop(0)
+        torch.autograd.backward(output, grad_tensors=grad_output)
+        self._compute_seconds += time.perf_counter() - start
+        return stage_input.grad if stage_input is not None else None
+
+    # ---- schedules ----------------------------------------------------------------------------
+    def _all_forward_all_backward(self, micro_batches) -> None:
+        count = len(micro_batches)
+        for micro_batch in micro_batches:
+            stage_input, _ = self._exchange(micro_batch, recv_prev=True)
+            output = self._forward(micro_batch, stage_input, count)
+            self._exchange(micro_batch, send_next=output.detach())
+        for micro_batch in micro_batches:
+            _, grad_output = self._exchange(micro_batch, recv_next=True)
+            grad_input = self._backward(grad_output)
+            self._exchange(micro_batch, send_prev=grad_input)
+
+    def _one_forward_one_backward(self, micro_batches) -> None:
+        dims, count = self.dims, len(micro_batches)
+        warmup = min(dims.pipeline_parallel - dims.pp_rank - 1, count)
+        # Step 1: warm-up forwards fill the pipeline below this stage.
+        for micro_batch in micro_batches[:warmup]:
+            stage_input, _ = self._exchange(micro_batch, recv_prev=True)
+            output = self._forward(micro_batch, stage_input, count)
+            self._exchange(micro_batch, send_next=output.detach())
+        # Step 2: steady state, one forward then the backward of the oldest micro-batch.
+        steady = micro_batches[warmup:]
+        backward_batches = iter(micro_batches)  # backwards run in micro-batch order
+        if steady:
+            stage_input, _ = self._exchange(steady[0], recv_prev=True)
+        for index, micro_batch in enumerate(steady):
+            output = self._forward(micro_batch, stage_input, count)
+            backward_batch = next(backward_batches)
+            _, grad_output = self._exchange(backward_batch, send_next=output.detach(),
+                                            recv_next=True)
+            grad_input = self._backward(grad_output)
+            if index == len(steady) - 1:
+                self._exchange(backward_batch, send_prev=grad_input)
+            else:
+                stage_input, _ = self._exchange(steady[index + 1], send_prev=grad_input,
+                                                recv_prev=True)
+        # Step 3: cool-down, the backwards of the warm-up micro-batches.
+        for backward_batch in backward_batches:
+            _, grad_output = self._exchange(backward_batch, recv_next=True)
+            grad_input = self._backward(grad_output)
+            self._exchange(backward_batch, send_prev=grad_input)
+
+    def step(self, micro_batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """Forward and backward of every micro-batch; the mean loss (fp32 scalar, every rank).
+        Each micro-batch: `input_ids`, `labels` [b, S] and optionally `attention_mask`."""
+        dims = self.dims
+        self._losses: list[torch.Tensor] = []
+        self._in_flight: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+        self._compute_seconds = 0.0
+        start = time.perf_counter()
+        if self.schedule == "afab":
+            self._all_forward_all_backward(micro_batches)
+        else:
+            self._one_forward_one_backward(micro_batches)
+        step_seconds = time.perf_counter() - start
+        sync_tied_embedding_grads(self.model, dims)
+        loss = (torch.stack(self._losses).mean() if dims.is_last_stage
+                else torch.zeros((), dtype=torch.float32))
+        if dims.pipeline_parallel > 1:
+            dist.broadcast(loss, src=dims.stage_rank(dims.pipeline_parallel - 1),
+                           group=dims.pp_group)
+        count, stages = len(micro_batches), dims.pipeline_parallel
+        self.last_step_stats = PipelineStepStats(
+            micro_batches=count, stages=stages,
+            bubble_theory=(stages - 1) / (count + stages - 1),
+            bubble_measured=1.0 - self._compute_seconds / step_seconds,
+            step_seconds=step_seconds)
+        return loss

@@ -1,0 +1,94 @@
+"""A pipeline stage: this rank's consecutive slice of the decoder blocks, and its forward.
+
+With P stages and L layers, stage s keeps blocks [s L/P, (s+1) L/P), the first stage also the
+embedding, the last the final norm and the head (which computes the loss). Worked example,
+L=4, P=2:
+
+    stage 0:  embed_tokens, layers 0 1            --hidden [B, S, H]-->
+    stage 1:                layers 2 3, norm, lm_head -> loss
+
+Blocks are kept in an `nn.ModuleDict` keyed by their layer number, so parameter names stay those
+of the whole model (`model.layers.2.mlp...` on stage 1): checkpoints address parameters by the
+unsharded names whatever the grid. Every stage sees the micro-batch's `input_ids` and
+`attention_mask` (for positions and masking); only the last one needs the labels.
+
+Tied embeddings: the first stage's `embed_tokens.weight` and the last stage's `lm_head.weight`
+are one Parameter in the whole model but two copies here (equal at the start: both come from
+the same full model). `sync_tied_embedding_grads` sums their gradients over `embedding_group`
+so the optimizer moves both copies identically (Megatron-LM's "embedding group").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from model import kernels
+from model.attention import attention_layout_for, position_ids_for
+from model.modeling_z2all import Z2allForCausalLM, _key_padding_mask
+from model.rope import rotary_cos_sin
+from parallel.parallel_dims import ParallelDims
+
+
+def split_into_stage(model: Z2allForCausalLM, dims: ParallelDims) -> Z2allForCausalLM:
+    """Keep only this rank's stage of `model`, in place (other parts become None)."""
+    layers_per_stage = model.config.num_hidden_layers // dims.pipeline_parallel
+    first = dims.pp_rank * layers_per_stage
+    kept = range(first, first + layers_per_stage)
+    model.model.layers = nn.ModuleDict({str(index): model.model.layers[index]
+                                        for index in kept})
+    if not dims.is_first_stage:
+        model.model.embed_tokens = None
+    if not dims.is_last_stage:
+        model.model.norm = None
+        model.lm_head = None
+    return model
+
+
+def tied_embedding_param(model: Z2allForCausalLM, dims: ParallelDims) -> nn.Parameter | None:
+    """This stage's copy of a tied embedding split over two stages, else None."""
+    if not model.config.tie_word_embeddings or dims.pipeline_parallel == 1:
+        return None
+    if dims.is_first_stage:
+        return model.model.embed_tokens.weight
+    if dims.is_last_stage:
+        return model.lm_head.weight
+    return None
+
+
+def sync_tied_embedding_grads(model: Z2allForCausalLM, dims: ParallelDims) -> None:
+    """Sum the two copies' gradients (the one the optimizer reads: DDP's `main_grad` if
+    present, else `.grad`), as if they were one Parameter."""
+    param = tied_embedding_param(model, dims)
+    if param is None:
+        return
+    grad = param.main_grad if hasattr(param, "main_grad") else param.grad
+    dist.all_reduce(grad, group=dims.embedding_group)
+
+
+def stage_forward(model: Z2allForCausalLM, dims: ParallelDims, stage_input: torch.Tensor | None,
+                  micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Hidden states for the next stage, or on the last stage the micro-batch's mean loss.
+    Mirrors Z2allModel.forward and Z2allForCausalLM.forward, one stage's part of them."""
+    inner, config = model.model, model.config
+    input_ids = micro_batch["input_ids"]
+    key_padding_mask = _key_padding_mask(micro_batch.get("attention_mask"))
+    hidden = inner.embed_tokens(input_ids) if dims.is_first_stage else stage_input
+    device, seq_len = input_ids.device, input_ids.shape[1]
+    dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
+             else hidden.dtype)
+    position_ids = position_ids_for(key_padding_mask, seq_len, 0, device)
+    cos, sin = rotary_cos_sin(position_ids, config.head_dim, config.rope_theta, dtype)
+    use_flash = not kernels.why_not_flash_attention(device, dtype, config.head_dim)
+    layout = attention_layout_for(key_padding_mask, seq_len, 0, device, use_flash)
+    for layer_idx, layer in inner.layers.items():
+        if inner._recompute_in_backward(int(layer_idx)):
+            hidden = checkpoint(layer, hidden, cos, sin, layout, use_reentrant=False)
+        else:
+            hidden = layer(hidden, cos, sin, layout)
+    if not dims.is_last_stage:
+        return hidden
+    hidden = inner.norm(hidden)
+    return model.lm_head(hidden.flatten(0, 1), micro_batch["labels"].flatten())

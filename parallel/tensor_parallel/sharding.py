@@ -1,0 +1,67 @@
+"""Which parameter is split how under tensor parallelism, and the slicing both ways.
+
+A `ShardLayout` says along which dimension a weight is split and into which fused blocks.
+Each block is split into T equal chunks and rank r keeps chunk r of every block, so a fused
+matrix stays fused on every rank. Worked example, `qkv_proj.weight` with 4 query heads and 2
+key/value heads of size d (rows: q0 q1 q2 q3 | k0 k1 | v0 v1), T=2:
+
+    blocks (4d, 2d, 2d) along dim 0
+    rank 0 keeps  q0 q1 | k0 | v0        (its 2 query heads and the key/value head they use)
+    rank 1 keeps  q2 q3 | k1 | v1
+
+so each rank runs ordinary attention on its heads. `o_proj` / `down_proj` are split along
+their input dimension (dim 1): rank r's columns match the heads / hidden units it computed.
+Embedding and head are split by vocabulary rows. Norm weights are replicated (layout None).
+
+`shard_tensor` and `unshard_tensors` are exact inverses; checkpoints use them to save the
+unsharded model whatever the grid (parallel/layout_neutral_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.configuration_z2all import Z2allConfig
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    dim: int
+    """The dimension that is split."""
+    blocks: tuple[int, ...]
+    """Sizes along `dim` of the fused blocks of the unsharded weight; each is split in T."""
+
+
+def layout_for(param_name: str, config: Z2allConfig) -> ShardLayout | None:
+    """How the unsharded parameter `param_name` is split (None: replicated on every rank)."""
+    q_rows = config.num_attention_heads * config.head_dim
+    kv_rows = config.num_key_value_heads * config.head_dim
+    layouts = {
+        "qkv_proj.weight": ShardLayout(0, (q_rows, kv_rows, kv_rows)),
+        "o_proj.weight": ShardLayout(1, (q_rows,)),
+        "gate_up_proj.weight": ShardLayout(0, (config.intermediate_size,) * 2),
+        "down_proj.weight": ShardLayout(1, (config.intermediate_size,)),
+        "embed_tokens.weight": ShardLayout(0, (config.vocab_size,)),
+        "lm_head.weight": ShardLayout(0, (config.vocab_size,)),
+    }
+    suffix = ".".join(param_name.split(".")[-2:])
+    return layouts.get(suffix)
+
+
+def shard_tensor(full: torch.Tensor, layout: ShardLayout, rank: int, size: int
+                 ) -> torch.Tensor:
+    """Rank `rank`'s slice: chunk `rank` of every block, concatenated."""
+    blocks = full.split(layout.blocks, dim=layout.dim)
+    return torch.cat([block.chunk(size, dim=layout.dim)[rank] for block in blocks],
+                     dim=layout.dim).contiguous()
+
+
+def unshard_tensors(shards: list[torch.Tensor], layout: ShardLayout) -> torch.Tensor:
+    """The full tensor from every rank's slice (in rank order)."""
+    size = len(shards)
+    local_blocks = [block // size for block in layout.blocks]
+    per_rank = [shard.split(local_blocks, dim=layout.dim) for shard in shards]
+    return torch.cat([per_rank[rank][block] for block in range(len(layout.blocks))
+                      for rank in range(size)], dim=layout.dim)

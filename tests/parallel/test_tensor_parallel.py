@@ -1,0 +1,111 @@
+"""Our tensor-parallel pieces against references, on 2 gloo ranks: the column/row linear pair
+against torch DTensor's ColwiseParallel/RowwiseParallel on the same weights, the vocab-parallel
+loss against F.cross_entropy on the full logits, gather/scatter against slicing, and the TP
+model's gathered logits against the whole model's (training under TP is checked against one
+process in test_grid_training.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parallel.local_ranks import run_on_ranks
+from parallel.parallel_dims import ParallelDims
+from parallel.tensor_parallel.collectives import gather_from_region, scatter_to_region
+from parallel.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from parallel.tensor_parallel.parallelize import parallelize_model
+from parallel.tensor_parallel.sharding import ShardLayout, shard_tensor, unshard_tensors
+from tests.model.model_helpers import small_model
+
+
+def _linear_pair_matches_dtensor(rank: int, world_size: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    dims = ParallelDims(world_size, tensor_parallel=world_size).build_groups()
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(16, 24, bias=False), nn.Linear(24, 16, bias=False))
+    up, down = (layer.weight.detach().clone() for layer in reference)
+    parallelize_module(reference, init_device_mesh("cpu", (world_size,)),
+                       {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    column = ColumnParallelLinear(shard_tensor(up, ShardLayout(0, (24,)), rank, world_size),
+                                  dims.tp_group, sequence_parallel=False)
+    row = RowParallelLinear(shard_tensor(down, ShardLayout(1, (24,)), rank, world_size),
+                            dims.tp_group, sequence_parallel=False)
+    x = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(7))
+    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, theirs = row(column(x_ours)), reference(x_theirs)
+    torch.testing.assert_close(ours, theirs)
+    ours.square().sum().backward()
+    theirs.square().sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_theirs.grad)
+    torch.testing.assert_close(column.weight.grad, reference[0].weight.grad.to_local())
+    torch.testing.assert_close(row.weight.grad, reference[1].weight.grad.to_local())
+
+
+def _vocab_parallel_loss_matches_cross_entropy(rank: int, world_size: int) -> None:
+    dims = ParallelDims(world_size, tensor_parallel=world_size).build_groups()
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(12, 40, generator=generator) * 3
+    labels = torch.randint(0, 40, (12,), generator=generator)
+    labels[[2, 7]] = -100
+    full = logits.clone().requires_grad_()
+    expected = F.cross_entropy(full, labels, reduction="none")
+    weights = torch.rand(12, generator=generator)  # a different gradient per token
+    (expected * weights).sum().backward()
+    local = logits.chunk(world_size, dim=-1)[rank].clone().requires_grad_()
+    losses = vocab_parallel_cross_entropy(local, labels, rank * 40 // world_size, dims.tp_group)
+    torch.testing.assert_close(losses, expected)
+    (losses * weights).sum().backward()
+    torch.testing.assert_close(local.grad, full.grad.chunk(world_size, dim=-1)[rank])
+
+
+def _gather_and_scatter_match_slicing(rank: int, world_size: int) -> None:
+    """scatter = take my columns, gather = concatenate everyone's; each backward is the other."""
+    dims = ParallelDims(world_size, tensor_parallel=world_size).build_groups()
+    generator = torch.Generator().manual_seed(11)
+    full, weights = torch.randn(4, 6, generator=generator), torch.randn(4, 6, generator=generator)
+    x = full.clone().requires_grad_()
+    mine = scatter_to_region(x, dims.tp_group)
+    assert torch.equal(mine, full.chunk(world_size, dim=-1)[rank])
+    (mine * weights.chunk(world_size, dim=-1)[rank]).sum().backward()
+    torch.testing.assert_close(x.grad, weights)  # every rank's slice of the gradient
+    x_mine = full.chunk(world_size, dim=-1)[rank].clone().requires_grad_()
+    gathered = gather_from_region(x_mine, dims.tp_group)
+    assert torch.equal(gathered, full)
+    (gathered * weights).sum().backward()
+    torch.testing.assert_close(x_mine.grad, weights.chunk(world_size, dim=-1)[rank])
+
+
+def _tensor_parallel_logits_match_the_model(rank: int, world_size: int) -> None:
+    """Without labels the head gathers the full logits (generation, evaluation)."""
+    dims = ParallelDims(world_size, tensor_parallel=world_size).build_groups()
+    reference = small_model("gqa", seed=0)
+    model = parallelize_model(small_model("gqa", seed=0), dims, sequence_parallel=False)
+    input_ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(model(input_ids).logits, reference(input_ids).logits)
+
+
+def _check_all(rank: int, world_size: int) -> None:
+    _linear_pair_matches_dtensor(rank, world_size)
+    _vocab_parallel_loss_matches_cross_entropy(rank, world_size)
+    _gather_and_scatter_match_slicing(rank, world_size)
+    _tensor_parallel_logits_match_the_model(rank, world_size)
+
+
+def test_tensor_parallel_pieces_match_references():
+    run_on_ranks(_check_all, world_size=2, timeout=600)
+
+
+def test_unshard_inverts_shard_of_fused_blocks():
+    full = torch.randn(14, 6)  # blocks of 8, 2 and 4 rows: a fused q/k/v with GQA
+    layout = ShardLayout(0, (8, 2, 4))
+    shards = [shard_tensor(full, layout, rank, 2) for rank in range(2)]
+    assert torch.equal(shards[1], torch.cat([full[4:8], full[9:10], full[12:14]]))
+    assert torch.equal(unshard_tensors(shards, layout), full)
