@@ -101,6 +101,8 @@ CASES = [
      "--out {tmp} overlaps --input {tmp}"),
     (train_tokenizer.main, ["--type=hf", "--input={tmp}", "--vocab_size=300",
                             "--out={tmp}/sub/t"], "--out {tmp}/sub/t overlaps --input {tmp}"),
+    (generate.main, ["--ckpt={tmp}/nothing", "--device=cuda:99"], "--device cuda:99: "),
+    (generate.main, ["--ckpt={tmp}/nothing", "--device=gpu"], "--device gpu: not a device name"),
 ]
 
 
