@@ -33,6 +33,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from server.completion import Generation, GenerationFailed
@@ -169,6 +170,22 @@ def origin_problem(headers: Any, allowed_hosts: set[str] | None) -> str:
     return ""
 
 
+class HostAndOriginCheck:
+    """ASGI middleware answering 403 when `origin_problem` finds one (a plain ASGI class, not
+    `@app.middleware`, which would hide a client's disconnect from the routes)."""
+
+    def __init__(self, app: Any, allowed_hosts: set[str] | None) -> None:
+        self.app, self.allowed_hosts = app, allowed_hosts
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            problem = origin_problem(Headers(scope=scope), self.allowed_hosts)
+            if problem:
+                response = error_response(403, problem, code="forbidden_origin")
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 def create_app(engine: Engine, served: ServedModel, api_key: str | None = None,
                allowed_hosts: set[str] | None = None) -> FastAPI:
     """The FastAPI app; it starts the engine's thread on startup and stops it on shutdown.
@@ -182,13 +199,7 @@ def create_app(engine: Engine, served: ServedModel, api_key: str | None = None,
 
     app = FastAPI(title="z2all", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)  # no schema page: it would bypass the API key
-
-    @app.middleware("http")
-    async def check_host_and_origin(request: Request, call_next: Any) -> Response:
-        problem = origin_problem(request.headers, allowed_hosts)
-        if problem:
-            return error_response(403, problem, code="forbidden_origin")
-        return await call_next(request)
+    app.add_middleware(HostAndOriginCheck, allowed_hosts=allowed_hosts)
 
     chat_page = CHAT_PAGE.read_text(encoding="utf-8")
 
