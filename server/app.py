@@ -266,7 +266,8 @@ def create_app(engine: Engine, served: ServedModel, api_key: str | None = None,
     async def health() -> JSONResponse:
         stats = engine.stats()
         return JSONResponse({"status": "ok" if stats["healthy"] else "unhealthy",
-                             "model": served.name, **stats},
+                             "model": served.name, "context_length": served.context_length,
+                             **stats},
                             status_code=200 if stats["healthy"] else 503)
 
     @app.get("/", response_class=HTMLResponse)
