@@ -213,6 +213,10 @@ def create_app(engine: Engine, served: ServedModel, api_key: str | None = None,
 
     async def respond(http_request: Request, request: SamplingRequest, prompt_ids: list[int],
                       chat: bool) -> Response:
+        if request.model not in (None, served.name):
+            raise InvalidRequest(f"model: {request.model!r} is not served here; this server "
+                                 f"serves {served.name!r} (GET /v1/models)", "model",
+                                 status=404, code="model_not_found")
         budget = served.token_budget(request, len(prompt_ids), "messages" if chat else "prompt")
         generation = Generation(engine, served.tokenizer, prompt_ids,
                                 stop_ids(served.tokenizer), budget, sampling_params(request),

@@ -37,10 +37,10 @@ def client(live_server):
 
 def test_openai_client_with_every_no_op_field_gets_the_plain_answer(client):
     plain = client.chat.completions.create(
-        model="m", temperature=0, max_tokens=8,
+        model="run", temperature=0, max_tokens=8,
         messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}])
     extended = client.chat.completions.create(
-        model="m", temperature=0, max_tokens=8, **NO_OP_FIELDS,
+        model="run", temperature=0, max_tokens=8, **NO_OP_FIELDS,
         messages=[{"role": "developer", "content": [{"type": "text", "text": "Be "},
                                                     {"type": "text", "text": "brief."}]},
                   {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
@@ -53,7 +53,7 @@ def test_openai_client_with_every_no_op_field_gets_the_plain_answer(client):
                                           ("presence_penalty", -1)])
 def test_a_non_default_unimplemented_field_is_refused_naming_it(client, field, value):
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="m", messages=GOOD_MESSAGES, max_tokens=2,
+        client.chat.completions.create(model="run", messages=GOOD_MESSAGES, max_tokens=2,
                                        **{field: value})
     error = refused.value.body
     assert error["param"] == field and error["code"] == "unsupported_parameter"
@@ -147,3 +147,12 @@ def test_a_dead_engine_thread_fails_every_request_and_health(run_dir, monkeypatc
     finally:
         monkeypatch.undo()
         server.stop()
+
+
+def test_an_unknown_model_name_is_refused(client):
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.chat.completions.create(model="gpt-4o", messages=GOOD_MESSAGES, max_tokens=2)
+    assert refused.value.body["param"] == "model"
+    assert refused.value.body["code"] == "model_not_found"
+    reply = client.chat.completions.create(model="run", messages=GOOD_MESSAGES, max_tokens=2)
+    assert reply.model == "run"

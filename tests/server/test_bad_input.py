@@ -162,7 +162,7 @@ def test_api_key_is_checked(run_dir):
                                   headers=headers)
             assert status == 401 and answer["error"]["code"] == "invalid_api_key"
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="s3cret", max_retries=0)
-        reply = client.chat.completions.create(model="m", messages=GOOD_MESSAGES, max_tokens=2)
+        reply = client.chat.completions.create(model="run", messages=GOOD_MESSAGES, max_tokens=2)
         assert reply.usage.completion_tokens >= 1
         assert health(server)["status"] == "ok"  # liveness needs no key
     finally:

@@ -50,7 +50,7 @@ def browser():
 
 def greedy_api_reply(server, messages, max_tokens: int = MAX_TOKENS) -> str:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    return client.chat.completions.create(model="m", messages=messages, temperature=0,
+    return client.chat.completions.create(model="run", messages=messages, temperature=0,
                                           max_tokens=max_tokens).choices[0].message.content
 
 
@@ -154,7 +154,7 @@ def test_stop_ends_the_reply_and_frees_its_row(browser, demo_sized_server, monke
 
     prompt = "Question 1: what comes next?"
     client = openai.OpenAI(base_url=f"{demo_sized_server.url}/v1", api_key="-", max_retries=0)
-    whole = client.chat.completions.create(model="m", temperature=0, max_tokens=200,
+    whole = client.chat.completions.create(model="run", temperature=0, max_tokens=200,
                                            messages=[{"role": "user", "content": prompt}])
     assert whole.choices[0].finish_reason == "length"  # so only Stop can end it early
     monkeypatch.setattr(Engine, "_step", slow_step)
