@@ -22,6 +22,7 @@ from server.app import ServedModel, create_app
 from server.engine import Engine
 from server.slow_clients import SlowClientTimeout
 from utils.cli_errors import run_main
+from utils.log_setup import configure_logging
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,6 +94,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    configure_logging()  # the model's kernel line, once, at the first request
     import uvicorn  # keeps `--help` fast
 
     warning = exposure_warning(args.host, args.api_key)

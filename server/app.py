@@ -162,7 +162,8 @@ async def _until_done_or_disconnected(task: asyncio.Task, http_request: Request)
 def origin_problem(headers: Any, allowed_hosts: set[str] | None) -> str:
     """'' if the Host and Origin headers are acceptable, else why not (see the docstring)."""
     host = headers.get("host", "")
-    if allowed_hosts is not None and host.rsplit(":", 1)[0] not in allowed_hosts:
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or "]:" in host else host
+    if allowed_hosts is not None and name not in allowed_hosts:
         return f"Host {host!r} is not this server (expected one of {sorted(allowed_hosts)})"
     origin = headers.get("origin")
     if origin is not None and origin.split("://", 1)[-1] != host:
