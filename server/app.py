@@ -141,8 +141,10 @@ async def _event_stream(generation: Generation, header: dict[str, Any], chat: bo
                 yield event([_choice(piece.text, None, chat, streaming=True)])
             if piece.finish_reason:
                 yield event([_choice(None, piece.finish_reason, chat, streaming=True)])
-    except GenerationFailed as error:
-        yield f"data: {json.dumps(error_body(str(error), 'server_error'))}\n\n"
+    except Exception as error:  # the status line is sent: say it in the stream, then end it
+        message = (str(error) if isinstance(error, GenerationFailed)
+                   else f"internal error: {type(error).__name__}: {error}")
+        yield f"data: {json.dumps(error_body(message, 'server_error'))}\n\n"
     else:
         if include_usage:
             yield event([], usage=generation.usage())

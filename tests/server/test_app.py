@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from server.engine import Engine
+from server.text_stream import TextStream
 from tests.server.conftest import CONTEXT, start_server
 from tests.server.test_bad_input import (
     GOOD_MESSAGES,
@@ -156,3 +157,24 @@ def test_an_unknown_model_name_is_refused(client):
     assert refused.value.body["code"] == "model_not_found"
     reply = client.chat.completions.create(model="run", messages=GOOD_MESSAGES, max_tokens=2)
     assert reply.model == "run"
+
+
+def test_a_failure_mid_stream_is_an_error_event_then_done(live_server, monkeypatch):
+    def broken_push(self, token_id):
+        raise RuntimeError("cannot decode")
+
+    monkeypatch.setattr(TextStream, "push", broken_push)
+    body = json.dumps(chat(stream=True, max_tokens=4)).encode()
+    with socket.create_connection(("127.0.0.1", live_server.port), timeout=30) as client:
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        received = b""
+        while chunk := client.recv(4096):
+            received += chunk
+    events = [line[6:] for line in received.decode().split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "server_error" and "cannot decode" in error["message"]
+    monkeypatch.undo()
+    wait_until_idle(live_server)
+    assert_good_request_is_served(live_server)
