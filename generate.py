@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import torch
 
-from model.loading import add_model_arguments, load_for_inference
+from model.loading import add_model_arguments, check_device, load_for_inference
 from utils.cli_errors import run_main
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.log_setup import configure_logging
@@ -47,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         range_problem("--top_k", args.top_k, 1),
         range_problem("--top_p", args.top_p, 0, 1, low_open=True),
     ])
+    check_device(args.device)
     return args
 
 
@@ -82,10 +83,16 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = load_for_inference(args)
     device = torch.device(args.device)
     ids, stop = prompt_ids(tokenizer, args), stop_ids(tokenizer)
+    room = model.config.max_position_embeddings - len(ids)
+    if args.max_new_tokens > room:
+        raise ValueError(f"--max_new_tokens {args.max_new_tokens}: the prompt has {len(ids)} "
+                         f"tokens and the model's context is {model.config.max_position_embeddings}"
+                         f", so at most {max(room, 0)} new tokens fit")
     generator = torch.Generator(device=device).manual_seed(args.seed)
     stream = model.stream_generate(
         torch.tensor([ids], device=device), args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, eos_token_id=stop, generator=generator)
+        top_k=args.top_k, top_p=args.top_p, eos_token_id=stop, generator=generator,
+        real_vocab_size=len(tokenizer))  # the model's padding ids are no tokens
     if not args.chat:
         sys.stdout.write(args.prompt)
     print_streaming(tokenizer, (int(token[0]) for token in stream), stop)

@@ -8,6 +8,10 @@ flight, the reference) and with continuous batching over one KV cache. Both runs
 `--repeats` times in this process so both see the same machine load; the median wall time
 gives generated tokens/s for each and the ratio batched / one-at-a-time. No HTTP: this
 measures the decoding engine itself. Timings on a shared CPU are noisy; compare ratios.
+
+No request has a stop id, so each one must end with "length" after exactly its own number of
+new tokens; anything else (an engine error above all) stops the bench with exit code 1
+instead of printing a ratio over failed requests.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import threading
 import time
 
@@ -25,28 +30,46 @@ from model.modeling_z2all import Z2allForCausalLM
 from server.engine import Engine, Finished, GenerationRequest, SamplingParams
 
 
+class RequestFailed(RuntimeError):
+    """A request did not run to its token budget: the timing would mean nothing."""
+
+
 def run_requests(model: Z2allForCausalLM, max_batch_size: int,
                  work: list[tuple[list[int], int]]) -> tuple[float, int]:
-    """(wall seconds, tokens generated) for all requests submitted at once."""
+    """(wall seconds, tokens generated) for all requests submitted at once; RequestFailed if
+    any request ended otherwise than with its full budget."""
     engine = Engine(model, max_batch_size=max_batch_size, max_waiting=len(work))
     done = threading.Semaphore(0)
-    generated = [0]
+    tokens = [0] * len(work)
+    endings: list[Finished | None] = [None] * len(work)
 
-    def deliver(event) -> None:
-        if isinstance(event, Finished):
-            done.release()
-        else:
-            generated[0] += 1
+    def deliverer(index: int):
+        def deliver(event) -> None:
+            if isinstance(event, Finished):
+                endings[index] = event
+                done.release()
+            else:
+                tokens[index] += 1
+        return deliver
 
     engine.start()
-    started = time.perf_counter()
-    for prompt, max_new_tokens in work:
-        engine.submit(GenerationRequest(prompt, max_new_tokens, -1, SamplingParams(), deliver))
-    for _ in work:
-        done.acquire()
-    wall = time.perf_counter() - started
-    engine.stop()
-    return wall, generated[0]
+    try:
+        started = time.perf_counter()
+        for index, (prompt, max_new_tokens) in enumerate(work):
+            engine.submit(GenerationRequest(prompt, max_new_tokens, [], SamplingParams(),
+                                            deliverer(index)))
+        for _ in work:
+            done.acquire()
+        wall = time.perf_counter() - started
+    finally:
+        engine.stop()
+    failed = [f"request {i}: {end.reason} {end.message} after {tokens[i]} of {budget} tokens"
+              for i, ((_, budget), end) in enumerate(zip(work, endings))
+              if end.reason != "length" or tokens[i] != budget]
+    if failed:
+        raise RequestFailed(f"{len(failed)} of {len(work)} requests failed (max_batch_size "
+                            f"{max_batch_size}): " + "; ".join(failed[:3]))
+    return wall, sum(tokens)
 
 
 def main() -> None:
@@ -78,6 +101,8 @@ def main() -> None:
         for batch_size in walls:
             wall, tokens = run_requests(model, batch_size, work)
             walls[batch_size].append(wall)
+    print(f"  all {len(work) * len(walls) * args.repeats} requests succeeded "
+          f"({tokens} tokens each run)")
     rates = {size: tokens / statistics.median(times) for size, times in walls.items()}
     for size, rate in rates.items():
         label = "one at a time (reference)" if size == 1 else f"continuous batching, {size} rows"
@@ -86,4 +111,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except RequestFailed as error:
+        sys.exit(f"error: {error}")

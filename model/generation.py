@@ -5,6 +5,10 @@ take the logits of the last position. Step 2 (decode): pick one token per row, f
 token, repeat. A row that produced `eos_token_id` (or one of them, given a list) is finished:
 it keeps receiving `pad_token_id` (like HF) and generation stops when every row is finished.
 
+The model's vocabulary is the tokenizer's rounded up (`Z2allConfig.vocab_size_multiple`); the
+padding ids have embedding rows but no token, so they must never be sampled or ranked: with
+`real_vocab_size` (the tokenizer's length) only the logits of ids below it are looked at.
+
 `stream_generate` yields each step's tokens as they are made (generate.py prints them live);
 `generate` collects them and returns prompt + new tokens like HF's `generate`.
 """
@@ -28,11 +32,16 @@ def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
 
 
 def sample_next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
-                      top_p: float | None, generator: torch.Generator | None) -> torch.Tensor:
-    """One token id per row from fp32 logits [B, V]; temperature 0 means greedy (argmax)."""
+                      top_p: float | None, generator: torch.Generator | None,
+                      real_vocab_size: int | None = None) -> torch.Tensor:
+    """One token id per row from fp32 logits [B, V]; temperature 0 means greedy (argmax).
+    Ids >= `real_vocab_size` (the model's padding rows) are never chosen."""
+    logits = logits[:, :real_vocab_size]
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    logits = logits / temperature
+    # Shift the best logit to 0 first: a tiny temperature (1e-40) then sends the others to
+    # -inf (sampling becomes greedy) instead of turning +-inf / inf into NaN probabilities.
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         kth_largest = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
@@ -61,7 +70,8 @@ class GenerationMixin:
                         attention_mask: torch.Tensor | None = None,
                         pad_token_id: int | None = None,
                         generator: torch.Generator | None = None,
-                        cache_capacity: int | None = None) -> Iterator[torch.Tensor]:
+                        cache_capacity: int | None = None,
+                        real_vocab_size: int | None = None) -> Iterator[torch.Tensor]:
         """Yield the new token of every row, [B], once per step. Padded prompts must come
         with `attention_mask` (either padding side); see `generate` for the arguments."""
         input_ids, attention_mask = left_align(input_ids, attention_mask)
@@ -75,7 +85,8 @@ class GenerationMixin:
         new_input, key_padding_mask = input_ids, attention_mask
         for _ in range(max_new_tokens):
             logits = self.next_token_logits(new_input, key_padding_mask, kv_cache)
-            next_token = sample_next_token(logits, temperature, top_k, top_p, generator)
+            next_token = sample_next_token(logits, temperature, top_k, top_p, generator,
+                                           real_vocab_size)
             if len(stop_ids):
                 next_token = next_token.masked_fill(finished, pad_token_id)
                 finished |= torch.isin(next_token, stop_ids)
@@ -92,17 +103,19 @@ class GenerationMixin:
                  eos_token_id: int | Sequence[int] | None = None,
                  attention_mask: torch.Tensor | None = None,
                  pad_token_id: int | None = None, generator: torch.Generator | None = None,
-                 cache_capacity: int | None = None) -> torch.Tensor:
+                 cache_capacity: int | None = None,
+                 real_vocab_size: int | None = None) -> torch.Tensor:
         """Prompt + up to `max_new_tokens` new tokens, [B, T + n] (the prompt left-aligned if
         it was right-padded). temperature 0 = greedy; top_k / top_p filter before sampling;
         rows stop at `eos_token_id` (an id or a list) and are then filled with `pad_token_id`
         (default: the first eos id);
         `generator` makes sampling reproducible; `cache_capacity` is the KV cache's initial
-        size (it grows as needed)."""
+        size (it grows as needed); `real_vocab_size` (the tokenizer's length) keeps the
+        model's padding ids out of the output."""
         prompt, _ = left_align(input_ids, attention_mask)
         new_tokens = list(self.stream_generate(
             input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, attention_mask,
-            pad_token_id, generator, cache_capacity))
+            pad_token_id, generator, cache_capacity, real_vocab_size))
         if not new_tokens:
             return prompt
         return torch.cat([prompt, torch.stack(new_tokens, dim=1)], dim=1)

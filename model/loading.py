@@ -121,3 +121,18 @@ def load_for_inference(args: argparse.Namespace
     precision = resolve_dtype(args.dtype, device)
     print(precision.reason, file=sys.stderr)
     return model.to(device=device, dtype=DTYPES[precision.dtype]).eval(), tokenizer
+
+
+def check_device(device: str) -> None:
+    """Refuse a `--device` this machine does not have, in one line, before loading anything."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a device name (use cpu, cuda or cuda:N)"
+                         ) from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine; "
+                         "use --device cpu")
+    if parsed.type == "cuda" and (parsed.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} "
+                         "CUDA device(s)")

@@ -9,11 +9,18 @@
 
 With `stream: true` the answer is server-sent events: `data: {chunk}` lines, the last one
 `data: [DONE]`. Every failure is answered in OpenAI's error shape
-`{"error": {"message", "type", "param", "code"}}` and the server goes on serving.
+`{"error": {"message", "type", "param", "code"}}` and the server goes on serving; if the
+engine thread dies, requests get 500 and `/health` 503 (status "unhealthy").
+
+A browser on the user's machine can be made to send requests to a loopback server by any web
+page (DNS rebinding, cross-site POSTs), so `allowed_hosts` (the loopback names, when serving on
+loopback) is checked against the Host header, and a request with an Origin header must come
+from the server's own origin.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -26,10 +33,11 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from server.completion import Generation, GenerationFailed
-from server.engine import Engine, EngineBusy, SamplingParams
+from server.engine import Engine, EngineBusy, EngineFailed, SamplingParams
 from server.schema import (
     MAX_BODY_BYTES,
     ChatCompletionRequest,
@@ -61,9 +69,8 @@ class ServedModel:
     context_length: int
 
     def chat_prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
-        messages = [message.model_dump() for message in request.messages]
         try:
-            return build_generation_prompt(self.tokenizer, messages)
+            return build_generation_prompt(self.tokenizer, request.turns())
         except ValueError as error:  # a misplaced system message; text that is not Unicode
             raise InvalidRequest(f"messages: {error}", "messages") from None
 
@@ -73,7 +80,8 @@ class ServedModel:
         except ValueError as error:
             raise InvalidRequest(f"prompt: {error}", "prompt") from None
 
-    def token_budget(self, request: SamplingRequest, prompt_tokens: int) -> int:
+    def token_budget(self, request: SamplingRequest, prompt_tokens: int, prompt_field: str
+                     ) -> int:
         """New tokens to generate: max_tokens, or all the room the context leaves."""
         room = self.context_length - prompt_tokens
         wanted = request.token_budget()
@@ -82,7 +90,7 @@ class ServedModel:
                 f"the prompt has {prompt_tokens} tokens and the model's context is "
                 f"{self.context_length}, so at most {max(room, 0)} new tokens fit "
                 f"(asked: {wanted or 'at least 1'}); shorten the conversation or max_tokens",
-                "messages" if room < 1 else "max_tokens", code="context_length_exceeded")
+                prompt_field if room < 1 else "max_tokens", code="context_length_exceeded")
         return room if wanted is None else wanted
 
 
@@ -133,16 +141,58 @@ async def _event_stream(generation: Generation, header: dict[str, Any], chat: bo
                 yield event([_choice(piece.text, None, chat, streaming=True)])
             if piece.finish_reason:
                 yield event([_choice(None, piece.finish_reason, chat, streaming=True)])
-    except GenerationFailed as error:
-        yield f"data: {json.dumps(error_body(str(error), 'server_error'))}\n\n"
+    except Exception as error:  # the status line is sent: say it in the stream, then end it
+        message = (str(error) if isinstance(error, GenerationFailed)
+                   else f"internal error: {type(error).__name__}: {error}")
+        yield f"data: {json.dumps(error_body(message, 'server_error'))}\n\n"
     else:
         if include_usage:
             yield event([], usage=generation.usage())
     yield "data: [DONE]\n\n"
 
 
-def create_app(engine: Engine, served: ServedModel, api_key: str | None = None) -> FastAPI:
-    """The FastAPI app; it starts the engine's thread on startup and stops it on shutdown."""
+async def _until_done_or_disconnected(task: asyncio.Task, http_request: Request) -> None:
+    """Wait for `task`; cancel it if the client goes away first (its row is then freed)."""
+    while not task.done():
+        await asyncio.wait([task], timeout=0.1)
+        if not task.done() and await http_request.is_disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return
+
+
+def origin_problem(headers: Any, allowed_hosts: set[str] | None) -> str:
+    """'' if the Host and Origin headers are acceptable, else why not (see the docstring)."""
+    host = headers.get("host", "")
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or "]:" in host else host
+    if allowed_hosts is not None and name not in allowed_hosts:
+        return f"Host {host!r} is not this server (expected one of {sorted(allowed_hosts)})"
+    origin = headers.get("origin")
+    if origin is not None and origin.split("://", 1)[-1] != host:
+        return f"cross-origin requests are refused (Origin {origin!r}, Host {host!r})"
+    return ""
+
+
+class HostAndOriginCheck:
+    """ASGI middleware answering 403 when `origin_problem` finds one (a plain ASGI class, not
+    `@app.middleware`, which would hide a client's disconnect from the routes)."""
+
+    def __init__(self, app: Any, allowed_hosts: set[str] | None) -> None:
+        self.app, self.allowed_hosts = app, allowed_hosts
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            problem = origin_problem(Headers(scope=scope), self.allowed_hosts)
+            if problem:
+                response = error_response(403, problem, code="forbidden_origin")
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Engine, served: ServedModel, api_key: str | None = None,
+               allowed_hosts: set[str] | None = None) -> FastAPI:
+    """The FastAPI app; it starts the engine's thread on startup and stops it on shutdown.
+    `allowed_hosts`: the Host header's accepted names (None: any)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -150,7 +200,10 @@ def create_app(engine: Engine, served: ServedModel, api_key: str | None = None) 
         yield
         engine.stop()
 
-    app = FastAPI(title="z2all", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="z2all", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)  # no schema page: it would bypass the API key
+    app.add_middleware(HostAndOriginCheck, allowed_hosts=allowed_hosts)
+
     chat_page = CHAT_PAGE.read_text(encoding="utf-8")
 
     def check_api_key(request: Request) -> None:
@@ -161,9 +214,13 @@ def create_app(engine: Engine, served: ServedModel, api_key: str | None = None) 
                                  "with the key the server was started with", status=401,
                                  code="invalid_api_key")
 
-    async def respond(request: SamplingRequest, prompt_ids: list[int],
+    async def respond(http_request: Request, request: SamplingRequest, prompt_ids: list[int],
                       chat: bool) -> Response:
-        budget = served.token_budget(request, len(prompt_ids))
+        if request.model not in (None, served.name):
+            raise InvalidRequest(f"model: {request.model!r} is not served here; this server "
+                                 f"serves {served.name!r} (GET /v1/models)", "model",
+                                 status=404, code="model_not_found")
+        budget = served.token_budget(request, len(prompt_ids), "messages" if chat else "prompt")
         generation = Generation(engine, served.tokenizer, prompt_ids,
                                 stop_ids(served.tokenizer), budget, sampling_params(request),
                                 request.stop)
@@ -179,8 +236,12 @@ def create_app(engine: Engine, served: ServedModel, api_key: str | None = None) 
                 _event_stream(generation, header, chat, include_usage),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        completing = asyncio.create_task(generation.complete())
+        await _until_done_or_disconnected(completing, http_request)
+        if completing.cancelled():
+            return Response(status_code=499)  # nobody reads it: the client has left
         try:
-            text, finish_reason = await generation.complete()
+            text, finish_reason = completing.result()
         except GenerationFailed as error:
             return error_response(500, str(error), "server_error")
         return JSONResponse({**header, "choices": [_choice(text, finish_reason, chat, False)],
@@ -191,12 +252,14 @@ def create_app(engine: Engine, served: ServedModel, api_key: str | None = None) 
     @api.post("/chat/completions")
     async def chat_completions(http_request: Request) -> Response:
         request = parse_request(await read_body(http_request), ChatCompletionRequest)
-        return await respond(request, served.chat_prompt_ids(request), chat=True)
+        prompt_ids = await asyncio.to_thread(served.chat_prompt_ids, request)  # maybe 1 MiB
+        return await respond(http_request, request, prompt_ids, chat=True)
 
     @api.post("/completions")
     async def completions(http_request: Request) -> Response:
         request = parse_request(await read_body(http_request), CompletionRequest)
-        return await respond(request, served.completion_prompt_ids(request), chat=False)
+        prompt_ids = await asyncio.to_thread(served.completion_prompt_ids, request)
+        return await respond(http_request, request, prompt_ids, chat=False)
 
     @api.get("/models")
     async def models() -> dict[str, Any]:
@@ -207,8 +270,12 @@ def create_app(engine: Engine, served: ServedModel, api_key: str | None = None) 
     app.include_router(api)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": served.name, **engine.stats()}
+    async def health() -> JSONResponse:
+        stats = engine.stats()
+        return JSONResponse({"status": "ok" if stats["healthy"] else "unhealthy",
+                             "model": served.name, "context_length": served.context_length,
+                             **stats},
+                            status_code=200 if stats["healthy"] else 503)
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> str:
@@ -224,6 +291,15 @@ def create_app(engine: Engine, served: ServedModel, api_key: str | None = None) 
         response = error_response(503, str(error), "server_overloaded")
         response.headers["Retry-After"] = "1"
         return response
+
+    @app.exception_handler(EngineFailed)
+    async def engine_failed(_: Request, error: EngineFailed) -> JSONResponse:
+        return error_response(500, str(error), "server_error")
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, error: Exception) -> JSONResponse:
+        return error_response(500, f"internal error: {type(error).__name__}: {error}",
+                              "server_error")
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:

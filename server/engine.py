@@ -11,6 +11,12 @@ the next, the engine re-forms the batch at every decoding step. One loop iterati
     Step 3 (retire):  rows that produced their stop token, reached their token budget or whose
                       client left are dropped from the batch (`DecodeBatch.keep`).
 
+Failures stay as small as they can: a request the engine cannot run is refused by `submit`
+(`check_request`); a row whose sampling fails ends alone with Finished("error"); a failed
+step ends the rows of that step; and if the thread itself dies, every pending request ends
+with Finished("error"), `submit` refuses new ones (`EngineFailed`) and `stats()["healthy"]`
+turns False (the app answers 500 and `/health` 503).
+
 A short request therefore leaves as soon as it is done and a new one starts at the next step,
 without waiting for the longest request of its batch. Requests wait in a bounded queue
 (`max_waiting`); when it is full, `submit` raises `EngineBusy` at once (HTTP 503).
@@ -40,6 +46,10 @@ logger = logging.getLogger(__name__)
 
 class EngineBusy(Exception):
     """The waiting queue is full; the client should retry later."""
+
+
+class EngineFailed(Exception):
+    """The engine thread has died; the server cannot generate any more."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,8 @@ class GenerationRequest:
     num_generated: int = 0
     newest_token: int = -1
     generator: torch.Generator | None = None
+    error: str = ""
+    """Set when this request alone failed (its row leaves at the next retire)."""
 
     def cancel(self) -> None:
         """Ask the engine to drop this request at its next step (safe from any thread)."""
@@ -85,8 +97,11 @@ class GenerationRequest:
 
 class Engine:
     def __init__(self, model: Z2allForCausalLM, max_batch_size: int = 16,
-                 max_waiting: int = 64) -> None:
+                 max_waiting: int = 64, real_vocab_size: int | None = None) -> None:
+        """`real_vocab_size`: the tokenizer's length; the model's padding ids above it are
+        never sampled (model/generation.py)."""
         self.model = model.eval()
+        self.real_vocab_size = real_vocab_size or model.config.vocab_size
         self.device = model.lm_head.weight.device
         self.max_batch_size = max_batch_size
         self.waiting: queue.Queue[GenerationRequest] = queue.Queue(maxsize=max_waiting)
@@ -94,6 +109,9 @@ class Engine:
         self.admitting: list[GenerationRequest] = []  # taken from `waiting`, not yet in rows
         self.batch: DecodeBatch | None = None
         self.finished = {"stop": 0, "length": 0, "cancelled": 0, "error": 0}
+        self.failure = ""  # why the engine thread died; "" while it is healthy
+        self._closed = False  # no more requests are taken (stopped or failed)
+        self._closing = threading.Lock()  # makes "check closed, then enqueue" atomic
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="z2all-engine", daemon=True)
 
@@ -106,31 +124,71 @@ class Engine:
         self._thread.join()
 
     def submit(self, request: GenerationRequest) -> None:
-        try:
-            self.waiting.put_nowait(request)
-        except queue.Full:
-            raise EngineBusy(f"{self.waiting.maxsize} requests are already waiting; "
-                             "retry later") from None
+        """Queue `request`; ValueError if it cannot be run, EngineBusy / EngineFailed if the
+        engine cannot take it now / any more."""
+        self.check_request(request)
+        with self._closing:
+            if self._closed:
+                raise EngineFailed(self.failure or "the engine has stopped")
+            try:
+                self.waiting.put_nowait(request)
+            except queue.Full:
+                raise EngineBusy(f"{self.waiting.maxsize} requests are already waiting; "
+                                 "retry later") from None
+
+    def check_request(self, request: GenerationRequest) -> None:
+        """Refuse what would fail inside the batch (and so hurt the other rows)."""
+        ids, params = request.prompt_ids, request.sampling
+        problems = [
+            f"prompt_ids must be a non-empty list of ids in [0, {self.real_vocab_size})"
+            if not ids or not all(
+                isinstance(i, int) and 0 <= i < self.real_vocab_size for i in ids) else "",
+            "max_new_tokens must be an int >= 1" if not isinstance(request.max_new_tokens, int)
+            or request.max_new_tokens < 1 else "",
+            "stop_ids must be a list of ints" if not isinstance(request.stop_ids, list | tuple)
+            or not all(isinstance(i, int) for i in request.stop_ids) else "",
+            "temperature must be a finite number >= 0" if not 0 <= params.temperature < 1e30
+            else "",
+            "top_k must be >= 1" if params.top_k is not None and params.top_k < 1 else "",
+            "top_p must be in (0, 1]" if params.top_p is not None and not 0 < params.top_p <= 1
+            else ""]
+        if any(problems):
+            raise ValueError("; ".join(p for p in problems if p))
 
     def stats(self) -> dict[str, object]:
-        return {"running": len(self.rows) + len(self.admitting), "waiting": self.waiting.qsize(),
-                "max_batch_size": self.max_batch_size, "finished": dict(self.finished)}
+        return {"healthy": not self.failure, "running": len(self.rows) + len(self.admitting),
+                "waiting": self.waiting.qsize(), "max_batch_size": self.max_batch_size,
+                "finished": dict(self.finished), **({"error": self.failure} if self.failure
+                                                    else {})}
 
     # ---- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
-        with torch.inference_mode():  # grad mode is per thread: set it on this one
-            while not self._stopping.is_set():
-                try:
-                    self._step()
-                except Exception as error:  # a failed step must not kill the server
-                    logger.exception("generation step failed")
-                    for request in self.rows + self.admitting:
-                        self._finish(request, "error", f"{type(error).__name__}: {error}")
-                    self.rows, self.admitting, self.batch = [], [], None
+        try:
+            with torch.inference_mode():  # grad mode is per thread: set it on this one
+                while not self._stopping.is_set():
+                    try:
+                        self._step()
+                    except Exception as error:  # a failed step must not kill the server
+                        logger.exception("generation step failed")
+                        for request in self.rows + self.admitting:
+                            self._finish(request, "error", f"{type(error).__name__}: {error}")
+                        self.rows, self.admitting, self.batch = [], [], None
+        except BaseException as error:
+            logger.exception("the engine thread failed")
+            self.failure = f"the generation engine failed ({type(error).__name__}: {error})"
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        """Take no more requests; end every pending one (cancelled, or error if we failed)."""
+        with self._closing:
+            self._closed = True
+        pending = self.rows + self.admitting
         while not self.waiting.empty():
-            self.rows.append(self.waiting.get_nowait())
-        for request in self.rows:
-            self._finish(request, "cancelled")
+            pending.append(self.waiting.get_nowait())
+        self.rows, self.admitting, self.batch = [], [], None
+        for request in pending:
+            self._finish(request, "error" if self.failure else "cancelled", self.failure)
 
     def _step(self) -> None:
         # Step 1: admit waiting requests (block briefly when idle, so the loop does not spin).
@@ -178,8 +236,13 @@ class Engine:
         """One token per request from its row of `logits`, with its own settings and RNG."""
         for row, request in enumerate(requests):
             params = request.sampling
-            token = int(sample_next_token(logits[row:row + 1], params.temperature, params.top_k,
-                                          params.top_p, request.generator)[0])
+            try:
+                token = int(sample_next_token(logits[row:row + 1], params.temperature,
+                                              params.top_k, params.top_p, request.generator,
+                                              self.real_vocab_size)[0])
+            except Exception as error:  # this request's failure is its own
+                request.error = f"sampling failed: {type(error).__name__}: {error}"
+                continue
             request.newest_token = token
             request.num_generated += 1
             request.deliver(token)
@@ -187,7 +250,9 @@ class Engine:
     def _retire(self) -> None:
         kept = []
         for request in self.rows:
-            if request.newest_token in request.stop_ids:
+            if request.error:
+                self._finish(request, "error", request.error)
+            elif request.newest_token in request.stop_ids:
                 self._finish(request, "stop")
             elif request.num_generated >= request.max_new_tokens:
                 self._finish(request, "length")

@@ -102,10 +102,18 @@ CASES = [
                                             "--valid_ratio=1"], "--valid_ratio must be in [0, 1)"),
     (build_pretrain_sample_index_map.main, ["--data_dir={pretok}", "--max_seq_len=8",
                                             "--valid_ratio=-0.1"], "--valid_ratio must be in"),
-    (train_tokenizer.main, ["--type=hf", "--input={tmp}", "--vocab_size=300", "--out={tmp}/t"],
-     "no text found in {tmp}"),
+    (train_tokenizer.main, ["--type=hf", "--input={tmp}/blank.txt", "--vocab_size=300",
+                            "--out={tmp}/t"], "no text found in {tmp}/blank.txt"),
     (train_tokenizer.main, ["--type=hf", "--input={tmp}", "--vocab_size=100", "--out={tmp}/t"],
      "--vocab_size must be >= 259"),
+    (train_tokenizer.main, ["--type=hf", "--input={tok}", "--vocab_size=300", "--out={tmp}"],
+     "--out {tmp} is a non-empty directory that is not a tokenizer dir (it holds blank.txt"),
+    (train_tokenizer.main, ["--type=hf", "--input={tmp}", "--vocab_size=300", "--out={tmp}"],
+     "--out {tmp} overlaps --input {tmp}"),
+    (train_tokenizer.main, ["--type=hf", "--input={tmp}", "--vocab_size=300",
+                            "--out={tmp}/sub/t"], "--out {tmp}/sub/t overlaps --input {tmp}"),
+    (generate.main, ["--ckpt={tmp}/nothing", "--device=cuda:99"], "--device cuda:99: "),
+    (generate.main, ["--ckpt={tmp}/nothing", "--device=gpu"], "--device gpu: not a device name"),
 ]
 
 

@@ -11,6 +11,10 @@
 4. save tokenizer.json + tokenizer_config.json into a temporary dir next to --out, load that
    back and check it gives the same ids (and, for sentencepiece, the library's ids), then rename
    it to --out: a crash never leaves a half-written tokenizer under --out.
+
+Since step 4 replaces --out, --out is checked first (`check_out_dir`): it may be new, empty or
+an earlier tokenizer dir (only the files step 4 writes), and never the corpus, a directory
+holding it, or a place inside it. Anything else is refused instead of deleted.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ from .z2all_tokenizer import SPECIAL_TOKENS, Z2allTokenizer, with_special_tokens
 KINDS = {"hf": "byte_level_bpe", "sp": "sentencepiece_bpe"}
 SENTENCEPIECE_FILE = "sentencepiece.model"  # sp only: what sentencepiece trained, for reference
 # Checked after saving: the reloaded tokenizer must encode this exactly like the trained one.
+TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   SENTENCEPIECE_FILE}
+"""What a tokenizer dir written by this tool may hold; --out may replace such a dir only."""
 PROBE_TEXT = "Hello, world! 你好，世界。 def f(x):\n\treturn x ** 2  # 12345 🙂 <|im_end|>"
 
 
@@ -91,7 +98,26 @@ def parse_args(argv: list[str] | None = None) -> TrainTokenizerConfig:
     raise_problems([range_problem("--vocab_size", config.vocab_size, min_vocab),
                     range_problem("--max_documents", config.max_documents, 1),
                     range_problem("--sp_max_sentences", config.sp_max_sentences, 1)])
+    check_out_dir(config.out, config.input)
     return config
+
+
+def check_out_dir(out: str, inputs: list[str]) -> None:
+    """Refuse an --out whose replacement would delete something that is not a tokenizer."""
+    target = Path(out).resolve()
+    for source in map(lambda path: Path(path).resolve(), inputs):
+        if target == source or source in target.parents or target in source.parents:
+            raise ValueError(f"--out {out} overlaps --input {source}: replacing it would "
+                             "delete the corpus; choose an --out outside the input")
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"--out {out} is a file; choose a directory path")
+    if target.is_dir():
+        foreign = sorted(entry.name for entry in target.iterdir()
+                         if entry.name not in TOKENIZER_FILES or not entry.is_file())
+        if foreign or (any(target.iterdir()) and not (target / "tokenizer.json").is_file()):
+            raise ValueError(f"--out {out} is a non-empty directory that is not a tokenizer dir "
+                             f"(it holds {', '.join(foreign[:3]) or 'no tokenizer.json'}); it "
+                             "would be replaced: choose a new or empty --out")
 
 
 def train_raw_model(kind: str, texts: Iterable[str], base_vocab_size: int, seed: int = 0,

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 import generate
+from data.toy_corpus import multilingual_corpus
 from tests.model.model_helpers import small_model
 from tokenizer import load_tokenizer
+from tokenizer.train_tokenizer import build_tokenizer
 from utils.checkpoint import save_checkpoint
 
 
@@ -59,3 +61,50 @@ def test_streaming_never_prints_half_a_character(tiny_hf_tokenizer_dir, capsys):
     generate.print_streaming(tokenizer, iter(ids), stop=[tokenizer.eos_token_id])
     printed = capsys.readouterr().out
     assert printed == text + "\n" and "\ufffd" not in printed
+
+
+@pytest.fixture(scope="module")
+def padded_run(tmp_path_factory):
+    """A 500-token tokenizer, so the model's vocabulary is padded to 512; the 12 padding rows
+    are scaled up so that their logits would win if they were not masked."""
+
+    root = tmp_path_factory.mktemp("padded")
+    tokenizer = build_tokenizer("hf", iter(multilingual_corpus()), 500, root / "tok",
+                                show_progress=False)
+    model = small_model("gqa", vocab_size=len(tokenizer)).eval()
+    assert model.config.vocab_size == 512
+    with torch.no_grad():
+        model.lm_head.weight[500:] *= 50
+    save_checkpoint(root / "run" / "ckpt", 1, model.save_pretrained)
+    (root / "run" / "config.json").write_text(json.dumps({"tokenizer_dir": str(root / "tok")}))
+    return root / "run", model, tokenizer
+
+
+@pytest.mark.parametrize("temperature", ["0", "1e-40"])  # 1e-40: greedy, not NaN
+def test_padded_vocabulary_ids_are_never_printed(padded_run, temperature, capsys):
+    run, model, tokenizer = padded_run
+    generate.main(["--ckpt", str(run), "--dtype", "fp32", "--prompt", "the cat",
+                   "--temperature", temperature, "--max_new_tokens", "10"])
+    prompt = torch.tensor([tokenizer.encode("the cat")])
+    assert (model.generate(prompt, 10)[0, prompt.shape[1]:] >= 500).any()  # unmasked: padding
+    expected = model.generate(prompt, 10, real_vocab_size=500)[0, prompt.shape[1]:].tolist()
+    stop = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    expected = expected[:min([expected.index(s) for s in stop if s in expected], default=10)]
+    assert capsys.readouterr().out == "the cat" + tokenizer.decode(expected) + "\n"
+
+
+def test_sampling_for_many_seeds_stays_in_the_vocabulary(padded_run, capsys):
+    run, _, tokenizer = padded_run
+    for seed in range(3):
+        generate.main(["--ckpt", str(run), "--dtype", "fp32", "--prompt", "a",
+                       "--temperature", "1", "--max_new_tokens", "40", f"--seed={seed}"])
+    assert capsys.readouterr().out.count("\n") >= 3  # every run printed to its end
+
+
+def test_max_new_tokens_past_the_context_is_refused(run_dir):
+    run, _, tokenizer = run_dir
+    size = len(tokenizer.encode("the cat"))
+    with pytest.raises(ValueError, match=f"--max_new_tokens 100: the prompt has {size} tokens and"
+                                         f" the model's context is 64, so at most {64 - size} new"):
+        generate.main(["--ckpt", str(run), "--dtype", "fp32", "--prompt", "the cat",
+                       "--max_new_tokens", "100"])

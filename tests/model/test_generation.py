@@ -105,3 +105,44 @@ def test_top_p_keeps_exactly_the_nucleus():
     generator = torch.Generator().manual_seed(0)
     seen = {int(sample_next_token(logits, 1.0, None, 0.7, generator)) for _ in range(200)}
     assert seen == {0, 1}
+
+
+def model_with_loud_padding_ids(real_vocab: int = 50):
+    """Vocabulary 50 padded to 64, the 14 padding rows scaled up so that their logits win."""
+    model = small_model("gqa", vocab_size=real_vocab).eval()
+    assert model.config.vocab_size == 64
+    with torch.no_grad():
+        model.lm_head.weight[real_vocab:] *= 50
+    return model
+
+
+def test_padded_vocabulary_ids_are_never_generated():
+    model, real_vocab = model_with_loud_padding_ids(), 50
+    prompt = torch.randint(0, real_vocab, (1, 5))
+    unmasked = model.generate(prompt, max_new_tokens=8)[0, 5:]
+    assert (unmasked >= real_vocab).any()  # the padding ids would win without the mask
+    greedy = model.generate(prompt, max_new_tokens=8, real_vocab_size=real_vocab)[0].tolist()
+    tokens = prompt[0].tolist()
+    with torch.no_grad():  # reference: greedy by full recomputation over the real ids only
+        for _ in range(8):
+            tokens.append(int(model(torch.tensor([tokens])).logits[0, -1, :real_vocab].argmax()))
+    assert greedy == tokens
+    generator = torch.Generator().manual_seed(3)
+    sampled = model.generate(prompt, max_new_tokens=30, temperature=1.5, top_p=0.99,
+                             real_vocab_size=real_vocab, generator=generator)
+    assert sampled.max() < real_vocab
+
+
+def test_sampling_over_the_real_vocabulary_matches_torch_multinomial():
+    logits = torch.randn(3, 64) * 2
+    ours = sample_next_token(logits, 0.7, None, None, torch.Generator().manual_seed(5), 50)
+    reference = torch.multinomial((logits[:, :50] / 0.7).softmax(-1), 1,
+                                  generator=torch.Generator().manual_seed(5))[:, 0]
+    assert torch.equal(ours, reference)
+
+
+def test_a_tiny_temperature_samples_greedily_instead_of_failing():
+    logits = torch.randn(4, VOCAB) * 3
+    for temperature in (1e-40, 1e-45):
+        sampled = sample_next_token(logits, temperature, None, 0.9, torch.Generator())
+        assert torch.equal(sampled, logits.argmax(dim=-1))

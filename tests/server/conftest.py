@@ -28,10 +28,10 @@ torch.set_num_threads(1)  # the test machine is small and shared
 CONTEXT = 96
 
 
-def make_run_dir(root: Path, tokenizer_dir: Path) -> Path:
+def make_run_dir(root: Path, tokenizer_dir: Path, context: int = CONTEXT) -> Path:
     """A run dir as the trainer leaves it: config.json naming the tokenizer + a checkpoint."""
     tokenizer = load_tokenizer(tokenizer_dir)
-    model = small_model("gqa", vocab_size=len(tokenizer), max_position_embeddings=CONTEXT)
+    model = small_model("gqa", vocab_size=len(tokenizer), max_position_embeddings=context)
     run = root / "run"
     save_checkpoint(run / "ckpt", 3, model.save_pretrained)
     (run / "config.json").write_text(json.dumps({"tokenizer_dir": str(tokenizer_dir)}))

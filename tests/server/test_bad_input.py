@@ -141,7 +141,7 @@ def test_client_disconnecting_mid_stream_frees_its_row(live_server):
     before = health(live_server)["finished"]["cancelled"]
     body = json.dumps({**request, "stream": True}).encode()
     with socket.create_connection(("127.0.0.1", live_server.port), timeout=30) as client:
-        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                        b"Content-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         received = b""
@@ -162,7 +162,7 @@ def test_api_key_is_checked(run_dir):
                                   headers=headers)
             assert status == 401 and answer["error"]["code"] == "invalid_api_key"
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="s3cret", max_retries=0)
-        reply = client.chat.completions.create(model="m", messages=GOOD_MESSAGES, max_tokens=2)
+        reply = client.chat.completions.create(model="run", messages=GOOD_MESSAGES, max_tokens=2)
         assert reply.usage.completion_tokens >= 1
         assert health(server)["status"] == "ok"  # liveness needs no key
     finally:
@@ -177,7 +177,7 @@ def test_full_queue_answers_503_not_a_crash(run_dir):
         body = json.dumps(chat(stream=True, max_tokens=CONTEXT - 20)).encode()
         for _ in range(12):  # one runs, one waits, the rest are refused at once
             client = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             sockets.append(client)
         for client in sockets:

@@ -9,10 +9,16 @@ them on CI so there it always runs.
 
 from __future__ import annotations
 
+import re
 import shutil
+import time
 
 import openai
 import pytest
+
+from server.engine import Engine
+from tests.server.conftest import make_run_dir, start_server
+from tests.server.test_bad_input import health, wait_until_idle
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -42,18 +48,21 @@ def browser():
         driver.quit()
 
 
-def greedy_api_reply(server, messages) -> str:
+def greedy_api_reply(server, messages, max_tokens: int = MAX_TOKENS) -> str:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    return client.chat.completions.create(model="m", messages=messages, temperature=0,
-                                          max_tokens=MAX_TOKENS).choices[0].message.content
+    return client.chat.completions.create(model="run", messages=messages, temperature=0,
+                                          max_tokens=max_tokens).choices[0].message.content
 
 
-def send_and_wait_for_reply(driver, text: str, turn: int):
+def send_and_wait_for_reply(driver, text: str, turn: int, click: bool = True):
+    """Send `text` (unless `click` is False: the reply was asked for otherwise) and wait for
+    the `turn`-th reply to be done."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver.find_element(By.ID, "message").send_keys(text)
-    driver.find_element(By.ID, "send").click()
+    if click:
+        driver.find_element(By.ID, "message").send_keys(text)
+        driver.find_element(By.ID, "send").click()
     done = ".message.assistant.done"
     WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, done)) == turn)
     return driver.find_elements(By.CSS_SELECTOR, done)[-1]
@@ -84,3 +93,82 @@ def test_chat_page_streams_a_reply_and_keeps_the_conversation(browser, live_serv
     assert browser.save_screenshot(str(screenshot))
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"\nscreenshot: {screenshot}")
+
+
+DEMO_CONTEXT = 256  # the demo model's context; the page's default max tokens is 200
+
+
+@pytest.fixture
+def demo_sized_server(tmp_path, tiny_hf_tokenizer_dir):
+    server = start_server(make_run_dir(tmp_path, tiny_hf_tokenizer_dir, context=DEMO_CONTEXT))
+    yield server
+    server.stop()
+
+
+def sent_messages(driver, conversation: list[dict]) -> list[dict]:
+    """The turns the page sent for its last reply: it says how many it left out."""
+    from selenium.webdriver.common.by import By
+
+    context_line = driver.find_element(By.ID, "context").text
+    left_out = re.search(r"(\d+) earlier messages left out", context_line)
+    return conversation[int(left_out.group(1)) if left_out else 0:]
+
+
+def test_six_turns_fit_the_demo_context_with_the_default_max_tokens(browser, demo_sized_server):
+    """Each reply is the API's greedy reply to the turns the page sent, with the max tokens it
+    computed from the context left (at most the field's 200); none is an error."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{demo_sized_server.url}/")
+    browser.find_element(By.ID, "temperature").clear()
+    browser.find_element(By.ID, "temperature").send_keys("0")
+    conversation: list[dict] = []
+    for turn in range(1, 7):
+        text = f"Question {turn}: what comes next?"
+        conversation.append({"role": "user", "content": text})
+        reply = send_and_wait_for_reply(browser, text, turn)
+        reply_text = reply.get_attribute("textContent")
+        assert "error" not in reply.get_attribute("class"), reply_text
+        max_tokens = int(reply.get_attribute("data-max-tokens"))
+        assert 1 <= max_tokens <= 200
+        assert reply_text == greedy_api_reply(demo_sized_server,
+                                              sent_messages(browser, conversation), max_tokens)
+        conversation.append({"role": "assistant", "content": reply_text})
+        assert f"of {DEMO_CONTEXT} tokens used" in browser.find_element(By.ID, "context").text
+    # Regenerate asks again for the last reply: greedy, so the same text, in the same place.
+    browser.find_element(By.ID, "regenerate").click()
+    again = send_and_wait_for_reply(browser, "", turn=6, click=False)
+    assert again.get_attribute("textContent") == conversation[-1]["content"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".message.assistant")) == 6
+
+
+def test_stop_ends_the_reply_and_frees_its_row(browser, demo_sized_server, monkeypatch):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    real_step = Engine._step
+
+    def slow_step(engine):  # 200 tokens would take 10 s: Stop comes first
+        time.sleep(0.05)
+        real_step(engine)
+
+    prompt = "Question 1: what comes next?"
+    client = openai.OpenAI(base_url=f"{demo_sized_server.url}/v1", api_key="-", max_retries=0)
+    whole = client.chat.completions.create(model="run", temperature=0, max_tokens=200,
+                                           messages=[{"role": "user", "content": prompt}])
+    assert whole.choices[0].finish_reason == "length"  # so only Stop can end it early
+    monkeypatch.setattr(Engine, "_step", slow_step)
+    browser.get(f"{demo_sized_server.url}/")
+    browser.find_element(By.ID, "temperature").clear()
+    browser.find_element(By.ID, "temperature").send_keys("0")
+    browser.find_element(By.ID, "message").send_keys(prompt)
+    browser.find_element(By.ID, "send").click()
+    WebDriverWait(browser, 30).until(lambda d: int(d.find_element(
+        By.CSS_SELECTOR, ".message.assistant").get_attribute("data-chunks") or 0) >= 2)
+    browser.find_element(By.ID, "stop").click()
+    WebDriverWait(browser, 30).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, ".message.assistant.done"))
+    assert "finish: stopped" in browser.find_element(By.ID, "stats").text
+    wait_until_idle(demo_sized_server)
+    assert health(demo_sized_server)["finished"]["cancelled"] == 1
+    assert browser.find_element(By.ID, "regenerate").is_enabled()

@@ -82,3 +82,67 @@ def test_full_queue_refuses_at_once():
     engine.submit(request([2])[0])
     with pytest.raises(EngineBusy, match="2 requests are already waiting"):
         engine.submit(request([3])[0])
+
+
+def test_a_request_the_engine_cannot_run_is_refused_at_submit():
+    engine = Engine(small_model("gqa").eval(), real_vocab_size=200)  # not started
+    bad = [GenerationRequest([], 4, [1], SamplingParams(), Collector()),
+           GenerationRequest([1, 200], 4, [1], SamplingParams(), Collector()),  # padding id
+           GenerationRequest([1], 0, [1], SamplingParams(), Collector()),
+           GenerationRequest([1], 4, -1, SamplingParams(), Collector()),  # bench_serve's old bug
+           GenerationRequest([1], 4, [1], SamplingParams(temperature=float("nan")), Collector())]
+    for request_ in bad:
+        with pytest.raises(ValueError):
+            engine.submit(request_)
+    assert engine.waiting.empty()
+
+
+def test_one_rows_sampling_failure_is_its_own(monkeypatch):
+    """A request whose sampling raises ends with an error; the rows decoded beside it finish
+    exactly as `model.generate` would decode them alone."""
+    from server import engine as engine_module
+
+    real_sample = engine_module.sample_next_token
+
+    def fails_for_top_k_7(logits, temperature, top_k, *args):
+        if top_k == 7:
+            raise RuntimeError("probability tensor contains nan")
+        return real_sample(logits, temperature, top_k, *args)
+
+    monkeypatch.setattr(engine_module, "sample_next_token", fails_for_top_k_7)
+    prompts = [[3, 4, 5], [9, 8, 7, 6], [1, 2]]
+    collectors = []
+    engine = Engine(small_model("gqa").eval(), max_batch_size=4)  # started once all 3 wait,
+    for index, prompt in enumerate(prompts):
+        collector = Collector()
+        params = SamplingParams(top_k=7) if index == 1 else SamplingParams()
+        engine.submit(GenerationRequest(prompt, 6, [-1], params, collector))
+        collectors.append(collector)
+    engine.start()  # so that they share one batch
+    try:
+        results = [collector.wait() for collector in collectors]
+    finally:
+        engine.stop()
+    assert results[1][1].reason == "error" and "nan" in results[1][1].message
+    for index in (0, 2):
+        alone = engine.model.generate(torch.tensor([prompts[index]]), 6)[0, -6:].tolist()
+        assert (results[index][0], results[index][1].reason) == (alone, "length")
+
+
+def test_padding_ids_of_the_vocabulary_are_never_sampled():
+    model = small_model("gqa", vocab_size=200).eval()  # padded to 256
+    with torch.no_grad():
+        model.lm_head.weight[200:] *= 50  # the padding rows would win every step
+    engine = Engine(model, max_batch_size=2, real_vocab_size=200)
+    collectors = [Collector(), Collector()]
+    engine.submit(GenerationRequest([5, 6, 7], 8, [-1], SamplingParams(), collectors[0]))
+    engine.submit(GenerationRequest([5, 6], 20, [-1], SamplingParams(temperature=1.0, seed=1),
+                                    collectors[1]))
+    engine.start()
+    try:
+        (greedy, _), (sampled, _) = collectors[0].wait(), collectors[1].wait()
+    finally:
+        engine.stop()
+    assert greedy == model.generate(torch.tensor([[5, 6, 7]]), 8,
+                                    real_vocab_size=200)[0, 3:].tolist()
+    assert max(sampled) < 200 and len(sampled) == 20

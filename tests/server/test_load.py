@@ -39,7 +39,7 @@ async def stream_one(client, messages, seed: int) -> tuple[str, float, float]:
     first = None
     parts = []
     stream = await client.chat.completions.create(
-        model="m", messages=messages, temperature=temperature_of(seed), seed=seed,
+        model="run", messages=messages, temperature=temperature_of(seed), seed=seed,
         max_tokens=MAX_TOKENS, stream=True)
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:

@@ -53,7 +53,7 @@ def test_chat_greedy_equals_generate_py(client, run_dir, tokenizer, reference_mo
                                         capsys):
     expected_text = generate_py_chat(run_dir, prompt, 20, capsys)
     response = client.chat.completions.create(
-        model="anything", messages=[{"role": "user", "content": prompt}], temperature=0,
+        model="run", messages=[{"role": "user", "content": prompt}], temperature=0,
         max_tokens=20)
     choice = response.choices[0]
     assert choice.message.role == "assistant"
@@ -78,9 +78,9 @@ def test_chat_greedy_equals_generate_py(client, run_dir, tokenizer, reference_mo
 def test_chat_streaming_equals_non_streaming(client):
     messages = [{"role": "system", "content": "be brief"},
                 {"role": "user", "content": "the model reads text"}]
-    whole = client.chat.completions.create(model="m", messages=messages, temperature=0,
+    whole = client.chat.completions.create(model="run", messages=messages, temperature=0,
                                            max_tokens=24)
-    stream = client.chat.completions.create(model="m", messages=messages, temperature=0,
+    stream = client.chat.completions.create(model="run", messages=messages, temperature=0,
                                             max_tokens=24, stream=True,
                                             stream_options={"include_usage": True})
     chunks = list(stream)
@@ -96,12 +96,12 @@ def test_chat_streaming_equals_non_streaming(client):
 
 def test_stop_string_cuts_the_reply(client):
     messages = [{"role": "user", "content": "every day"}]
-    full = client.chat.completions.create(model="m", messages=messages, temperature=0,
+    full = client.chat.completions.create(model="run", messages=messages, temperature=0,
                                           max_tokens=30).choices[0].message.content
     stop = full[len(full) // 2:len(full) // 2 + 2]
     first = full.index(stop)
     for stream in (False, True):
-        response = client.chat.completions.create(model="m", messages=messages, temperature=0,
+        response = client.chat.completions.create(model="run", messages=messages, temperature=0,
                                                   max_tokens=30, stop=[stop], stream=stream)
         if stream:
             chunks = list(response)
@@ -116,7 +116,7 @@ def test_stop_string_cuts_the_reply(client):
 def test_seeded_sampling_is_reproducible_and_matches_generate_py(client, run_dir, capsys):
     def sample(seed: int) -> str:
         return client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], temperature=1.0,
+            model="run", messages=[{"role": "user", "content": "hi"}], temperature=1.0,
             top_p=0.9, seed=seed, max_tokens=16,
             extra_body={"top_k": 50}).choices[0].message.content
 
@@ -132,7 +132,7 @@ def test_seeded_sampling_is_reproducible_and_matches_generate_py(client, run_dir
 
 def test_completions_match_model_generate(client, tokenizer, reference_model):
     prompt = "the model"
-    response = client.completions.create(model="m", prompt=prompt, temperature=0,
+    response = client.completions.create(model="run", prompt=prompt, temperature=0,
                                          max_tokens=12)
     prompt_ids = tokenizer.encode(prompt)
     new_tokens = greedy_new_tokens(reference_model, prompt_ids, 12, stop_ids(tokenizer))
@@ -140,7 +140,7 @@ def test_completions_match_model_generate(client, tokenizer, reference_model):
     assert response.choices[0].text == expected
     assert response.usage.prompt_tokens == len(prompt_ids)
     assert response.usage.completion_tokens == len(new_tokens)
-    streamed = client.completions.create(model="m", prompt=prompt, temperature=0, max_tokens=12,
+    streamed = client.completions.create(model="run", prompt=prompt, temperature=0, max_tokens=12,
                                          stream=True)
     assert "".join(chunk.choices[0].text for chunk in streamed) == expected
 

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import serve
+from utils.cli_errors import EXIT_BAD_INPUT, run_main
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -60,8 +63,22 @@ def test_serve_script_serves_the_page_and_the_api(run_dir):
 @pytest.mark.parametrize("args, message", [
     (["--ckpt", "no/such/run"], "--ckpt no/such/run: no such file or directory"),
     (["--ckpt", ".", "--port", "70000"], "--port 70000: choose a port in 0..65535"),
+    (["--ckpt", ".", "--api_key", "clé"], "--api_key must be printable ASCII"),
+    (["--ckpt", ".", "--device", "cuda:99"], "--device cuda:99: "),
 ])
 def test_bad_options_fail_in_one_line_before_loading(args, message):
     result = subprocess.run([sys.executable, "serve.py", *args], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_a_busy_port_is_one_line_and_no_url_is_printed(run_dir, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = run_main(serve.main, ["--ckpt", str(run_dir), "--port", str(port),
+                                     "--device", "cpu", "--dtype", "fp32"])
+    out, err = capsys.readouterr()
+    assert code == EXIT_BAD_INPUT and "http://" not in out
+    assert f"error: --host 127.0.0.1 --port {port}: cannot listen there" in err
