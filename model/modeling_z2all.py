@@ -78,6 +78,12 @@ def _compute_dtype(reference: torch.Tensor) -> torch.dtype:
     return reference.dtype
 
 
+def kernels_already_reported(device: torch.device, dtype: torch.dtype) -> None:
+    """For a caller that printed a fuller kernel line itself (the trainer's names the optimizer
+    too): the model does not log its own again."""
+    _logged_kernel_choices.add((device.type, dtype))
+
+
 def _log_kernels_once(device: torch.device, dtype: torch.dtype, head_dim: int) -> None:
     if (device.type, dtype) not in _logged_kernel_choices:
         _logged_kernel_choices.add((device.type, dtype))

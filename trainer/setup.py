@@ -32,7 +32,7 @@ import torch
 
 from dataset.train_data import TrainData, build_train_data
 from model.kernels import kernel_choices
-from model.modeling_z2all import Z2allForCausalLM
+from model.modeling_z2all import Z2allForCausalLM, kernels_already_reported
 from optimizer import TrainingOptimizer
 from optimizer.adamw import adamw_implementation
 from parallel.distributed_data_parallel import DistributedDataParallel
@@ -181,6 +181,7 @@ def _log_start(run: Run) -> None:
               f"{run.global_batch} sequences | {run.precision.dtype} on {env.device} | "
               f"{num_params:,} params", flush=True)
         print(run.kernels, flush=True)
+        kernels_already_reported(env.device, DTYPES[run.precision.dtype])
         if run.resumed_from is not None and run.counters.step >= run.stop_step:
             print(f"note: the run is already at step {run.counters.step} = --max_iters: "
                   "nothing to train; raise --max_iters to continue it", flush=True)
