@@ -20,10 +20,11 @@ import torch
 from torch import Tensor
 
 from optimizer.optimizer_config import OptimizerConfig
-from utils.gpu_libraries import import_optional, runs_gpu_kernels
+from utils.gpu_libraries import apex_extension_problem, import_optional, runs_gpu_kernels
 
-# apex is optional: only its CUDA kernels make it worth having
-apex_fused_adam = import_optional("apex.optimizers", "FusedAdam")
+# apex is optional: only its CUDA kernels (the compiled `amp_C` module) make it worth having
+apex_fused_adam = import_optional("apex.optimizers", "FusedAdam",
+                                  lambda: apex_extension_problem("amp_C"))
 
 
 def adamw_implementation(device: torch.device) -> str:
