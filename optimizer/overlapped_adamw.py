@@ -47,7 +47,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from optimizer.adamw import build_adamw, weight_decay_groups
+from optimizer.adamw import (
+    adam_state_dict,
+    build_adamw,
+    load_adam_state_dict,
+    weight_decay_groups,
+)
 from optimizer.optimizer_config import OptimizerConfig
 from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
     CommHandle,
@@ -59,7 +64,7 @@ from utils.atomic_io import atomic_open
 
 CHECKPOINT_FILE = "overlapped_adamw.pt"
 FORMAT = "z2all-overlapped-adamw"
-VERSION = 1
+VERSION = 2  # 2: each bucket's Adam state in the implementation-neutral form (adamw.py)
 
 
 class OverlappedAdamW:
@@ -178,7 +183,7 @@ class OverlappedAdamW:
 
     def state_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "layout": self._layout(),
-                "bucket_optimizers": [opt.state_dict() for opt in self.bucket_optimizers],
+                "bucket_optimizers": [adam_state_dict(opt) for opt in self.bucket_optimizers],
                 "master_params": [self.master_params[p].detach().clone()
                                   for bucket in self.buckets for p in bucket.params
                                   if self.master_params[p] is not p]}
@@ -192,7 +197,7 @@ class OverlappedAdamW:
             raise ValueError("optimizer state was saved with a different bucket layout (model "
                              "or bucket_size changed); it cannot be mapped onto this one")
         for optimizer, optimizer_state in zip(self.bucket_optimizers, state["bucket_optimizers"]):
-            optimizer.load_state_dict(optimizer_state)
+            load_adam_state_dict(optimizer, optimizer_state)
         copies = [self.master_params[p] for bucket in self.buckets for p in bucket.params
                   if self.master_params[p] is not p]
         for master, saved in zip(copies, state["master_params"], strict=True):
