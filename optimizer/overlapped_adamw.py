@@ -160,7 +160,8 @@ class OverlappedAdamW:
             self.step_bucket(bucket)
         stepped = torch.cuda.Event()
         stepped.record(stream)
-        return CommHandle([ComputeStreamWaits(stepped)], getattr(reduction, "bytes_sent", 0))
+        return CommHandle([ComputeStreamWaits(stepped, keep_alive=reduction)],
+                          getattr(reduction, "bytes_sent", 0))
 
     def step_reduced_buckets(self) -> None:
         """Step every launched bucket whose reduction has finished; never blocks."""
@@ -260,10 +261,13 @@ class OverlappedAdamW:
 
 
 class ComputeStreamWaits:
-    """A Waitable whose wait() makes the current CUDA stream wait for `event` (host: no wait)."""
+    """A Waitable whose wait() makes the current CUDA stream wait for `event` (host: no wait).
+    It holds `keep_alive` (the reduction and its buffers, e.g. a bf16 copy of the bucket, which
+    the side stream reads) until then: freed earlier, the compute stream's allocator could hand
+    that memory out while the side stream still reads it."""
 
-    def __init__(self, event: Any) -> None:
-        self.event = event
+    def __init__(self, event: Any, keep_alive: Any = None) -> None:
+        self.event, self.keep_alive = event, keep_alive
 
     def wait(self) -> None:
         torch.cuda.current_stream().wait_event(self.event)
