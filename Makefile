@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean gpu-check
+.PHONY: venv demo test lint bench clean gpu-check gpu-venv
 
 venv: $(STAMP)
 
@@ -20,10 +20,29 @@ demo: venv
 test: venv
 	$(PY) -m pytest
 
-# The real CUDA kernels, NCCL, PowerSGD's side stream, ZeRO-1 offload (needs a GPU; the
-# emulated flash-attn/apex tests run in `make test` everywhere).
-gpu-check: venv
-	$(PY) -m pytest -m cuda -v -rs tests/test_gpu_check.py
+# The real CUDA kernels and NCCL (README "GPU notes": what it proves). Runs in $(GPU_VENV) when
+# it exists (`make gpu-venv`), else in .venv; fails, never skips, without a CUDA device. The
+# emulated flash-attn/apex tests run in `make test` everywhere; the `cuda` tests skip there.
+GPU_VENV ?= .venv-gpu
+gpu-check:
+	@if [ -x $(GPU_VENV)/bin/python ]; then py=$(GPU_VENV)/bin/python; \
+	else $(MAKE) --no-print-directory venv && py=$(PY); fi; \
+	$$py -m tools.gpu_check && $$py -m pytest -m cuda -v -s -rs tests/test_gpu_check.py
+
+# A CUDA venv for gpu-check and GPU training: CUDA torch of the pinned version, flash-attn,
+# NVIDIA apex with its C++/CUDA extensions (compiled: needs nvcc matching CUDA_INDEX; ~20 min).
+CUDA_INDEX ?= cu128
+gpu-venv:
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install --upgrade pip setuptools wheel packaging ninja
+	$(GPU_VENV)/bin/pip install torch==$$(sed -n 's/^torch==//p' requirements.txt) \
+		--index-url https://download.pytorch.org/whl/$(CUDA_INDEX)
+	grep -v '^torch==' requirements.txt | $(GPU_VENV)/bin/pip install -r /dev/stdin
+	$(GPU_VENV)/bin/pip install flash-attn --no-build-isolation
+	rm -rf $(GPU_VENV)/apex-src && git clone --depth 1 https://github.com/NVIDIA/apex $(GPU_VENV)/apex-src
+	cd $(GPU_VENV)/apex-src && APEX_CPP_EXT=1 APEX_CUDA_EXT=1 ../bin/pip install -v \
+		--no-build-isolation --config-settings "--build-option=--cpp_ext" \
+		--config-settings "--build-option=--cuda_ext" .
 
 lint: venv
 	$(PY) -m ruff check .

@@ -10,6 +10,8 @@
 
 The choice is made from the tensors' device and dtype (a CPU model and a GPU model in one
 process both work); `kernel_choices` says which one runs and, when it is not the fastest, why.
+A package counts only if it will run (`utils/gpu_libraries.py`): flash-attn >= 2.1 on compute
+capability >= 8.0, apex with its compiled CUDA extensions.
 Rows with their own positions (a padded batch) take the torch rotary path: flash-attn's kernel
 takes one position table for the whole batch. Implementations never own parameters, so the
 state dict is the same whichever kernel runs. `model/reference_ops.py` holds a plain-math
@@ -26,7 +28,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from utils.gpu_libraries import OptionalImport, import_optional, runs_gpu_kernels
+from utils import gpu_libraries
+from utils.gpu_libraries import (
+    OptionalImport,
+    apex_extension_problem,
+    flash_attn_version_problem,
+    import_optional,
+    runs_gpu_kernels,
+)
 
 FLASH_MAX_HEAD_DIM = 256  # flash-attn 2 kernels exist for head dims up to 256
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -42,14 +51,18 @@ class GpuKernels:
 
 
 def find_gpu_kernels() -> GpuKernels:
-    """Import the optional kernels (run once at import; the tests re-run it on emulations)."""
+    """Import the optional kernels that will run (once at import; the tests re-run it on
+    emulations): flash-attn >= 2.1, apex with its compiled norm extension."""
     return GpuKernels(
-        flash_attn_func=import_optional("flash_attn", "flash_attn_func"),
-        flash_attn_varlen_func=import_optional("flash_attn", "flash_attn_varlen_func"),
+        flash_attn_func=import_optional("flash_attn", "flash_attn_func",
+                                        flash_attn_version_problem),
+        flash_attn_varlen_func=import_optional("flash_attn", "flash_attn_varlen_func",
+                                               flash_attn_version_problem),
         apply_rotary_emb=import_optional("flash_attn.layers.rotary", "apply_rotary_emb"),
         swiglu=import_optional("flash_attn.ops.activations", "swiglu"),
-        fused_rms_norm_affine=import_optional("apex.normalization.fused_layer_norm",
-                                              "fused_rms_norm_affine"))
+        fused_rms_norm_affine=import_optional(
+            "apex.normalization.fused_layer_norm", "fused_rms_norm_affine",
+            lambda: apex_extension_problem("fused_layer_norm_cuda")))
 
 
 gpu_kernels = find_gpu_kernels()
@@ -68,6 +81,9 @@ def why_not_flash_attention(device: torch.device, dtype: torch.dtype, head_dim: 
               or _why_not(gpu_kernels.flash_attn_varlen_func, device))
     if reason:
         return reason
+    major, minor = gpu_libraries.compute_capability(device)
+    if (major, minor) < gpu_libraries.FLASH_ATTN_MIN_CAPABILITY:
+        return f"sm{major}{minor}: flash-attn 2 needs compute capability >= 8.0 (Ampere)"
     if dtype not in _HALF_DTYPES:
         return f"{str(dtype).removeprefix('torch.')}: flash-attn runs fp16/bf16 only"
     if head_dim > FLASH_MAX_HEAD_DIM:

@@ -6,9 +6,16 @@ Loshchilov & Hutter 2019):
 2. torch `AdamW(fused=True)`: CUDA params (one multi-tensor kernel per step);
 3. torch `AdamW(foreach=True)`: CPU (also ZeRO-1's CPU-offloaded shard) — batched tensor ops.
 
-The ZeRO-1 checkpoint moves Adam's moments between differently sharded optimizers, so it needs
-the state of one tensor as plain values; `read_adam_state` / `write_adam_state` hide that torch
-keeps `step` per tensor while apex keeps it per param group.
+Checkpoints must not depend on which of these ran: a run saved on a node with apex resumes on
+one without it, or on a CPU. Their `state_dict()`s differ (torch keeps `step` per tensor as a
+tensor, apex per param group as an int; apex drops empty groups), so loading one into the other
+fails (`KeyError: 'step'`) or silently restarts the bias correction. Every optimizer checkpoint
+therefore stores the implementation-neutral form of `adam_state_dict`, per tensor in order:
+
+    {"lr": 3e-4, "exp_avg": [m0, m1, ...], "exp_avg_sq": [v0, v1, ...], "step": [12, 12, ...]}
+
+built from `read_adam_state` / `write_adam_state`, the per-tensor view ZeRO-1 also uses to move
+moments between differently sharded optimizers.
 
 Empty param groups (a ZeRO-1 shard may hold no vector params) never reach apex: `FusedAdam`
 before March 2023 indexes the first param of every group and crashes on an empty one.
@@ -20,10 +27,11 @@ import torch
 from torch import Tensor
 
 from optimizer.optimizer_config import OptimizerConfig
-from utils.gpu_libraries import import_optional, runs_gpu_kernels
+from utils.gpu_libraries import apex_extension_problem, import_optional, runs_gpu_kernels
 
-# apex is optional: only its CUDA kernels make it worth having
-apex_fused_adam = import_optional("apex.optimizers", "FusedAdam")
+# apex is optional: only its CUDA kernels (the compiled `amp_C` module) make it worth having
+apex_fused_adam = import_optional("apex.optimizers", "FusedAdam",
+                                  lambda: apex_extension_problem("amp_C"))
 
 
 def adamw_implementation(device: torch.device) -> str:
@@ -85,6 +93,35 @@ def write_adam_state(optimizer: torch.optim.Optimizer, param: Tensor, exp_avg: T
     on_device = group.get("fused") or group.get("capturable")
     state["step"] = torch.tensor(float(step), dtype=torch.float32,
                                  device=param.device if on_device else "cpu")
+
+
+def adam_state_dict(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's Adam state in the implementation-neutral form (module docstring)."""
+    states = [read_adam_state(optimizer, param) for param in _params(optimizer)]
+    return {"lr": optimizer.param_groups[0]["lr"] if optimizer.param_groups else 0.0,
+            "exp_avg": [exp_avg for exp_avg, _, _ in states],
+            "exp_avg_sq": [exp_avg_sq for _, exp_avg_sq, _ in states],
+            "step": [step for _, _, step in states]}
+
+
+def load_adam_state_dict(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Install a state from `adam_state_dict` (saved by any implementation) into `optimizer`."""
+    params = _params(optimizer)
+    if len(state["step"]) != len(params):
+        raise ValueError(f"optimizer state holds {len(state['step'])} tensors, this optimizer "
+                         f"{len(params)}: the model or its trainable params changed")
+    for param, exp_avg, exp_avg_sq, step in zip(params, state["exp_avg"], state["exp_avg_sq"],
+                                                state["step"]):
+        if exp_avg.shape != param.shape:
+            raise ValueError(f"optimizer state of shape {tuple(exp_avg.shape)} for a tensor of "
+                             f"shape {tuple(param.shape)}: the model changed")
+        write_adam_state(optimizer, param, exp_avg, exp_avg_sq, step)
+    for group in optimizer.param_groups:
+        group["lr"] = state["lr"]
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    return [param for group in optimizer.param_groups for param in group["params"]]
 
 
 def weight_decay_groups(model_and_main: list[tuple[Tensor, Tensor]],

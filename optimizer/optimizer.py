@@ -27,7 +27,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from optimizer.adamw import build_adamw, weight_decay_groups
+from optimizer.adamw import (
+    adam_state_dict,
+    build_adamw,
+    load_adam_state_dict,
+    weight_decay_groups,
+)
 from optimizer.clip_grads import clip_grads_, global_grad_norm, unscale_and_check_for_inf_
 from optimizer.grad_scaler import DynamicGradScaler
 from optimizer.optimizer_config import OptimizerConfig
@@ -35,6 +40,7 @@ from utils.atomic_io import atomic_open
 
 STATE_FORMAT = "z2all-optimizer"
 STATE_VERSION = 1
+REPLICATED_STATE_VERSION = 2  # 2: Adam state in the implementation-neutral form (adamw.py)
 REPLICATED_CHECKPOINT_FILE = "optimizer.pt"
 
 
@@ -152,17 +158,18 @@ class MixedPrecisionOptimizer:
 
     # ---- checkpoints: one replicated state, written by rank 0, read by every rank ---------------
     def state_dict(self) -> dict[str, Any]:
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "kind": type(self).__name__,
-                "inner": self.inner.state_dict(),
+        """Adam's state in the neutral form, so that any AdamW implementation can resume it."""
+        return {"format": STATE_FORMAT, "version": REPLICATED_STATE_VERSION,
+                "kind": type(self).__name__, "adam": adam_state_dict(self.inner),
                 "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
                 "main_params": self._saved_main_params()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state_header(state, STATE_FORMAT, type(self).__name__)
+        check_state_header(state, STATE_FORMAT, type(self).__name__, REPLICATED_STATE_VERSION)
         if (state["grad_scaler"] is None) != (self.grad_scaler is None):
             raise ValueError("checkpoint and config disagree on fp16 loss scaling "
                              f"(params_dtype={self.config.params_dtype})")
-        self.inner.load_state_dict(state["inner"])
+        load_adam_state_dict(self.inner, state["adam"])
         if self.grad_scaler is not None:
             self.grad_scaler.load_state_dict(state["grad_scaler"])
         self._load_main_params(state["main_params"])
@@ -193,12 +200,13 @@ class MixedPrecisionOptimizer:
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
-def check_state_header(state: dict[str, Any], expected_format: str, expected_kind: str) -> None:
+def check_state_header(state: dict[str, Any], expected_format: str, expected_kind: str,
+                       expected_version: int = STATE_VERSION) -> None:
     """Fail loudly when a state dict was written by another optimizer kind or format version."""
     found = (state.get("format"), state.get("version"), state.get("kind"))
-    if found != (expected_format, STATE_VERSION, expected_kind):
+    if found != (expected_format, expected_version, expected_kind):
         raise ValueError(f"optimizer state is {found}, expected "
-                         f"{(expected_format, STATE_VERSION, expected_kind)}")
+                         f"{(expected_format, expected_version, expected_kind)}")
 
 
 class FP32Optimizer(MixedPrecisionOptimizer):

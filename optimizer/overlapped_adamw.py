@@ -2,23 +2,40 @@
 
 Plain data parallelism runs: backward (bucket reductions start along the way) -> wait for all
 buckets -> optimizer step over all parameters. Here each bucket's AdamW step starts as soon as
-its reduction is known to be finished. The hook polls (`is_completed()`, which never blocks)
-every time DDP launches another bucket, i.e. while backward is still producing the gradients
-of the earlier layers:
+its reduction is finished. How that is known depends on the device.
+
+On CPU (gloo) the hook polls (`is_completed()`, which never blocks) every time DDP launches
+another bucket, i.e. while backward is still producing the gradients of the earlier layers:
 
     backward ... bucket 0 ready -> launch 0
              ... bucket 1 ready -> poll: 0 reduced? AdamW on bucket 0 -> launch 1
              ... bucket 2 ready -> poll: 1 reduced? AdamW on bucket 1 -> launch 2
     finish_grad_sync(): wait for what is left, AdamW on it
 
+The collective runs on gloo's thread while backward computes, and the update runs on the
+autograd thread between two backward nodes.
+
+On CUDA polling would not work: the host runs ahead of the GPU, so when it asks, NCCL has
+hardly started and nearly every bucket would step in finish_grad_sync (correct, no overlap).
+Instead the hook queues each bucket's step at once, on a side stream, behind its reduction:
+
+    compute stream:  backward ... (grads of bucket 0) ... backward ... (wait: stepped 0, 1, ...)
+    NCCL stream:                  all-reduce 0 ...........  all-reduce 1
+    side stream:                        (wait: reduced 0) AdamW 0      (wait: reduced 1) AdamW 1
+
+Every wait is an event wait between streams (`Work.wait()` of an NCCL collective makes the
+current stream wait, not the host); the host never blocks. The collective was queued behind
+everything the compute stream had queued when the bucket's gradients were complete, so the
+step also comes after every backward kernel that reads the bucket's parameters. Before
+anything reads the parameters again, finish_grad_sync (each bucket's handle) makes the compute
+stream wait for the bucket's "stepped" event.
+
 Stepping a bucket during backward is safe: its gradients are complete, so every backward node
 that reads its parameters has already run (a tied weight's gradient is complete only after its
 last use). The result is bitwise the same as stepping after backward: each bucket has its own
-AdamW, so the order of the updates does not matter. On CUDA the poll asks NCCL's event, and the
-step's kernels are queued behind the rest of backward; on gloo (CPU) the collective runs on
-gloo's thread while backward computes, and the update runs on the autograd thread between two
-backward nodes. With `overlap_grad_reduce` off every bucket is launched after backward, so the
-steps can only interleave with the later buckets' communication.
+AdamW, so the order of the updates does not matter. With `overlap_grad_reduce` off every bucket
+is launched after backward, so the steps can only interleave with the later buckets'
+communication.
 
 The price: each bucket is updated before the others are even reduced, so nothing that needs
 *all* gradients first is possible. Hence refused, with a clear error:
@@ -47,7 +64,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from optimizer.adamw import build_adamw, weight_decay_groups
+from optimizer.adamw import (
+    adam_state_dict,
+    build_adamw,
+    load_adam_state_dict,
+    weight_decay_groups,
+)
 from optimizer.optimizer_config import OptimizerConfig
 from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
     CommHandle,
@@ -59,7 +81,7 @@ from utils.atomic_io import atomic_open
 
 CHECKPOINT_FILE = "overlapped_adamw.pt"
 FORMAT = "z2all-overlapped-adamw"
-VERSION = 1
+VERSION = 2  # 2: each bucket's Adam state in the implementation-neutral form (adamw.py)
 
 
 class OverlappedAdamW:
@@ -102,7 +124,8 @@ class OverlappedAdamW:
             groups = weight_decay_groups(list(zip(bucket.params, masters)), weight_decay)
             self.bucket_optimizers.append(build_adamw(groups, adamw_config))
         self._buckets_stepped = 0
-        self._in_flight: list[CommHandle] = []  # launched, not yet stepped
+        self._in_flight: list[CommHandle] = []  # launched, not yet stepped (CPU)
+        self._stream: Any = None
         ddp_model.register_comm_hook(self, overlap_optim_step_hook)
 
     @classmethod
@@ -119,6 +142,26 @@ class OverlappedAdamW:
         return master
 
     # ---- called by the comm hook ---------------------------------------------------------
+
+    def side_stream(self, device: torch.device) -> Any:
+        """The CUDA stream the bucket steps are queued on, or None on CPU (polled, inline)."""
+        if device.type != "cuda":
+            return None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        return self._stream
+
+    def queue_bucket_step(self, bucket: Bucket, reduction: Any,
+                          stream: Any) -> CommHandle:
+        """CUDA: queue the bucket's AdamW on `stream` behind its reduction, without waiting;
+        the returned handle's wait() makes the compute stream wait until it has stepped."""
+        with torch.cuda.stream(stream):
+            reduction.wait()  # the side stream (current here) waits for the collective
+            self.step_bucket(bucket)
+        stepped = torch.cuda.Event()
+        stepped.record(stream)
+        return CommHandle([ComputeStreamWaits(stepped, keep_alive=reduction)],
+                          getattr(reduction, "bytes_sent", 0))
 
     def step_reduced_buckets(self) -> None:
         """Step every launched bucket whose reduction has finished; never blocks."""
@@ -147,6 +190,8 @@ class OverlappedAdamW:
         """Finish the step (reduce + update what is left); return (True, global grad norm)."""
         if self._buckets_stepped < len(self.buckets):
             self.ddp_model.finish_grad_sync()
+        if self._stream is not None:  # the norm below must see every queued step's effects
+            torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
         assert self._buckets_stepped == len(self.buckets), "every bucket steps once per step"
         self._buckets_stepped = 0
         self._in_flight = []
@@ -178,7 +223,7 @@ class OverlappedAdamW:
 
     def state_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "layout": self._layout(),
-                "bucket_optimizers": [opt.state_dict() for opt in self.bucket_optimizers],
+                "bucket_optimizers": [adam_state_dict(opt) for opt in self.bucket_optimizers],
                 "master_params": [self.master_params[p].detach().clone()
                                   for bucket in self.buckets for p in bucket.params
                                   if self.master_params[p] is not p]}
@@ -192,7 +237,7 @@ class OverlappedAdamW:
             raise ValueError("optimizer state was saved with a different bucket layout (model "
                              "or bucket_size changed); it cannot be mapped onto this one")
         for optimizer, optimizer_state in zip(self.bucket_optimizers, state["bucket_optimizers"]):
-            optimizer.load_state_dict(optimizer_state)
+            load_adam_state_dict(optimizer, optimizer_state)
         copies = [self.master_params[p] for bucket in self.buckets for p in bucket.params
                   if self.master_params[p] is not p]
         for master, saved in zip(copies, state["master_params"], strict=True):
@@ -215,11 +260,29 @@ class OverlappedAdamW:
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
+class ComputeStreamWaits:
+    """A Waitable whose wait() makes the current CUDA stream wait for `event` (host: no wait).
+    It holds `keep_alive` (the reduction and its buffers, e.g. a bf16 copy of the bucket, which
+    the side stream reads) until then: freed earlier, the compute stream's allocator could hand
+    that memory out while the side stream still reads it."""
+
+    def __init__(self, event: Any, keep_alive: Any = None) -> None:
+        self.event, self.keep_alive = event, keep_alive
+
+    def wait(self) -> None:
+        torch.cuda.current_stream().wait_event(self.event)
+
+
 def overlap_optim_step_hook(optimizer: OverlappedAdamW, bucket: Bucket) -> CommHandle:
-    """Step the earlier buckets that are reduced by now, then start reducing `bucket`; its
-    own update runs at a later poll or when DDP waits for it."""
-    optimizer.step_reduced_buckets()
+    """Start reducing `bucket`. CUDA: queue its update behind the reduction on the side stream.
+    CPU: first step the earlier buckets reduced by now; this one's update runs at a later poll
+    or when DDP waits for it."""
+    stream = optimizer.side_stream(bucket.grad_data.device)
+    if stream is None:
+        optimizer.step_reduced_buckets()
     reduction = optimizer.reduce_hook(optimizer.ddp_model.process_group, bucket)
+    if stream is not None:
+        return optimizer.queue_bucket_step(bucket, reduction, stream)
     handle = CommHandle([reduction], getattr(reduction, "bytes_sent", 0),
                         on_complete=lambda: optimizer.step_bucket(bucket))
     optimizer._in_flight.append(handle)

@@ -2,9 +2,11 @@
 
 Bitwise-identical resumption needs the exact generator states of each rank at the checkpoint:
 Python's `random`, NumPy's legacy global generator, torch's CPU generator and, only where CUDA
-is available, every CUDA device's generator (calling CUDA RNG APIs on a CPU-only machine would
-try to initialise CUDA). States are stored as tensors and plain Python values so the file loads
-with `torch.load(weights_only=True)`.
+is available, the generator of the CUDA device this rank computes on (calling CUDA RNG APIs on a
+CPU-only machine would try to initialise CUDA). Only that one device: a rank never draws on the
+others, and how many devices a process sees (8 without CUDA_VISIBLE_DEVICES, 1 with it) may
+differ between the run that saved and the one that resumes. States are stored as tensors and
+plain Python values so the file loads with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def capture_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
@@ -39,7 +41,12 @@ def restore_rng_state(state: dict[str, Any]) -> None:
                          numpy_state["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        device = torch.cuda.current_device()
+        cuda_state = state["cuda"]
+        if isinstance(cuda_state, list):  # checkpoints before this fix: every visible device's
+            cuda_state = cuda_state[device] if device < len(cuda_state) else None
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state, device)
 
 
 def seed_everything(seed: int) -> None:

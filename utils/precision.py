@@ -2,7 +2,7 @@
 
     resolve_dtype("auto", torch.device("cpu"))  ->  PrecisionChoice(dtype="fp32", reason=...)
 
-On CUDA the rule is fixed: bf16 where the GPU supports it (same range as fp32, no loss
+On CUDA the rule is fixed: bf16 where the GPU runs it natively (Ampere+; same range as fp32, no loss
 scaling), else fp16 (with the dynamic loss scaler). On a CPU no rule fits every machine: with
 native bf16 matrix instructions (avx512_bf16, AMX) a bf16 matmul runs several times faster than
 fp32, while a CPU with only AVX2 emulates bf16 and runs it ~30x SLOWER (measured on a 2-core AMD
@@ -81,7 +81,9 @@ def resolve_dtype(requested: str, device: torch.device) -> PrecisionChoice:
     if requested != "auto":
         return PrecisionChoice(requested, f"dtype {requested} (as requested)")
     if device.type == "cuda":
-        dtype = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return PrecisionChoice(dtype, f"dtype auto -> {dtype} (CUDA: bf16 if the GPU supports "
-                                      "it, else fp16 with loss scaling)")
+        # including_emulation=False: by default torch also counts a V100's (sm70) bf16, which
+        # it emulates with fp32 instructions, far slower than the native fp16 tensor cores.
+        dtype = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+        return PrecisionChoice(dtype, f"dtype auto -> {dtype} (CUDA: bf16 if the GPU runs it "
+                                      "natively, sm80+, else fp16 with loss scaling)")
     return measure_cpu_dtype()

@@ -5,6 +5,8 @@ back to torch fails the call-count assertions."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -25,9 +27,15 @@ def use_emulated_gpu_libraries(monkeypatch) -> None:
     """From here on, the CPU is 'the GPU' and flash_attn/apex are the fakes."""
     fake_gpu_libs.install(monkeypatch)
     monkeypatch.setattr(gpu_libraries, "KERNEL_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(gpu_libraries, "compute_capability", fake_gpu_libs.device_capability)
+    probe_gpu_libraries_again(monkeypatch)
+
+
+def probe_gpu_libraries_again(monkeypatch) -> None:
+    """Re-run the import-time probes (after a test changed what the fakes offer)."""
     monkeypatch.setattr(kernels, "gpu_kernels", kernels.find_gpu_kernels())
-    monkeypatch.setattr(adamw, "apex_fused_adam",
-                        gpu_libraries.import_optional("apex.optimizers", "FusedAdam"))
+    monkeypatch.setattr(adamw, "apex_fused_adam", gpu_libraries.import_optional(
+        "apex.optimizers", "FusedAdam", lambda: gpu_libraries.apex_extension_problem("amp_C")))
 
 
 def assert_close(got: torch.Tensor, expected: torch.Tensor, name: str = "") -> None:
@@ -233,3 +241,65 @@ def test_optional_import_says_why_a_library_is_missing(tmp_path, monkeypatch):
     broken = gpu_libraries.import_optional("broken_gpu_lib", "f")
     assert broken.value is None
     assert broken.missing_reason == "import failed: OSError: libcudart.so.12: not found"
+
+
+# ---- the probes: a library that imports but would not run is not used -----------------------
+
+def test_apex_without_its_cuda_extensions_is_not_used(monkeypatch):
+    """A source install of apex without --cuda_ext imports, then FusedAdam raises 'requires
+    cuda extensions' and the first norm dies on the missing fused_layer_norm_cuda."""
+    use_emulated_gpu_libraries(monkeypatch)
+    for extension in fake_gpu_libs.APEX_EXTENSIONS:
+        monkeypatch.setitem(sys.modules, extension, None)  # import raises ModuleNotFoundError
+    probe_gpu_libraries_again(monkeypatch)
+    model = small_model("gqa").to(torch.bfloat16)
+    _logits_and_grads(model, *_batch("none"))
+    assert CALLS["fused_rms_norm_affine"] == 0 and CALLS["flash_attn_func"] > 0
+    reason = kernels.kernel_choices(torch.device("cpu"), torch.bfloat16, 16)["rms_norm"]
+    assert reason.startswith("torch-fp32 (apex built without its CUDA extensions "
+                             "(no fused_layer_norm_cuda)")
+    assert "(no amp_C)" in adamw.adamw_implementation(torch.device("cpu"))
+    optimizer, _ = _adamw_after_steps(_decay_groups(torch.randn(4, 6), False))
+    assert isinstance(optimizer, torch.optim.AdamW) and CALLS["FusedAdam.step"] == 0
+
+
+def test_flash_attn_is_not_used_below_compute_capability_8(monkeypatch):
+    """flash-attn 2 raises 'only supports Ampere GPUs or newer' on a V100/T4."""
+    use_emulated_gpu_libraries(monkeypatch)
+    monkeypatch.setattr(fake_gpu_libs, "EMULATED_CAPABILITY", (7, 5))
+    model = small_model("gqa").to(torch.bfloat16)
+    expected_logits, _ = _logits_and_grads(model, *_batch("right"))
+    assert CALLS["flash_attn_func"] + CALLS["flash_attn_varlen_func"] == 0
+    assert kernels.kernel_choices(torch.device("cpu"), torch.bfloat16, 16)["attention"] == (
+        "torch-sdpa (sm75: flash-attn 2 needs compute capability >= 8.0 (Ampere))")
+    monkeypatch.setattr(fake_gpu_libs, "EMULATED_CAPABILITY", (8, 0))
+    logits, _ = _logits_and_grads(model, *_batch("right"))
+    assert CALLS["flash_attn_varlen_func"] > 0
+    assert_close(logits, expected_logits, "logits on sm80 vs sm75")
+
+
+def test_flash_attn_before_2_1_is_not_used_for_kv_cache_decoding(monkeypatch):
+    """2.0.x aligns the causal mask top-left: with a KV cache the new query would see only the
+    first key. The fake does the same, so using it would break the decoding comparison."""
+    model = small_model("gqa").to(torch.bfloat16).eval()
+    prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    step = torch.randint(0, VOCAB, (2, 1), generator=torch.Generator().manual_seed(6))
+
+    def decode():
+        cache = model.new_kv_cache(2, capacity=8)
+        model.next_token_logits(prompt, None, cache)
+        return model.next_token_logits(step, None, cache)
+
+    with torch.no_grad():
+        expected = decode()
+        use_emulated_gpu_libraries(monkeypatch)
+        monkeypatch.setattr(sys.modules["flash_attn"], "__version__", "2.0.9")
+        q = torch.randn(1, 1, 2, 16, dtype=torch.bfloat16)
+        k, v = torch.randn(1, 3, 2, 16, dtype=torch.bfloat16), torch.randn(1, 3, 2, 16).bfloat16()
+        assert torch.equal(flash_attn_func(q, k, v, causal=True), v[:, :1])  # top-left: key 0
+        probe_gpu_libraries_again(monkeypatch)
+        got = decode()
+    assert CALLS["flash_attn_func"] == 1  # only the direct call above
+    assert kernels.kernel_choices(torch.device("cpu"), torch.bfloat16, 16)["attention"] == (
+        "torch-sdpa (flash_attn 2.0.9 < 2.1 (top-left causal mask breaks KV-cache decoding))")
+    assert_close(got, expected, "decode logits")

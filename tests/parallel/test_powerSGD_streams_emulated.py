@@ -44,12 +44,11 @@ class RecordMatmuls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _main_grads(model, log=None, steps=2):
+def _main_grads(model, log=None, steps=2, state=None):
     ddp = DistributedDataParallel(copy.deepcopy(model), DistributedDataParallelConfig())
-    ddp.register_comm_hook(powersgd.PowerSGDState(matrix_approximation_rank=2,
-                                                  start_powerSGD_iter=0,
-                                                  min_compression_rate=0.0),
-                           powersgd.powerSGD_hook)
+    state = state or powersgd.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=0,
+                                            min_compression_rate=0.0)
+    ddp.register_comm_hook(state, powersgd.powerSGD_hook)
     grads = []
     for step in range(steps):
         inputs, targets = make_batch(0, step, 0)
@@ -62,10 +61,9 @@ def _main_grads(model, log=None, steps=2):
     return grads
 
 
-def _on_fake_streams(rank: int, world_size: int) -> list[str]:
-    model = make_mlp(seed=0)
-    expected = _main_grads(model)
-    log: list[str] = []
+def _use_fake_streams(log: list[str]) -> list[FakeStream]:
+    """Route torch.cuda's stream API and PowerSGD's side stream to fake streams; returns the
+    one-element list holding the current stream."""
     default, side = FakeStream("default", log), FakeStream("side", log)
     current = [default]
 
@@ -80,6 +78,14 @@ def _on_fake_streams(rank: int, world_size: int) -> list[str]:
     torch.cuda.current_stream = lambda device=None: current[0]
     torch.cuda.stream = use_stream
     powersgd.PowerSGDState.side_stream = lambda self, device: side
+    return current
+
+
+def _on_fake_streams(rank: int, world_size: int) -> list[str]:
+    model = make_mlp(seed=0)
+    expected = _main_grads(model)
+    log: list[str] = []
+    current = _use_fake_streams(log)
     with RecordMatmuls(log, current):
         got = _main_grads(model, log)
     for got_step, expected_step in zip(got, expected, strict=True):
@@ -96,3 +102,31 @@ def test_side_stream_waits_and_ops_are_ordered():
     assert first_step.index("side waits for default") < matmuls[0]
     release = first_step.index("default waits for side")
     assert matmuls[-1] < release < first_step.index("grads read")
+
+
+def _resume_with_other_dtype_buffers(rank: int, world_size: int) -> tuple[list, list]:
+    state = powersgd.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=0,
+                                   min_compression_rate=0.0)
+    _main_grads(make_mlp(seed=0), state=state)
+    saved = state.state_dict()
+    resumed = powersgd.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=0,
+                                     min_compression_rate=0.0)
+    resumed.load_state_dict({**saved, **{name: {key: value.double()
+                                                for key, value in saved[name].items()}
+                                         for name in ("error_dict", "q_memory_dict")}})
+    old_buffers = {id(t): f"{name}[{key}]" for name in ("error_dict", "q_memory_dict")
+                   for key, t in getattr(resumed, name).items()}
+    log: list[str] = []
+    _use_fake_streams(log)
+    torch.Tensor.record_stream = lambda tensor, stream: log.append(
+        f"{old_buffers.get(id(tensor), 'another tensor')} recorded on {stream.name}")
+    _main_grads(make_mlp(seed=0), steps=1, state=resumed)
+    return sorted(entry for entry in log if "recorded" in entry), sorted(old_buffers.values())
+
+
+def test_resume_with_other_dtype_buffers_records_the_old_ones_on_the_side_stream():
+    """After a resume with fp64 buffers for fp32 gradients, `.to(grad)` on the side stream
+    reads buffers the compute stream's allocator may reuse: each is record_stream'ed."""
+    recorded, old_buffers = run_on_ranks(_resume_with_other_dtype_buffers, world_size=1)[0]
+    assert len(old_buffers) >= 2
+    assert recorded == [f"{name} recorded on side" for name in old_buffers]

@@ -53,3 +53,14 @@ def test_time_matmul_restores_the_thread_count_and_returns_a_positive_time():
     threads = torch.get_num_threads()
     assert precision.time_matmul(torch.float32, size=32, repeats=2) > 0
     assert torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize("capability, expected", [((7, 0), "fp16"), ((8, 0), "bf16")])
+def test_auto_on_cuda_picks_bf16_only_where_it_is_native(monkeypatch, capability, expected):
+    """torch's default answer counts a V100's emulated bf16 as supported; `auto` must not."""
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return capability >= (8, 0) or including_emulation  # torch/cuda/__init__.py's rule
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    choice = resolve_dtype("auto", torch.device("cuda"))
+    assert choice.dtype == expected and f"-> {expected}" in choice.reason

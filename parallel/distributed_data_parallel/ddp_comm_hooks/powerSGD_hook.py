@@ -144,7 +144,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: Bucket) -> CommHandle:
         if state.use_error_feedback:
             if key not in state.error_dict:
                 state.error_dict[key] = torch.zeros_like(grad)
-            error = state.error_dict[key] = state.error_dict[key].to(grad)  # after a reload
+            error = state.error_dict[key] = _like_grad(state.error_dict[key], grad, stream)
             grad.add_(error)
             error.copy_(grad)  # holds the input until Step III turns it into input - applied
 
@@ -152,7 +152,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: Bucket) -> CommHandle:
         if key not in state.q_memory_dict or not state.warm_start:
             q_numel = sum(m.shape[1] * r for m, r in matrices)
             state.q_memory_dict[key] = _initial_q(state.seed, key, step, q_numel)
-        q_memory = state.q_memory_dict[key] = state.q_memory_dict[key].to(grad)
+        q_memory = state.q_memory_dict[key] = _like_grad(state.q_memory_dict[key], grad, stream)
         ps = _split(p_memory, [(m.shape[0], r) for m, r in matrices])
         qs = _split(q_memory, [(m.shape[1], r) for m, r in matrices])
 
@@ -192,6 +192,19 @@ def powerSGD_hook(state: PowerSGDState, bucket: Bucket) -> CommHandle:
     bytes_sent = sum(allreduce_wire_bytes(t, world_size)
                      for t in (flat_uncompressed, p_memory, q_memory))
     return CommHandle([], bytes_sent, on_complete=steps_two_and_three)
+
+
+def _like_grad(buffer: Tensor, grad: Tensor, stream: Any) -> Tensor:
+    """`buffer` (error or Q memory) in `grad`'s dtype and device; a new tensor only after a
+    reload whose saved buffers differ (e.g. fp32 buffers for bf16 gradients). The conversion
+    reads the old buffer on the side stream; a GPU buffer made by the reload belongs to the
+    compute stream, whose allocator would hand its memory out again as soon as Python drops it,
+    while the side stream may still be reading it: `record_stream` makes the allocator wait
+    for the side stream's queued work first."""
+    converted = buffer.to(grad)
+    if stream is not None and converted is not buffer and buffer.device == grad.device:
+        buffer.record_stream(stream)
+    return converted
 
 
 def _on_stream(stream: Any) -> Any:

@@ -5,6 +5,9 @@ query head h reads key/value head h // (H / KV)); scale 1/sqrt(D) by default; ca
 with the diagonal aligned to the bottom-right corner of the T x S score matrix, so query i sees
 key j iff j <= i + S - T (a query that sees no key outputs 0). The varlen form packs the rows
 end to end: q [total_q, H, D], rows delimited by int32 `cu_seqlens` [B + 1].
+Like the real package: below version 2.1 (set `__version__`) the causal diagonal is aligned to
+the top-left corner (query i sees key j iff j <= i), and every call on a GPU of compute
+capability below 8.0 raises.
 """
 
 from __future__ import annotations
@@ -13,13 +16,22 @@ import math
 
 import torch
 
+from tests import fake_gpu_libs
 from tests.fake_gpu_libs import CALLS, check_on_gpu
 
+__version__ = "2.8.3"
 MAX_HEAD_DIM = 256
+
+
+def _bottom_right_causal() -> bool:
+    major, minor = (int(part) for part in __version__.split(".")[:2])
+    return (major, minor) >= (2, 1)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     check_on_gpu(q, k, v)
+    if fake_gpu_libs.device_capability(q.device) < (8, 0):
+        raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -47,8 +59,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, cau
     scores = qf @ kf.transpose(-1, -2) * scale
     seqlen_q, seqlen_k = q.shape[0], k.shape[0]
     if causal:
+        diagonal = seqlen_k - seqlen_q if _bottom_right_causal() else 0
         visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool,
-                             device=q.device).tril(seqlen_k - seqlen_q)
+                             device=q.device).tril(diagonal)
         scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.nan_to_num(scores.softmax(dim=-1), nan=0.0)  # no visible key: output 0
     else:

@@ -3,10 +3,13 @@
 Semantics (apex/normalization/fused_layer_norm.py and its CUDA kernel): under autocast both
 input and weight are first cast to the autocast dtype; the kernel needs weight of the input's
 dtype and shape `normalized_shape` (the input's trailing dims), accumulates in fp32 and returns
-x * rsqrt(mean(x^2) + eps) * weight in the input's dtype.
+x * rsqrt(mean(x^2) + eps) * weight in the input's dtype. The kernel is in the compiled
+`fused_layer_norm_cuda` module, imported at the first call (ModuleNotFoundError without it).
 """
 
 from __future__ import annotations
+
+import importlib
 
 import torch
 
@@ -15,6 +18,7 @@ from tests.fake_gpu_libs import CALLS, check_on_gpu
 
 def fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6, memory_efficient=False):
     CALLS["fused_rms_norm_affine"] += 1
+    importlib.import_module("fused_layer_norm_cuda")
     check_on_gpu(input, weight)
     device_type = input.device.type
     if torch.is_autocast_enabled(device_type):

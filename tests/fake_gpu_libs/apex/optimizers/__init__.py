@@ -7,9 +7,12 @@ dtype, the math runs in fp32:
     p -= lr * ((m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * p)
 Params must be fp16, bf16 or fp32 on the GPU. Releases before March 2023 read
 group["params"][0] of every group, so an empty group raises IndexError; the fake does too.
+The constructor needs the compiled `amp_C` module, as the real one does.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import torch
 
@@ -20,6 +23,10 @@ class FusedAdam(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True,
                  capturable=False, master_weights=False):
+        try:
+            importlib.import_module("amp_C")
+        except ImportError as error:
+            raise RuntimeError("apex.optimizers.FusedAdam requires cuda extensions") from error
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant.")
         if capturable or master_weights or not adam_w_mode:
