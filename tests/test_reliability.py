@@ -33,6 +33,7 @@ from model.modeling_z2all import Z2allForCausalLM
 from tests.distributed_helpers import run_on_ranks
 from tests.train_helpers import TINY_ARGS, data_args, tiny_training_data
 from tokenizer import train_tokenizer
+from tools import resplot
 from trainer import training_checkpoint
 from utils.checkpoint import list_checkpoints, verify_checkpoint
 from utils.cli_errors import EXIT_BAD_INPUT, EXIT_RUNTIME_FAILURE, run_main
@@ -95,6 +96,7 @@ CASES = [
      "no text found in {tmp}"),
     (train_tokenizer.main, ["--type=hf", "--input={tmp}", "--vocab_size=100", "--out={tmp}/t"],
      "--vocab_size must be >= 259"),
+    (resplot.main, ["{tmp}/no_run"], "run directory does not exist: {tmp}/no_run"),
 ]
 
 
@@ -173,6 +175,34 @@ def test_disk_full_names_the_checkpoint_and_the_intact_one(tmp_path, capsys, dat
         f"; the previous checkpoint {first} is intact")
     assert [path for _, path in list_checkpoints(run_dir / "ckpt")] == [first]
     assert verify_checkpoint(first) is None
+
+
+def test_disk_full_inside_torch_save_is_the_disk_full_message(tmp_path, capsys, data,
+                                                               monkeypatch):
+    """torch's C++ writer reports a failed write as a RuntimeError whose context is the
+    OSError(ENOSPC) (what `torch.save` into /dev/full raises); it must read as a full disk."""
+    real_save = torch.save
+    rank_files: list[object] = []
+
+    def save_until_the_disk_fills(obj, handle):
+        if isinstance(obj, dict) and "rng" in obj:
+            rank_files.append(handle)
+        if len(rank_files) > 1:  # the second checkpoint's rank file
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError:  # torch's writer leaves the OSError as the context
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . "  # noqa: B904
+                                   "unexpected pos 704 vs 598")
+        real_save(obj, handle)
+
+    monkeypatch.setattr(torch, "save", save_until_the_disk_fills)
+    run_dir = tmp_path / "run"
+    argv = [*TINY_ARGS, *data_args(data, "pretrain"), f"--out_dir={run_dir}", "--max_iters=4",
+            "--save_interval=2", "--eval_interval=2", "--eval_at_start=false"]
+    assert run_main(train_my_ddp.main, argv) == EXIT_RUNTIME_FAILURE
+    assert one_line_error(capsys) == (
+        f"error: no space left on device while writing {run_dir / 'ckpt' / '.tmp_step_000004'}"
+        f"; the previous checkpoint {run_dir / 'ckpt' / 'step_000002'} is intact")
 
 
 def _rank_0_disk_fills(rank: int, world_size: int, argv: list[str]) -> int:
