@@ -26,7 +26,7 @@ from data_preprocess import build_pretrain_sample_index_map, pipeline, pretokeni
 from data_preprocess import pretokenize_pretrain_data as pretrain_cli
 from data_preprocess.chat_records import RecordFormatError, dpo_messages, sft_messages
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
-from dataset.build import build_datasets
+from dataset.build import CACHE_DIR_NAME, build_datasets
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
@@ -97,6 +97,9 @@ CASES = [
     (train_tokenizer.main, ["--type=hf", "--input={tmp}", "--vocab_size=100", "--out={tmp}/t"],
      "--vocab_size must be >= 259"),
     (resplot.main, ["{tmp}/no_run"], "run directory does not exist: {tmp}/no_run"),
+    (train_my_ddp.main, [*TINY_ARGS, "--task_type=sft", "--data_dir={pretok}",
+                         "--tokenizer_dir={tok}"],
+     "this is pretokenized pretraining data, not sft records (use --task_type=pretrain"),
 ]
 
 
@@ -330,3 +333,10 @@ def test_model_vocabulary_smaller_than_the_tokenizer_is_refused(tmp_path, capsys
     assert run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT
     assert "the model's vocabulary (64) is smaller than the tokenizer's" in one_line_error(capsys)
     assert not (run_dir / "ckpt").exists() and not (run_dir / "heartbeat").exists()
+
+
+@pytest.mark.parametrize("task_type", ["sft", "dpo"])
+def test_chat_task_on_pretraining_tokens_is_refused_without_a_cache(task_type, data):
+    with pytest.raises(ValueError, match="this is pretokenized pretraining data"):
+        build_datasets(task_type, data["pretrain"], data["tokenizer"], 32, num_workers=0)
+    assert not (data["pretrain"] / CACHE_DIR_NAME).exists()
