@@ -5,6 +5,8 @@
     one checkpoint dir (has manifest.json / step_N)    that checkpoint, after its manifest verifies
     a run dir or its ckpt/ dir                         the newest checkpoint whose manifest verifies
     a bare `save_pretrained` dir (no manifest)         as it is: nothing to verify it against
+                                                       (never a run's ckpt/step_N or ckpt/best:
+                                                       those had a manifest, so one is needed)
 
 `generate.py`, `model.convert_to_hf`, the trainer's `--init_from` and the DPO reference, and
 `tools.demo_eval` all call `load_model`, so a damaged checkpoint is refused the same way
@@ -24,7 +26,7 @@ import torch
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from tokenizer import load_tokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
-from utils.checkpoint import MANIFEST, resolve_checkpoint
+from utils.checkpoint import MANIFEST, is_step_dir, resolve_checkpoint
 from utils.precision import DTYPES, resolve_dtype
 
 
@@ -40,7 +42,7 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
     """The directory whose weights `load_model(path)` reads (see the module docstring)."""
     path = Path(path)
     is_bare_save = ((path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file()
-                    and not (path / MANIFEST).exists())
+                    and not (path / MANIFEST).exists() and not is_step_dir(path))
     if is_hf_llama_dir(path) or is_bare_save:
         return path
     return resolve_checkpoint(path)  # verifies; raises CheckpointError with the reason
