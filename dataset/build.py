@@ -36,7 +36,12 @@ from data_preprocess.build_pretrain_sample_index_map import (
 )
 from data_preprocess.pipeline import DEFAULT_WORKERS
 from data_preprocess.pretokenize_chat import pretokenize_chat_data
-from dataset.chat_store import ChatTokenStore, find_store_sidecars, split_train_valid
+from dataset.chat_store import (
+    ChatTokenStore,
+    find_store_sidecars,
+    other_task_problem,
+    split_train_valid,
+)
 from dataset.data_config import DataConfig
 from dataset.dataset_dpo import DPOCollator, DPODataset
 from dataset.dataset_pretrain import PretokDatasetWithIndex
@@ -72,25 +77,14 @@ def check_pretok_tokenizer(data_dir: Path, fingerprint: str) -> None:
                              f"--tokenizer_dir has {fingerprint}; re-run pretokenization")
 
 
-def refuse_other_pretokenized_data(data_dir: Path, task_type: str) -> None:
-    """Token files of another task are not raw records: say so before any cache is made
-    (their `.json` sidecars would otherwise be read as records and fail as `not_array`)."""
-    for other, described in (("pretok", "pretokenized pretraining data"),
-                             ("sft", "pretokenized sft data"), ("dpo", "pretokenized dpo data")):
-        if other != task_type and find_store_sidecars(data_dir, other):
-            fix = "pretrain" if other == "pretok" else other
-            raise ValueError(f"--data_dir={data_dir}: this is {described}, not {task_type} "
-                             f"records (use --task_type={fix}, or point --data_dir at raw "
-                             f"{task_type} records)")
-
-
 def chat_store_dir(kind: str, data_dir: Path, tokenizer_dir: str | Path, fingerprint: str,
                    max_seq_len: int, system_prompt: str | None, cache_dir: str | Path | None,
                    num_workers: int, prepare_timeout_s: float) -> Path:
     """The folder of pretokenized samples: data_dir itself, or the cache built from it."""
     if find_store_sidecars(data_dir, kind):
         return data_dir
-    refuse_other_pretokenized_data(data_dir, kind)
+    if problem := other_task_problem(data_dir, kind):  # before any cache is made
+        raise ValueError(problem)
     key, identity = cache_key(data_dir, kind, fingerprint, max_seq_len, system_prompt)
     store_dir = Path(cache_dir or data_dir / CACHE_DIR_NAME) / f"{kind}_{key}"
     done_path = store_dir / "DONE.json"

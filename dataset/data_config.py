@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from dataset.chat_store import other_task_problem
 from utils.option_checks import option
 
 DEFAULT_SHUFFLE_BUFFER = 1000
@@ -50,4 +51,7 @@ class DataConfig:
         if self.pack_samples and (self.task_type != "sft" or self.data_format == "stream"):
             problems.append("--pack_samples packs SFT samples from --data_format=pretok: use "
                             "it with --task_type=sft only")
+        if self.data_format == "pretok" and (problem := other_task_problem(self.data_dir,
+                                                                          self.task_type)):
+            problems.append(problem)  # checked here so that a refused run leaves nothing
         return problems
