@@ -21,7 +21,9 @@ the trainer asked for. What workers prefetched beyond that is simply produced ag
 resume, from the recorded positions. State, per rank:
     {"workers": [per worker: {"sources": [{epoch, shard_cursor, record, offset, skipped}],
                               "mix_draws"}],
-     "next_worker": which worker's chunk comes next, "buffer": {items, draws}, ...}
+     "next_worker": which worker's chunk comes next, "buffer": {items, draws},
+     "sources": the --data_mix source names in order, "shards": each source's shard list, ...}
+(cursors belong to a source's place in that order: a resume refuses another order or list)
 A resumed DataLoader starts at its worker 0, so worker i plays logical worker
 (next_worker + i) % workers: the round-robin continues where it stopped.
 
@@ -77,7 +79,7 @@ class SourceCursor:
     shard_cursor: int = 0  # index into this worker's shard shares of the epoch
     record: int = 0  # first record number not fully used (0: start of the shard)
     offset: int = 0  # tokens of that record already used
-    skipped: dict[str, int] = field(default_factory=dict)  # bad records skipped, by reason
+    skipped: dict[str, int] = field(default_factory=dict)  # records skipped or cut, by reason
 
 
 @dataclass(frozen=True)
