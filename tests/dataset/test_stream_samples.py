@@ -2,8 +2,9 @@
 
 Reference: the offline pretokenizers (data_preprocess/pretokenize_*.py) run on the same shard;
 their reports count empty texts (`skipped.empty`), SFT/DPO samples dropped for length
-(`skipped.too_long`) and samples cut to fit (`num_truncated`). One unshuffled epoch of the
-stream must count the same.
+(`skipped.too_long`) and samples cut to fit (`num_truncated`). The stream's samples of that
+shard, read to the end, must count the same; and the loader's running count must match its
+exact position (a formula over the record numbers).
 """
 
 from __future__ import annotations
