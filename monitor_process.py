@@ -45,7 +45,8 @@ RESUMED is the trainer's own `{"kind": "resume"}` line in metrics.jsonl, confirm
 
 Exit status: 0 the run finished; 1 gave up after --max_restarts (or the run dir stayed locked);
 3 stuck (same step again and again); 128+N stopped by signal N (130 for Ctrl-C, 143 for
-SIGTERM); 2 bad usage, or the run dir is in use by another live trainer.
+SIGTERM); 2 bad usage, or the run dir is in use by another live trainer or supervisor
+(monitor/supervisor_lock.py).
 
 `--remote user@host` runs the command with `ssh -tt -o BatchMode=yes user@host 'cd DIR &&
 exec ...'`: `-tt` gives the remote side a terminal, so killing the local ssh hangs it up and
@@ -76,6 +77,7 @@ from pathlib import Path
 
 from monitor.attempt import Attempt, AttemptWatch, StopSignals, progress_step
 from monitor.event_log import EventLog
+from monitor.supervisor_lock import only_supervisor
 from utils.cli_errors import run_main
 from utils.option_checks import join_problems, range_problem
 from utils.run_directory import MONITOR_LOG, lock_holder, newest_checkpoint_step
@@ -291,7 +293,8 @@ def parse_args(argv: list[str]) -> tuple[MonitorConfig, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     config, command = parse_args(sys.argv[1:] if argv is None else argv)
-    return Supervisor(config, command, Path(config.out_dir)).run()
+    with only_supervisor(config.out_dir):  # taken before anything is launched
+        return Supervisor(config, command, Path(config.out_dir)).run()
 
 
 if __name__ == "__main__":

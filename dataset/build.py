@@ -36,7 +36,12 @@ from data_preprocess.build_pretrain_sample_index_map import (
 )
 from data_preprocess.pipeline import DEFAULT_WORKERS
 from data_preprocess.pretokenize_chat import pretokenize_chat_data
-from dataset.chat_store import ChatTokenStore, find_store_sidecars, split_train_valid
+from dataset.chat_store import (
+    ChatTokenStore,
+    find_store_sidecars,
+    other_task_problem,
+    split_train_valid,
+)
 from dataset.data_config import DataConfig
 from dataset.dataset_dpo import DPOCollator, DPODataset
 from dataset.dataset_pretrain import PretokDatasetWithIndex
@@ -78,6 +83,8 @@ def chat_store_dir(kind: str, data_dir: Path, tokenizer_dir: str | Path, fingerp
     """The folder of pretokenized samples: data_dir itself, or the cache built from it."""
     if find_store_sidecars(data_dir, kind):
         return data_dir
+    if problem := other_task_problem(data_dir, kind):  # before any cache is made
+        raise ValueError(problem)
     key, identity = cache_key(data_dir, kind, fingerprint, max_seq_len, system_prompt)
     store_dir = Path(cache_dir or data_dir / CACHE_DIR_NAME) / f"{kind}_{key}"
     done_path = store_dir / "DONE.json"

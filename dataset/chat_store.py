@@ -51,6 +51,21 @@ def find_store_sidecars(directory: Path, kind: str) -> list[tuple[Path, dict]]:
     return found
 
 
+def other_task_problem(data_dir: str | Path, task_type: str) -> str | None:
+    """Token files of another task are not raw records: the message saying so, or None.
+    (Their `.json` sidecars would otherwise be read as records and fail as `not_array`.)"""
+    data_dir = Path(data_dir)
+    if task_type == "pretrain" or not data_dir.is_dir():
+        return None
+    for other, described in (("pretok", "pretokenized pretraining data"),
+                             ("sft", "pretokenized sft data"), ("dpo", "pretokenized dpo data")):
+        if other != task_type and find_store_sidecars(data_dir, other):
+            fix = "pretrain" if other == "pretok" else other
+            return (f"--data_dir={data_dir}: this is {described}, not {task_type} records "
+                    f"(use --task_type={fix}, or point --data_dir at raw {task_type} records)")
+    return None
+
+
 class ChatTokenStore:
     """All `(ids, loss_mask)` sequences of a store; `store.sample(i)` -> the sample's sequences."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from dataset.chat_store import other_task_problem
 from dataset.stream_shards import parse_data_mix
 from utils.option_checks import option
 
@@ -56,4 +57,7 @@ class DataConfig:
         if self.pack_samples and (self.task_type != "sft" or self.data_format == "stream"):
             problems.append("--pack_samples packs SFT samples from --data_format=pretok: use "
                             "it with --task_type=sft only")
+        if self.data_format == "pretok" and (problem := other_task_problem(self.data_dir,
+                                                                          self.task_type)):
+            problems.append(problem)  # checked here so that a refused run leaves nothing
         return problems

@@ -21,7 +21,9 @@ the trainer asked for. What workers prefetched beyond that is simply produced ag
 resume, from the recorded positions. State, per rank:
     {"workers": [per worker: {"sources": [{epoch, shard_cursor, record, offset, skipped}],
                               "mix_draws"}],
-     "next_worker": which worker's chunk comes next, "buffer": {items, draws}, ...}
+     "next_worker": which worker's chunk comes next, "buffer": {items, draws},
+     "sources": the --data_mix source names in order, "shards": each source's shard list, ...}
+(cursors belong to a source's place in that order: a resume refuses another order or list)
 A resumed DataLoader starts at its worker 0, so worker i plays logical worker
 (next_worker + i) % workers: the round-robin continues where it stopped.
 
@@ -34,6 +36,7 @@ buffers' contents. Same G: every sample exactly as the uninterrupted run.
 
 from __future__ import annotations
 
+import collections
 import copy
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -45,7 +48,13 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dataset.data_config import DEFAULT_SHUFFLE_BUFFER, DataFormatMismatch
 from dataset.shuffle_buffer import CountedUniforms, ShuffleBuffer
-from dataset.stream_samples import Position, chat_samples, pretrain_samples
+from dataset.stream_samples import (
+    POLICY_COUNTS,
+    Position,
+    ShardSamples,
+    chat_samples,
+    pretrain_samples,
+)
 from dataset.stream_shards import (
     StreamSource,
     check_shards_present,
@@ -71,7 +80,7 @@ class SourceCursor:
     shard_cursor: int = 0  # index into this worker's shard shares of the epoch
     record: int = 0  # first record number not fully used (0: start of the shard)
     offset: int = 0  # tokens of that record already used
-    skipped: dict[str, int] = field(default_factory=dict)  # bad records skipped, by reason
+    skipped: dict[str, int] = field(default_factory=dict)  # records skipped or cut, by reason
 
 
 @dataclass(frozen=True)
@@ -114,8 +123,9 @@ class StreamDataset(IterableDataset):
         return {**self.__dict__, "_tokenizer": None}  # each worker loads its own
 
     def samples(self, records: Iterator[Record | BadRecordError], start: Position
-                ) -> Iterator[tuple[dict[str, np.ndarray], Position]]:
-        """Records of one shard -> (sample, position after it), for the task at hand."""
+                ) -> ShardSamples:
+        """Records of one shard -> (sample, position after it), for the task at hand; the
+        generator returns the shard's final counts."""
         settings = self.settings
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(settings.tokenizer_dir)
@@ -144,7 +154,13 @@ class StreamDataset(IterableDataset):
                 start = Position(cursor.record, cursor.offset, cursor.skipped)
                 records = owned_records(share, cursor.record, settings.holdout_every,
                                         holdout=False)
-                for item, position in self.samples(records, start):
+                shard_samples = self.samples(records, start)
+                while True:
+                    try:
+                        item, position = next(shard_samples)
+                    except StopIteration as end:  # the counts of records after the last sample
+                        cursor.skipped = end.value
+                        break
                     cursor.record, cursor.offset, cursor.skipped = position
                     produced += 1
                     yield item
@@ -209,22 +225,44 @@ class StreamLoader:
                 items.append(self.buffer.pop())
             yield self.collate_fn(items)
 
+    def _counts_by_reason(self) -> collections.Counter[str]:
+        counts: collections.Counter[str] = collections.Counter()
+        for state in self.worker_states:
+            for source in state["sources"] if state else ():
+                counts.update(source["skipped"])
+        return counts
+
     def skipped_records(self) -> int:
-        """Bad records this rank skipped so far (too-long SFT/DPO samples are not bad)."""
-        return sum(count for state in self.worker_states if state
-                   for source in state["sources"]
-                   for reason, count in source["skipped"].items() if reason != "too_long")
+        """Bad records this rank skipped so far (empty, too long or cut ones are not bad)."""
+        return sum(count for reason, count in self._counts_by_reason().items()
+                   if reason not in POLICY_COUNTS)
+
+    def policy_counts(self) -> dict[str, int]:
+        """Records of this rank not trained on as they are, so far: empty ones skipped,
+        too-long SFT/DPO samples dropped, long ones truncated (dataset/stream_samples.py)."""
+        counts = self._counts_by_reason()
+        return {metric: counts[reason] for reason, metric in POLICY_COUNTS.items()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"format": STATE_FORMAT, "version": STATE_VERSION,
                 "world_size": self.dataset.world_size,
                 "workers_per_rank": self.dataset.workers_per_rank,
+                "sources": [source.name for source in self.dataset.sources],
                 "shards": [source.relative_names() for source in self.dataset.sources],
                 "workers": copy.deepcopy(self.worker_states), "next_worker": self.next_worker,
                 "buffer": self.buffer.state_dict()}
 
     def check_same_shards(self, state: dict[str, Any]) -> None:
-        """A resume over a changed shard list would silently change what 'position' means."""
+        """A resume over a changed shard list would silently change what 'position' means;
+        so would reordered --data_mix sources (cursors are kept per source index, and two
+        sources with the same shard names would swap their cursors unnoticed)."""
+        saved_names = state.get("sources")  # absent in states written before it was recorded
+        names = [source.name for source in self.dataset.sources]
+        if saved_names is not None and saved_names != names:
+            raise ValueError(f"--data_mix sources are {', '.join(names)}, but the checkpoint "
+                             f"was written with {', '.join(saved_names)} (in that order); "
+                             "resume with the same sources in the same order, or start a new "
+                             "run instead of --resume")
         for source, saved in zip(self.dataset.sources, state["shards"], strict=True):
             now = source.relative_names()
             for name in sorted(set(saved) ^ set(now)):

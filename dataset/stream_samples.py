@@ -20,12 +20,15 @@ and cut like data_preprocess/pretokenize_chat.py; the position after it is the n
 
 Bad records: an error naming shard and line, or with skip_bad_records a count by reason in
 `skipped` (which travels in the position, so a resume neither loses nor repeats a count).
+Records that are fine but not trained on as they are get counted there too, always, as the
+pretokenizers count them (`POLICY_COUNTS`): empty or whitespace-only texts, SFT/DPO samples
+dropped because nothing trained would survive the cut to seq_len, and samples cut to fit.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,19 +39,27 @@ from dataset.dataset_sft import chat_item
 from utils.conversation import render_conversations
 from utils.readers import BadRecordError, Record, text_of
 
+# Reasons in `skipped` that are policy, not bad input, and the metric each is reported as.
+# ("truncated" is taken: readers use it for a file cut mid-record.)
+POLICY_COUNTS = {"empty": "empty_records_skipped", "too_long": "too_long_records_dropped",
+                 "cut_to_fit": "long_records_truncated"}
 ENCODE_BATCH = 64  # texts per encode_batch call: amortises the tokenizer's per-call overhead
 
 
 class Position(NamedTuple):
     record: int  # 1-based number of the record where the next sample starts (0: shard start)
     offset: int  # tokens of that record already used (pretraining; 0 for SFT/DPO)
-    skipped: dict[str, int]  # bad records skipped so far by this worker, by reason
+    skipped: dict[str, int]  # records skipped (or cut) so far by this worker, by reason
+
+
+# (sample, position after it) ..., then, returned at the end of the shard, its final counts
+ShardSamples = Generator[tuple[dict[str, np.ndarray], Position], None, dict[str, int]]
 
 
 class Document(NamedTuple):
     number: int
     ids: np.ndarray  # the text's ids followed by EOS
-    skipped: dict[str, int]  # bad records counted before this one was read
+    skipped: dict[str, int]  # records counted before this one was read
 
 
 def reject(error: BadRecordError, skip_bad_records: bool,
@@ -71,7 +82,8 @@ def good_records(items: Iterator[Record | BadRecordError], skip_bad_records: boo
 def shard_documents(records: Iterator[Record], text_keys: list[str], tokenizer: Any,
                     skip_bad_records: bool, skipped: collections.Counter[str]
                     ) -> Iterator[Document]:
-    """Encoded documents in record order; empty/whitespace-only texts are skipped (as offline)."""
+    """Encoded documents in record order; empty/whitespace-only texts are skipped and
+    counted as `empty` (as offline)."""
     pending: list[tuple[int, str, dict[str, int]]] = []
 
     def encode_pending() -> Iterator[Document]:
@@ -88,6 +100,8 @@ def shard_documents(records: Iterator[Record], text_keys: list[str], tokenizer: 
             continue
         if text.strip():
             pending.append((record.number, text, dict(skipped)))
+        else:
+            skipped["empty"] += 1
         if len(pending) == ENCODE_BATCH:
             yield from encode_pending()
     yield from encode_pending()
@@ -127,7 +141,7 @@ def pack_windows(documents: Iterator[Document], seq_len: int, start: Position
 
 def pretrain_samples(records: Iterator[Record | BadRecordError], start: Position, *,
                      tokenizer: Any, seq_len: int, text_keys: list[str],
-                     skip_bad_records: bool) -> Iterator[tuple[dict[str, np.ndarray], Position]]:
+                     skip_bad_records: bool) -> ShardSamples:
     """Items shaped like PretokDatasetWithIndex's: input = first L tokens, labels = last L.
     (numpy, not torch: DataLoader sends torch tensors through one shared-memory file each.)"""
     skipped = collections.Counter(start.skipped)
@@ -135,11 +149,12 @@ def pretrain_samples(records: Iterator[Record | BadRecordError], start: Position
                                 tokenizer, skip_bad_records, skipped)
     for window, position in pack_windows(documents, seq_len, start):
         yield {"input_ids": window[:-1], "labels": window[1:]}, position
+    return dict(skipped)  # the whole shard's counts, its records after the last window included
 
 
 def chat_samples(records: Iterator[Record | BadRecordError], start: Position, *, kind: str,
                  tokenizer: Any, seq_len: int, system_prompt: str | None,
-                 skip_bad_records: bool) -> Iterator[tuple[dict[str, np.ndarray], Position]]:
+                 skip_bad_records: bool) -> ShardSamples:
     """SFT/DPO items shaped like SupervisedDataset's / DPODataset's; `too_long` ones dropped."""
     skipped = collections.Counter(start.skipped)
     for record in good_records(records, skip_bad_records, skipped):
@@ -149,14 +164,17 @@ def chat_samples(records: Iterator[Record | BadRecordError], start: Position, *,
             reject(BadRecordError(record.path, record.number, error.reason, error.detail),
                    skip_bad_records, skipped)
             continue
-        fitted = fit_to_length(render_conversations(tokenizer, conversations, system_prompt),
-                               seq_len)
+        rendered = render_conversations(tokenizer, conversations, system_prompt)
+        fitted = fit_to_length(rendered, seq_len)
         if fitted is None:
             skipped["too_long"] += 1
             continue
+        if any(len(ids) > seq_len for ids, _ in rendered):
+            skipped["cut_to_fit"] += 1
         sides = [{key: tensor.numpy() for key, tensor in
                   chat_item(np.array(ids), np.array(mask)).items()} for ids, mask in fitted]
         item = sides[0] if kind == "sft" else {
             f"{side}_{key}": value for side, sequence in zip(("chosen", "rejected"), sides)
             for key, value in sequence.items()}
         yield item, Position(record.number + 1, 0, dict(skipped))
+    return dict(skipped)  # the whole shard's counts, its records after the last sample included

@@ -37,6 +37,7 @@ class TrainData(Protocol):
     def state_dict(self) -> dict[str, Any]: ...                    # this rank's position
     def restore(self, saved: list[dict[str, Any]]) -> str | None: ...  # from all saved ranks
     def skipped_records(self) -> int: ...                          # bad records skipped
+    def policy_counts(self) -> dict[str, int]: ...  # records dropped or cut, by metric name
 
 
 class SampledTrainData:
@@ -80,6 +81,9 @@ class SampledTrainData:
 
     def skipped_records(self) -> int:
         return 0  # pretokenized data was checked when it was made
+
+    def policy_counts(self) -> dict[str, int]:
+        return {}  # the pretokenizer reported (and its sidecars record) what it dropped or cut
 
 
 def build_train_data(config: DataConfig, *, seed: int, batch_size: int, eval_samples: int,

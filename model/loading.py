@@ -9,6 +9,8 @@
     a LoRA checkpoint (lora.json, any of the above)    its base (verified by fingerprint) with
                                                        the adapters merged in (for inference;
                                                        `load_lora_checkpoint` keeps them apart)
+                                                       (never a run's ckpt/step_N or ckpt/best:
+                                                       those had a manifest, so one is needed)
 
 `generate.py`, `model.convert_to_hf`, the trainer's `--init_from` and the DPO reference, and
 `tools.demo_eval` all call `load_model`, so a damaged checkpoint is refused the same way
@@ -37,7 +39,7 @@ from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from model.run_tokenizer import model_tokenizer
 from tokenizer import PretrainedTokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
-from utils.checkpoint import MANIFEST, CheckpointError, resolve_checkpoint
+from utils.checkpoint import MANIFEST, CheckpointError, is_step_dir, resolve_checkpoint
 from utils.precision import DTYPES, resolve_dtype
 
 
@@ -56,7 +58,7 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
     path = Path(path)
     has_weights = (((path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file())
                    or (path / LORA_FILE).is_file())
-    is_bare_save = has_weights and not (path / MANIFEST).exists()
+    is_bare_save = has_weights and not (path / MANIFEST).exists() and not is_step_dir(path)
     if is_hf_model_dir(path) or is_bare_save:
         return path
     return resolve_checkpoint(path)  # verifies; raises CheckpointError with the reason

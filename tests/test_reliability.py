@@ -26,13 +26,14 @@ from data_preprocess import build_pretrain_sample_index_map, pipeline, pretokeni
 from data_preprocess import pretokenize_pretrain_data as pretrain_cli
 from data_preprocess.chat_records import RecordFormatError, dpo_messages, sft_messages
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
-from dataset.build import build_datasets
+from dataset.build import CACHE_DIR_NAME, build_datasets
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
 from parallel.local_ranks import run_on_ranks
 from tests.train_helpers import TINY_ARGS, data_args, tiny_training_data
 from tokenizer import train_tokenizer
+from tools import resplot
 from trainer import training_checkpoint
 from utils.checkpoint import list_checkpoints, verify_checkpoint
 from utils.cli_errors import EXIT_BAD_INPUT, EXIT_RUNTIME_FAILURE, run_main
@@ -114,6 +115,10 @@ CASES = [
                             "--out={tmp}/sub/t"], "--out {tmp}/sub/t overlaps --input {tmp}"),
     (generate.main, ["--ckpt={tmp}/nothing", "--device=cuda:99"], "--device cuda:99: "),
     (generate.main, ["--ckpt={tmp}/nothing", "--device=gpu"], "--device gpu: not a device name"),
+    (resplot.main, ["{tmp}/no_run"], "run directory does not exist: {tmp}/no_run"),
+    (train_my_ddp.main, [*TINY_ARGS, "--task_type=sft", "--data_dir={pretok}",
+                         "--tokenizer_dir={tok}"],
+     "this is pretokenized pretraining data, not sft records (use --task_type=pretrain"),
 ]
 
 
@@ -192,6 +197,34 @@ def test_disk_full_names_the_checkpoint_and_the_intact_one(tmp_path, capsys, dat
         f"; the previous checkpoint {first} is intact")
     assert [path for _, path in list_checkpoints(run_dir / "ckpt")] == [first]
     assert verify_checkpoint(first) is None
+
+
+def test_disk_full_inside_torch_save_is_the_disk_full_message(tmp_path, capsys, data,
+                                                               monkeypatch):
+    """torch's C++ writer reports a failed write as a RuntimeError whose context is the
+    OSError(ENOSPC) (what `torch.save` into /dev/full raises); it must read as a full disk."""
+    real_save = torch.save
+    rank_files: list[object] = []
+
+    def save_until_the_disk_fills(obj, handle):
+        if isinstance(obj, dict) and "rng" in obj:
+            rank_files.append(handle)
+        if len(rank_files) > 1:  # the second checkpoint's rank file
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError:  # torch's writer leaves the OSError as the context
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . "  # noqa: B904
+                                   "unexpected pos 704 vs 598")
+        real_save(obj, handle)
+
+    monkeypatch.setattr(torch, "save", save_until_the_disk_fills)
+    run_dir = tmp_path / "run"
+    argv = [*TINY_ARGS, *data_args(data, "pretrain"), f"--out_dir={run_dir}", "--max_iters=4",
+            "--save_interval=2", "--eval_interval=2", "--eval_at_start=false"]
+    assert run_main(train_my_ddp.main, argv) == EXIT_RUNTIME_FAILURE
+    assert one_line_error(capsys) == (
+        f"error: no space left on device while writing {run_dir / 'ckpt' / '.tmp_step_000004'}"
+        f"; the previous checkpoint {run_dir / 'ckpt' / 'step_000002'} is intact")
 
 
 def _rank_0_disk_fills(rank: int, world_size: int, argv: list[str]) -> int:
@@ -319,3 +352,10 @@ def test_model_vocabulary_smaller_than_the_tokenizer_is_refused(tmp_path, capsys
     assert run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT
     assert "the model's vocabulary (64) is smaller than the tokenizer's" in one_line_error(capsys)
     assert not (run_dir / "ckpt").exists() and not (run_dir / "heartbeat").exists()
+
+
+@pytest.mark.parametrize("task_type", ["sft", "dpo"])
+def test_chat_task_on_pretraining_tokens_is_refused_without_a_cache(task_type, data):
+    with pytest.raises(ValueError, match="this is pretokenized pretraining data"):
+        build_datasets(task_type, data["pretrain"], data["tokenizer"], 32, num_workers=0)
+    assert not (data["pretrain"] / CACHE_DIR_NAME).exists()

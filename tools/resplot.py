@@ -232,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.out is None and len(args.runs) > 1:
         parser.error("comparing several runs: say where the plots go with --out DIR")
+    missing = [str(run_dir) for run_dir in args.runs if not run_dir.is_dir()]
+    if missing:  # a typo, not a run that has yet to log: "no metrics yet" would mislead
+        raise ValueError(f"run directory does not exist: {', '.join(missing)} "
+                         f"(pass the run's --out_dir, e.g. out/<run>)")
     out_dir = args.out or args.runs[0] / "plots"
 
     last_signature = None

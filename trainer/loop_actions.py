@@ -63,6 +63,11 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
     if run.options.data.skip_bad_records:  # counted, never silent
         (counts["bad_records_skipped"],) = all_reduce_sum([float(run.data.skipped_records())],
                                                           run.env)
+    # Streamed records dropped or cut (the same metric names on every rank; pretokenized data
+    # has none here: the pretokenizer reported them). Shown once they happen.
+    policy = run.data.policy_counts()
+    totals = all_reduce_sum([float(count) for count in policy.values()], run.env) if policy else []
+    counts |= {name: int(total) for name, total in zip(policy, totals) if total}
     averages = {name: total / per_step for name, total in zip(names, sums)}
     throughput = run.meter.report()
     run.log.log("train", run.counters.step, **counts, lr=lr, grad_norm=grad_norm,

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from dataset.stream_samples import POLICY_COUNTS
 from trainer.metrics import read_metrics
 from trainer.options import TrainingOptions
 from utils.atomic_io import atomic_write_text
@@ -24,6 +25,7 @@ from utils.atomic_io import atomic_write_text
 # report.md is rewritten by each training invocation; what follows this line (the tables that
 # `python -m tools.evaluate` appends) is kept.
 EVALUATIONS_MARKER = "<!-- tools.evaluate results: kept when the trainer rewrites this report -->"
+STREAM_COUNT_METRICS = (*POLICY_COUNTS.values(), "bad_records_skipped")
 
 
 def git_commit() -> str:
@@ -82,6 +84,12 @@ def write_report(run_dir: Path, options: TrainingOptions, environment: dict[str,
              f"- tokenizer: `{options.data.tokenizer_dir}` (fingerprint {tokenizer_fingerprint})",
              "", "## Data", ""]
     lines += [f"- {line}" for line in data_identity(options.data.data_dir)]
+    stream_counts = {key: value for key, value in (last["train"] or {}).items()
+                     if key in STREAM_COUNT_METRICS}
+    if stream_counts:  # streamed records dropped or cut, as the pretokenizer's sidecars say
+        lines += [f"- streamed records not trained on as they are (to step "
+                  f"{last['train']['step']}, all ranks): "
+                  + ", ".join(f"{key}={value}" for key, value in stream_counts.items())]
     lines += ["", "## Config (differences from the defaults)", ""]
     lines += _table(options.diff_from_defaults()) + ["", "## Throughput", ""]
     lines += _table({k: v for k, v in throughput.items() if v}) + ["", "## Resume events", ""]

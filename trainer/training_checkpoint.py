@@ -20,6 +20,8 @@ waiting for it. Everything is loaded with `weights_only=True`.
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +61,26 @@ def required_files(optimizer: TrainingOptimizer, world_size: int) -> list[str]:
 
 
 def _save_torch(obj: Any, path: Path) -> None:
+    """`torch.save` into an atomic file. A full disk surfaces from torch's C++ writer as a
+    RuntimeError ("unexpected pos ...") whose context is the failed write's OSError(ENOSPC);
+    it is raised as that OSError, so the caller's disk-full message names the checkpoint."""
     with atomic_open(path, "wb") as handle:
-        torch.save(obj, handle)
+        try:
+            torch.save(obj, handle)
+        except RuntimeError as error:
+            if not _caused_by_full_disk(error):
+                raise
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from error
+
+
+def _caused_by_full_disk(error: BaseException) -> bool:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,

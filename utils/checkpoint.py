@@ -205,6 +205,13 @@ def list_checkpoints(ckpt_root: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def is_step_dir(path: str | os.PathLike) -> bool:
+    """A run's checkpoint dir: `ckpt/step_XXXXXX`, or `ckpt/best` (a link to one). It was
+    written with a manifest, so without one it is an unfinished or tampered save, never a
+    bare `save_pretrained` dir to trust as it is."""
+    return bool(_STEP_DIR.match(Path(path).resolve().name))
+
+
 def verify_checkpoint(ckpt_dir: str | os.PathLike) -> str | None:
     """None if `ckpt_dir` is a complete, intact checkpoint; otherwise the reason it is not."""
     ckpt_dir = Path(ckpt_dir)
@@ -243,7 +250,7 @@ def valid_checkpoints(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint or run directory")
-    if (path / MANIFEST).exists() or _STEP_DIR.match(path.name):
+    if (path / MANIFEST).exists() or is_step_dir(path):
         problem = verify_checkpoint(path)
         if problem:
             raise CheckpointError(f"checkpoint {path} is not usable: {problem}")

@@ -89,9 +89,9 @@ def _try_lock(handle: int) -> bool:
 class RunLock:
     """`acquire()` -> a note if a dead run's lock was taken over (else None); `release()`."""
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, file_name: str = LOCK_FILE):
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_FILE
+        self.path = self.run_dir / file_name  # another name: another role (the supervisor's)
         self._handle: int | None = None
 
     def acquire(self) -> str | None:

@@ -56,3 +56,26 @@ def test_a_damaged_checkpoint_named_directly_is_refused_by_every_tool(run_dir, t
     assert len(errors) == 2 and all(line.startswith("error: ") and "not usable" in line
                                     for line in errors)
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_run_checkpoint_without_its_manifest_is_refused_not_loaded_bare(
+        run_dir, tmp_path, tiny_hf_tokenizer_dir, capsys):
+    """Removing manifest.json must not turn ckpt/step_N (or ckpt/best) into a trusted
+    `save_pretrained` dir; a bare save outside a run still loads (the reference)."""
+    run, _, model = run_dir
+    scored = save_checkpoint(run / "ckpt", 5, model.save_pretrained, val_loss=1.5)
+    assert (run / "ckpt" / "best").resolve() == scored
+    (scored / "manifest.json").unlink()
+    for path in (scored, run / "ckpt" / "best"):
+        with pytest.raises(CheckpointError, match="no manifest.json"):
+            load_model(path)
+        assert run_main(generate.main, ["--ckpt", str(path), "--prompt", "hi",
+                                        "--max_new_tokens", "2", "--dtype", "fp32"]) == 2
+        assert "no manifest.json" in capsys.readouterr().err
+    assert run_main(convert_to_hf.main, ["--ckpt", str(scored),
+                                         "--out", str(tmp_path / "hf")]) == 2
+    assert not (tmp_path / "hf").exists()
+    model.save_pretrained(tmp_path / "bare")
+    loaded, _ = load_model(tmp_path / "bare")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 loaded.state_dict().values()))

@@ -1,0 +1,48 @@
+"""Two supervisors started at the same instant on one run dir: exactly one runs the command.
+
+Reference: the command appends one line to a file each time it runs, so the file counts the
+launches; without the supervisor lock the loser relaunched the command itself.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import monitor_process
+from monitor.supervisor_lock import only_supervisor
+from utils.cli_errors import EXIT_BAD_INPUT, run_main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def monitor_command(run_dir: Path, launches: Path) -> list[str]:
+    job = f"open({str(launches)!r}, 'a').write('run\\n'); import time; time.sleep(1.5)"
+    return [sys.executable, "monitor_process.py", "--out_dir", str(run_dir), "--max_restarts",
+            "2", "--restart_delay", "0", "--heartbeat_timeout", "0", "--", sys.executable,
+            "-c", job]
+
+
+def test_two_monitors_at_once_launch_the_command_once(tmp_path):
+    run_dir, launches = tmp_path / "run", tmp_path / "launches.txt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    monitors = [subprocess.Popen(monitor_command(run_dir, launches), cwd=REPO, env=env,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = sorted((monitor.wait(timeout=60), monitor.stderr.read()) for monitor in monitors)
+    assert [code for code, _ in results] == [0, EXIT_BAD_INPUT]
+    assert "another monitor_process.py supervises this run" in results[1][1]
+    assert launches.read_text() == "run\n"
+
+
+def test_a_supervised_run_dir_is_refused_in_one_line_and_free_afterwards(tmp_path, capsys):
+    run_dir, launches = tmp_path / "run", tmp_path / "launches.txt"
+    argv = monitor_command(run_dir, launches)[2:]
+    with only_supervisor(run_dir):
+        assert run_main(monitor_process.main, argv) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: another monitor_process.py supervises this run: run dir")
+    assert not launches.exists()
+    assert run_main(monitor_process.main, argv) == 0  # released: the next supervisor runs it
+    assert launches.read_text() == "run\n"

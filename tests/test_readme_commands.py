@@ -1,0 +1,165 @@
+"""The README's command blocks run as pasted: every command in them parses, without doing work.
+
+A fenced ```bash block is either runnable (after `source .venv/bin/activate`, from the repo
+root, as the README says once at the top) or a template, marked by a first line
+`# template: ...`. For each command of a runnable block (continuation lines joined, comments
+dropped) the check is the real parser of what it calls:
+
+    python -m MOD ... / python X.py ...   the module's own `__main__`, stopped right after its
+                                          argparse parser accepted the options (ParsedOptions)
+    python train_my_ddp.py ...            the trainer's option parser (trainer/command_line.py)
+    torchrun ... X.py ...                 torchrun's own parser, then X.py's as above
+    python monitor_process.py ... -- C    the supervisor's parser, then C as above
+    make T                                T is a Makefile target
+    curl ... -d JSON                      the body is JSON
+
+Every block also passes `bash -n`, and has no usage syntax (`[--flag]`, `...`) outside comments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from torch.distributed.run import get_args_parser as torchrun_parser
+
+import monitor_process
+from trainer.command_line import parse_command_line
+from trainer.options import TrainingOptions
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+TEMPLATE_MARK = "# template:"
+SHELL_LANGUAGES = ("bash", "sh", "shell")
+
+
+class ParsedOptions(BaseException):  # not an Exception: no entry point's handler catches it
+    """Raised by argparse right after it accepted a command line: stop before any work."""
+
+
+def fenced_blocks(text: str) -> list[tuple[str, int, list[str]]]:
+    """(language, line number of the opening fence, the block's lines) of every fenced block."""
+    blocks, language, start, lines = [], None, 0, []
+    for number, line in enumerate(text.splitlines(), start=1):
+        fence = re.match(r"^```(\S*)\s*$", line)
+        if fence and language is None:
+            language, start, lines = fence.group(1), number, []
+        elif line.startswith("```") and language is not None:
+            blocks.append((language, start, lines))
+            language = None
+        elif language is not None:
+            lines.append(line)
+    assert language is None, f"README.md:{start}: unclosed code fence"
+    return blocks
+
+
+def runnable_blocks() -> list[tuple[int, list[str]]]:
+    blocks = [(start, lines) for language, start, lines in fenced_blocks(README.read_text())
+              if language in SHELL_LANGUAGES]
+    return [(start, lines) for start, lines in blocks
+            if not (lines and lines[0].startswith(TEMPLATE_MARK))]
+
+
+def commands_of(lines: list[str]) -> list[list[str]]:
+    """Each command's argv: continuations joined, comments and blank lines dropped."""
+    joined = "\n".join(lines).replace("\\\n", " ")
+    return [argv for line in joined.splitlines() if (argv := shlex.split(line, comments=True))]
+
+
+def makefile_targets() -> set[str]:
+    text = (REPO / "Makefile").read_text()
+    return set(re.findall(r"^([A-Za-z][\w-]*):", text, flags=re.MULTILINE))
+
+
+def run_until_parsed(argv: list[str], monkeypatch) -> None:
+    """Run `python ARGV...` in this process as `__main__`, stopping once argparse accepted it."""
+    parse_known_args = argparse.ArgumentParser.parse_known_args
+
+    def parse_known_then_stop(self, args=None, namespace=None):
+        parse_known_args(self, args, namespace)  # exits 2 with the parser's message if bad
+        raise ParsedOptions
+
+    def parse_then_stop(self, args=None, namespace=None):
+        _, extras = parse_known_args(self, args, namespace)
+        if extras:  # what parse_args adds to parse_known_args
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        raise ParsedOptions
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_then_stop)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    module = argv[1] if argv[0] == "-m" else None
+    monkeypatch.setattr(sys, "argv", [module or argv[0], *argv[2 if module else 1:]])
+    with warnings.catch_warnings(), pytest.raises(ParsedOptions):
+        warnings.simplefilter("ignore", RuntimeWarning)  # "found in sys.modules": re-run as main
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(str(REPO / argv[0]), run_name="__main__")
+    monkeypatch.undo()
+
+
+def check_python(argv: list[str], monkeypatch) -> None:
+    """`argv` without the leading `python`."""
+    if argv[0] == "train_my_ddp.py":
+        config_file, overrides = parse_command_line(argv[1:])
+        assert config_file is None
+        TrainingOptions.from_dict(overrides)  # unknown names and bad values raise
+    elif argv[0] == "monitor_process.py":
+        _, command = monitor_process.parse_args(argv[1:])
+        check_command(command, monkeypatch)
+    else:
+        if argv[0] != "-m":
+            assert (REPO / argv[0]).is_file(), argv[0]
+        run_until_parsed(argv, monkeypatch)
+
+
+def check_command(argv: list[str], monkeypatch) -> None:
+    program = argv[0]
+    if program == "python":
+        check_python(argv[1:], monkeypatch)
+    elif program == "torchrun":
+        launch = torchrun_parser().parse_args(argv[1:])
+        check_python([launch.training_script, *launch.training_script_args], monkeypatch)
+    elif program == "make":
+        assert set(argv[1:]) <= makefile_targets(), argv
+    elif program == "curl":
+        json.loads(argv[argv.index("-d") + 1])
+    else:
+        raise AssertionError(f"no check for {program!r}: add one to this test")
+
+
+BLOCKS = runnable_blocks()
+
+
+def test_the_readme_has_command_blocks_and_says_to_activate_the_venv():
+    assert len(BLOCKS) >= 6
+    assert "source .venv/bin/activate" in README.read_text()
+
+
+@pytest.mark.parametrize("start, lines", BLOCKS, ids=[f"README.md:{start}" for start, _ in BLOCKS])
+def test_every_command_of_a_runnable_block_parses(start, lines, monkeypatch):
+    script = "\n".join(lines)
+    syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    for argv in commands_of(lines):
+        usage_syntax = [arg for arg in argv if arg == "..." or re.match(r"^\[-", arg)]
+        assert not usage_syntax, f"README.md:{start}: {usage_syntax} in {shlex.join(argv)}"
+        check_command(argv, monkeypatch)
+
+
+def test_a_bad_option_is_caught(monkeypatch):
+    """The check itself can fail: a misspelt flag of a module and of the trainer."""
+    with pytest.raises(SystemExit):
+        check_command(["python", "-m", "tools.resplot", "out/x", "--wach", "3"], monkeypatch)
+    with pytest.raises(ValueError, match="did you mean --max_iters"):
+        check_command(["python", "train_my_ddp.py", "--max_iter=3"], monkeypatch)
+    assert commands_of(["python a.py \\", "  --x 1  # note", "", "# only a comment"]) == [
+        ["python", "a.py", "--x", "1"]]
