@@ -1,9 +1,8 @@
-"""`bench/bench_serve.py` measures only requests that succeeded: an engine failure stops it
+"""`python -m bench.bench_serve` measures only requests that succeeded: an engine failure stops it
 with an error instead of printing a ratio (it once timed requests that all had failed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,13 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench import bench_serve
 from server import engine as engine_module
 from tests.model.model_helpers import small_model
 
 REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("bench_serve", REPO / "bench" / "bench_serve.py")
-bench_serve = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_serve)
 
 WORK = [([1, 2, 3], 5), ([4, 5, 6, 7], 3)]
 
@@ -41,7 +38,7 @@ def test_a_failing_engine_stops_the_bench(monkeypatch):
 
 
 def test_smoke_mode_says_every_request_succeeded():
-    result = subprocess.run([sys.executable, "bench/bench_serve.py", "--smoke"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "bench.bench_serve", "--smoke"], cwd=REPO,
                             capture_output=True, text=True, timeout=300,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-2000:]

@@ -17,7 +17,7 @@ from model.convert_to_hf import export_hf
 from model.loading import load_lora_checkpoint, load_model, lora_base_reference
 from model.lora import LoraConfig, apply_lora, lora_state_dict
 from model.lora_checkpoint import save_lora_checkpoint
-from tests.model.model_helpers import random_batch, small_model
+from tests.model.model_helpers import small_model
 from tokenizer import load_tokenizer
 from utils.checkpoint import save_checkpoint
 from utils.cli_errors import run_main
@@ -52,22 +52,25 @@ def hf_logits(model, input_ids):
 
 
 @pytest.mark.parametrize("base_kind", ["hf", "z2all"])
-def test_merged_and_peft_adapter_exports_give_the_lora_models_logits(tmp_path, base_kind):
-    lora_model, base_path, run = make_lora_run(tmp_path, base_kind)
-    input_ids, _ = random_batch(2, 10)
+def test_merged_and_peft_adapter_exports_give_the_lora_models_logits(tmp_path, base_kind,
+                                                                      tiny_hf_tokenizer_dir):
+    vocab_size = len(load_tokenizer(tiny_hf_tokenizer_dir))
+    lora_model, base_path, run = make_lora_run(tmp_path, base_kind, vocab_size=vocab_size)
+    tokenizer = ["--tokenizer_dir", str(tiny_hf_tokenizer_dir)]  # the run recorded none
+    input_ids = torch.randint(0, vocab_size, (2, 10))
     expected = hf_logits(lora_model, input_ids)
 
     merged, _ = load_model(run)  # what generate.py / serve.py run
     torch.testing.assert_close(hf_logits(merged, input_ids), expected, rtol=1e-5, atol=1e-5)
 
     assert run_main(convert_to_hf.main, ["--ckpt", str(run), "--out",
-                                         str(tmp_path / "merged")]) == 0
+                                         str(tmp_path / "merged"), *tokenizer]) == 0
     merged_hf = LlamaForCausalLM.from_pretrained(tmp_path / "merged")
     merged_logits = hf_logits(merged_hf, input_ids)
     torch.testing.assert_close(merged_logits, expected, rtol=1e-5, atol=1e-5)
 
     assert run_main(convert_to_hf.main, ["--ckpt", str(run), "--out", str(tmp_path / "adapter"),
-                                         "--adapter"]) == 0
+                                         "--adapter", *tokenizer]) == 0
     adapter_config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     base_dir = adapter_config["base_model_name_or_path"]
     expected_base = tmp_path / ("base" if base_kind == "hf" else "adapter/base_model")
