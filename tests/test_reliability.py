@@ -317,5 +317,5 @@ def test_model_vocabulary_smaller_than_the_tokenizer_is_refused(tmp_path, capsys
     argv = [*TINY_ARGS, *data_args(data, "sft"), f"--init_from={tmp_path / 'small'}",
             f"--out_dir={run_dir}", "--max_iters=2"]
     assert run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT
-    assert "the model's vocabulary (64) is smaller than the tokenizer's" in one_line_error(capsys)
+    assert "embeds only 64: not its tokenizer" in one_line_error(capsys)
     assert not (run_dir / "ckpt").exists() and not (run_dir / "heartbeat").exists()
