@@ -177,15 +177,18 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
 def _log_start(run: Run) -> None:
     """The run's shape in metrics.jsonl, and on stdout for people."""
     num_params = sum(p.numel() for p in run.model.parameters())
+    trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
     optimization, env = run.options.optimization, run.env
     run.log.log("run", run.counters.step, quiet=True, effective_batch=run.global_batch,
                 world_size=env.world_size, dtype=run.precision.dtype, device=str(env.device),
-                num_params=num_params, kernels=run.kernels)
+                num_params=num_params, trainable_params=trainable, kernels=run.kernels)
     if env.is_main:
         print(f"effective batch: {optimization.batch_size} x "
               f"{optimization.gradient_accumulation_steps} x {env.world_size} = "
               f"{run.global_batch} sequences | {run.precision.dtype} on {env.device} | "
-              f"{num_params:,} params", flush=True)
+              f"{num_params:,} params"
+              + (f" ({trainable:,} trainable: LoRA)" if trainable < num_params else ""),
+              flush=True)
         print(run.kernels, flush=True)
         if run.resumed_from is not None and run.counters.step >= run.stop_step:
             print(f"note: the run is already at step {run.counters.step} = --max_iters: "

@@ -8,7 +8,8 @@ written offline by tools/tiny_hf_model.py. Checked against references:
 - LoRA SFT: 4 steps in one go == 2 steps + --resume (adapters bitwise equal), the checkpoints
   hold only adapters, the frozen base is untouched, and the --adapter export loads in `peft`
   with the logits of our merged model;
-- LoRA DPO: the reference is the base (adapters off), so the first step's loss is log 2.
+- LoRA DPO: the reference is the base (adapters off), so the first step's loss is log 2;
+- LoRA on 2 ranks with ZeRO-1 takes the steps of plain DDP on 2 ranks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import math
 import pytest
 import torch
 from peft import PeftModel
+from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
 import generate
@@ -27,7 +29,7 @@ from model import convert_to_hf
 from model.loading import load_model
 from model.lora import weights_fingerprint
 from model.lora_checkpoint import ADAPTERS_FILE, LORA_FILE
-from tests.train_helpers import records, train_losses
+from tests.train_helpers import records, run_on_two_ranks, train_losses
 from tokenizer import load_tokenizer
 from tools import tiny_hf_model
 from utils.checkpoint import resolve_checkpoint
@@ -97,6 +99,12 @@ def test_lora_sft_resumes_bitwise_and_exports_a_peft_adapter(data, hf_base, tmp_
     final = [run / "ckpt" / "step_000004" for run in (whole, halves)]
     assert (final[0] / ADAPTERS_FILE).read_bytes() == (final[1] / ADAPTERS_FILE).read_bytes()
     assert (final[0] / LORA_FILE).is_file() and not (final[0] / "model.safetensors").exists()
+    # Only the adapters train: r x (in + out) per targeted projection (the formula).
+    hf = json.loads((hf_base / "config.json").read_text())
+    hidden, kv_rows = hf["hidden_size"], hf["num_key_value_heads"] * hf["head_dim"]
+    per_layer = 4 * ((hidden + hidden) + (hidden + kv_rows) + (hf["intermediate_size"] + hidden))
+    trainable = records(whole, "run")[0]["trainable_params"]
+    assert trainable == hf["num_hidden_layers"] * per_layer
 
     # The base is frozen: the merged model minus the base is the adapters' update only.
     base, _ = load_model(hf_base)
@@ -125,3 +133,19 @@ def test_lora_dpo_uses_the_base_as_reference(data, hf_base, tmp_path):
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)  # policy == base at B = 0
     assert first["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
     assert (resolve_checkpoint(run_dir) / LORA_FILE).is_file()
+
+
+def test_lora_with_zero1_matches_plain_ddp_on_two_ranks(data, hf_base, tmp_path):
+    """Frozen base weights stay out of the ZeRO-1 shards: sharding the adapters' optimizer
+    state gives the steps of plain data parallelism."""
+    common = [*FINETUNE_ARGS, "--task_type=sft", f"--data_dir={data['sft']}",
+              f"--init_from={hf_base}", *LORA_ARGS, "--max_iters=3", "--eval_interval=3",
+              "--eval_prompts=[]", "--batch_size=1"]
+    ddp, zero1 = tmp_path / "ddp", tmp_path / "zero1"
+    assert run_on_two_ranks([*common, f"--out_dir={ddp}"],
+                            [*common, f"--out_dir={zero1}", "--use_distributed_optimizer"]
+                            ) == [0, 0]
+    assert train_losses(zero1) == pytest.approx(train_losses(ddp), rel=1e-5)
+    adapters = [load_file(run / "ckpt" / "step_000003" / ADAPTERS_FILE) for run in (ddp, zero1)]
+    for name, tensor in adapters[0].items():
+        torch.testing.assert_close(adapters[1][name], tensor, rtol=1e-4, atol=1e-6)
