@@ -78,14 +78,29 @@ def test_sft_uses_the_models_own_tokenizer_and_keeps_a_copy(data, hf_base, tmp_p
     assert capsys.readouterr().out.strip()
 
 
+def error_lines(capsys):
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
 def test_a_tokenizer_that_is_not_the_models_is_refused_up_front(data, hf_base, tmp_path,
                                                                  tiny_hf_tokenizer_dir, capsys):
     run_dir = tmp_path / "refused"
+    other = f"--tokenizer_dir={tiny_hf_tokenizer_dir}"
     assert finetune("sft", data, run_dir, f"--init_from={hf_base}", "--max_iters=2",
-                    f"--tokenizer_dir={tiny_hf_tokenizer_dir}") == 2
-    error = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+                    other) == 2
+    error = error_lines(capsys)
     assert len(error) == 1 and "is not the one" in error[0], error
     assert not run_dir.exists()
+
+    # On --resume: checked against the run's checkpoint, and nothing of the run is touched.
+    assert finetune("sft", data, run_dir, f"--init_from={hf_base}", "--max_iters=1") == 0
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    assert finetune("sft", data, run_dir, "--resume", "--max_iters=2", other) == 2
+    error = error_lines(capsys)
+    assert len(error) == 1 and "is not the one" in error[0], error
+    after = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    assert after == before
 
 
 def test_lora_sft_resumes_bitwise_and_exports_a_peft_adapter(data, hf_base, tmp_path):
@@ -96,6 +111,7 @@ def test_lora_sft_resumes_bitwise_and_exports_a_peft_adapter(data, hf_base, tmp_
     assert finetune("sft", data, halves, *common, "--stop_at_iter=2") == 0
     assert finetune("sft", data, halves, *common, "--resume") == 0
     assert train_losses(whole) == train_losses(halves)
+    assert finetune("sft", data, halves, *common, "--resume", "--lora_rank=8") == 2  # fixed
     final = [run / "ckpt" / "step_000004" for run in (whole, halves)]
     assert (final[0] / ADAPTERS_FILE).read_bytes() == (final[1] / ADAPTERS_FILE).read_bytes()
     assert (final[0] / LORA_FILE).is_file() and not (final[0] / "model.safetensors").exists()
