@@ -75,6 +75,10 @@ CASES = [
      "'books:nan' is not NAME:WEIGHT with a finite weight > 0"),
     (train_my_ddp.main, ["--seed=1e30"], "--seed must be in [0, "),
     (train_my_ddp.main, ["--dist_timeout=1e300"], "--dist_timeout must be in (0, 10080]"),
+    (train_my_ddp.main, ["--lora_rank=8"], "--lora_rank trains adapters on a pretrained model"),
+    (train_my_ddp.main, ["--lora_rank=-1"], "--lora_rank must be >= 0 (0 = off), got -1"),
+    (train_my_ddp.main, ["--lora_rank=8", "--lora_targets=q_proj,qkv"],
+     "--lora_targets 'q_proj,qkv': choose from q_proj,k_proj"),
     (train_my_ddp.main, ["--data_dir={tmp}/nope", "--tokenizer_dir={tok}"],
      "--data_dir={tmp}/nope: no such file or directory"),
     (train_my_ddp.main, ["--data_dir={pretok}", "--tokenizer_dir={tok}", "--init_from={tmp}/no"],
@@ -350,7 +354,7 @@ def test_model_vocabulary_smaller_than_the_tokenizer_is_refused(tmp_path, capsys
     argv = [*TINY_ARGS, *data_args(data, "sft"), f"--init_from={tmp_path / 'small'}",
             f"--out_dir={run_dir}", "--max_iters=2"]
     assert run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT
-    assert "the model's vocabulary (64) is smaller than the tokenizer's" in one_line_error(capsys)
+    assert "embeds only 64: not its tokenizer" in one_line_error(capsys)
     assert not (run_dir / "ckpt").exists() and not (run_dir / "heartbeat").exists()
 
 

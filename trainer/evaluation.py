@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from trainer.distributed_env import DistributedEnv, all_reduce_sum
 from trainer.options import EvalOptions
-from utils.conversation import build_generation_prompt
+from utils.conversation import build_generation_prompt, stop_ids
 from utils.labels import IGNORE_INDEX
 
 
@@ -96,23 +96,25 @@ def generate_samples(model: Any, tokenizer: Any, prompts: list[str], chat: bool,
                      max_new_tokens: int, device: torch.device,
                      batch_size: int = 64) -> list[dict[str, str]]:
     """Greedy completions of `prompts` (as a user turn of the chat template for sft/dpo
-    models), `batch_size` prompts at a time (right-padded, with an attention mask)."""
-    stop_id = (tokenizer.convert_tokens_to_ids("<|im_end|>") if chat
-               else tokenizer.eos_token_id)
+    models), `batch_size` prompts at a time (right-padded, with an attention mask). Each
+    stops at one of the tokenizer's stop ids (utils/conversation.py)."""
+    stops = stop_ids(tokenizer)
     samples = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
         encoded = [build_generation_prompt(tokenizer, [{"role": "user", "content": p}]) if chat
                    else tokenizer.encode(p, add_special_tokens=False) for p in chunk]
         width = max(len(ids) for ids in encoded)
-        input_ids = torch.tensor([ids + [stop_id] * (width - len(ids)) for ids in encoded],
+        input_ids = torch.tensor([ids + [stops[0]] * (width - len(ids)) for ids in encoded],
                                  device=device)
         attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids))
                                        for ids in encoded], device=device)
         output = model.generate(input_ids, max_new_tokens=max_new_tokens, temperature=0.0,
-                                eos_token_id=stop_id, attention_mask=attention_mask)
+                                eos_token_id=stops, attention_mask=attention_mask,
+                                real_vocab_size=len(tokenizer))
         for prompt, row in zip(chunk, output[:, width:].tolist()):
-            new_ids = row[:row.index(stop_id)] if stop_id in row else row
+            ends = [index for index, token in enumerate(row) if token in stops]
+            new_ids = row[:ends[0]] if ends else row
             samples.append({"prompt": prompt, "completion": tokenizer.decode(new_ids)})
     return samples
 

@@ -4,7 +4,9 @@
 
 Pretraining and SFT minimise next-token cross entropy (SFT's labels are -100 outside the
 assistant's answers); DPO compares the policy's and a frozen reference model's
-log-probabilities of a chosen and a rejected answer (utils/dpo.py).
+log-probabilities of a chosen and a rejected answer (utils/dpo.py). With LoRA the reference
+is the policy itself with its adapters switched off (model/lora.py: the frozen base, no second
+copy of the weights).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from model.loading import load_model
+from model.lora import adapters_disabled
 from parallel.distributed_data_parallel import DistributedDataParallel
 from trainer.options import DPOOptions
 from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
@@ -23,6 +26,8 @@ from utils.precision import DTYPES
 Batch = dict[str, torch.Tensor]
 StepOutput = tuple[torch.Tensor, dict[str, torch.Tensor]]  # (loss, extras to log)
 ForwardStep = Callable[[DistributedDataParallel, Batch], StepOutput]
+# (the policy, its DDP wrapper's module; the batch) -> the reference model's token log-probs
+ReferenceLogProbs = Callable[[torch.nn.Module, Batch], torch.Tensor]
 
 
 def forward_language_model(model: DistributedDataParallel, batch: Batch
@@ -33,8 +38,26 @@ def forward_language_model(model: DistributedDataParallel, batch: Batch
     return output.loss, {}
 
 
-def forward_dpo(model: DistributedDataParallel, batch: Batch, *, reference: torch.nn.Module,
-                beta: float, label_smoothing: float, nll_weight: float
+def frozen_reference_log_probs(policy: torch.nn.Module, pair: Batch, *,
+                               reference: torch.nn.Module) -> torch.Tensor:
+    """The token log-probs of a separate, frozen reference model."""
+    return reference.token_log_probs(**pair)
+
+
+def base_model_log_probs(policy: torch.nn.Module, pair: Batch) -> torch.Tensor:
+    """LoRA's reference: the policy with its adapters off, in eval mode (as a separate
+    reference would be: no dropout)."""
+    was_training = policy.training
+    policy.eval()
+    with adapters_disabled(policy):
+        log_probs = policy.token_log_probs(**pair)
+    policy.train(was_training)
+    return log_probs
+
+
+def forward_dpo(model: DistributedDataParallel, batch: Batch, *,
+                reference_log_probs: ReferenceLogProbs, beta: float, label_smoothing: float,
+                nll_weight: float
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPO: chosen and rejected go through the policy as one batch of 2B sequences (the
     collator pads both sides to one length). `model.module.token_log_probs` skips DDP's
@@ -44,7 +67,7 @@ def forward_dpo(model: DistributedDataParallel, batch: Batch, *, reference: torc
     policy_token_logps = model.module.token_log_probs(**pair)
     policy_logps = sequence_log_prob(policy_token_logps)
     with torch.no_grad():
-        reference_logps = sequence_log_prob(reference.token_log_probs(**pair))
+        reference_logps = sequence_log_prob(reference_log_probs(model.module, pair))
     half = batch["chosen_input_ids"].shape[0]
     out = dpo_loss(policy_logps[:half], policy_logps[half:], reference_logps[:half],
                    reference_logps[half:], beta=beta, label_smoothing=label_smoothing)
@@ -57,13 +80,20 @@ def forward_dpo(model: DistributedDataParallel, batch: Batch, *, reference: torc
 
 
 def build_forward_step(task_type: str, dpo: DPOOptions, init_from: str | None,
-                       device: torch.device, dtype_name: str) -> ForwardStep:
+                       device: torch.device, dtype_name: str, lora: bool = False
+                       ) -> ForwardStep:
     """The task's forward step. DPO's reference is the SFT model we started from: always
-    `init_from`, never a copy of the policy (after a resume the policy has moved on)."""
+    `init_from`, never a copy of the policy (after a resume the policy has moved on); with
+    `lora`, that model is the policy's frozen base."""
     if task_type != "dpo":
         return forward_language_model
-    reference = load_model(init_from)[0].to(device, DTYPES[dtype_name]).eval()
-    reference.requires_grad_(False)
-    return functools.partial(forward_dpo, reference=reference, beta=dpo.dpo_beta,
+    if lora:
+        reference_log_probs = base_model_log_probs
+    else:
+        reference = load_model(init_from)[0].to(device, DTYPES[dtype_name]).eval()
+        reference.requires_grad_(False)
+        reference_log_probs = functools.partial(frozen_reference_log_probs, reference=reference)
+    return functools.partial(forward_dpo, reference_log_probs=reference_log_probs,
+                             beta=dpo.dpo_beta,
                              label_smoothing=dpo.dpo_label_smoothing,
                              nll_weight=dpo.dpo_nll_weight)

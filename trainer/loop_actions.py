@@ -46,7 +46,8 @@ def save_checkpoint(run: Run, val_loss: float | None) -> Path:
         comm_hook_state=(run.parallel.comm_hook_state
                          and run.parallel.comm_hook_state.state_dict()),
         keep_last=run.options.run.keep_last, val_loss=val_loss,
-        data_state=run.data.state_dict())
+        data_state=run.data.state_dict(),
+        lora=run.lora_base and (run.options.lora.config(), run.lora_base))
     if run.env.is_main:
         print(f"saved checkpoint {path}", flush=True)
     return path

@@ -77,7 +77,7 @@ def check_paths(options: TrainingOptions) -> None:
 
 def _combination_problems(options: TrainingOptions) -> list[str]:
     """Options that are fine alone but cannot work together."""
-    problems = options.data.problems() + options.tracking.problems()
+    problems = options.data.problems() + options.tracking.problems() + options.lora.problems()
     stop_at_iter, max_iters = options.optimization.stop_at_iter, options.optimization.max_iters
     if stop_at_iter is not None and stop_at_iter > max_iters:
         problems.append(f"--stop_at_iter={stop_at_iter} is beyond --max_iters={max_iters}")
@@ -88,6 +88,9 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
     if options.data.task_type == "dpo" and not options.model.init_from:
         problems.append("--task_type=dpo needs --init_from=<the SFT model>: it is both the "
                         "starting policy and the frozen reference")
+    if options.lora.lora_rank > 0 and not options.model.init_from:
+        problems.append("--lora_rank trains adapters on a pretrained model: add "
+                        "--init_from=<the model to fine-tune> (or --lora_rank=0)")
     if options.parallel.comm_hook == "overlap_optim" and options.optimization.grad_clip > 0:
         problems.append("--comm_hook=overlap_optim updates each bucket before the others are "
                         "reduced, so it cannot clip by the global norm: add --grad_clip=0")

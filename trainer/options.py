@@ -25,6 +25,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from dataset.data_config import DataConfig
+from model.lora import LoraConfig
 from optimizer import OptimizerConfig
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import PowerSGDState
@@ -145,6 +146,34 @@ class DPOOptions:
 
 
 @dataclass
+class LoraOptions:
+    """LoRA fine-tuning of --init_from (model/lora.py): these build its `LoraConfig`."""
+
+    lora_rank: int = option(component_default(LoraConfig, "rank"),
+                            "LoRA: rank of each adapter (0 = off: full fine-tuning); the base "
+                            "is frozen, only the adapters train and are checkpointed")
+    lora_alpha: float = option(component_default(LoraConfig, "alpha"),
+                               "LoRA: the update is scaled by lora_alpha / lora_rank")
+    lora_dropout: float = option(component_default(LoraConfig, "dropout"),
+                                 "LoRA: dropout on the adapters' input")
+    lora_targets: str = option(component_default(LoraConfig, "targets"),
+                               "LoRA: comma list of HF Llama projections that get adapters")
+
+    def config(self) -> LoraConfig | None:
+        """The adapters' config, or None with LoRA off."""
+        if self.lora_rank == 0:
+            return None
+        return LoraConfig(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets)
+
+    def problems(self) -> list[str]:
+        try:
+            self.config()
+        except ValueError as error:
+            return [str(error)]
+        return []
+
+
+@dataclass
 class RunOptions:
     out_dir: str = option("out/run", "run directory (config, metrics, checkpoints, report)")
     resume: bool = option(False, "continue from the newest valid checkpoint in out_dir")
@@ -160,7 +189,7 @@ class RunOptions:
 GROUPS: dict[str, type] = {
     "data": DataConfig, "model": ModelOptions, "optimization": OptimizationOptions,
     "system": SystemOptions, "parallel": ParallelOptions, "eval": EvalOptions,
-    "dpo": DPOOptions, "run": RunOptions, "tracking": TrackerOptions,
+    "dpo": DPOOptions, "lora": LoraOptions, "run": RunOptions, "tracking": TrackerOptions,
 }
 # Options that describe one invocation, not the run: never inherited from a saved config.
 PER_INVOCATION = {"resume", "stop_at_iter", "overwrite"}
@@ -174,7 +203,8 @@ RESUME_SAFE = {"resume", "stop_at_iter", "overwrite", "log_interval", "save_inte
 # position in samples of that length.
 FIXED_ON_RESUME = {"task_type", "max_seq_len", "model_preset", "hidden_size",
                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                   "intermediate_size", "dropout"}
+                   "intermediate_size", "dropout", "lora_rank", "lora_alpha", "lora_dropout",
+                   "lora_targets"}
 
 OPTION_GROUP: dict[str, str] = {f.name: group for group, cls in GROUPS.items()
                                 for f in fields(cls)}
@@ -194,6 +224,7 @@ class TrainingOptions:
     parallel: ParallelOptions = field(default_factory=ParallelOptions)
     eval: EvalOptions = field(default_factory=EvalOptions)
     dpo: DPOOptions = field(default_factory=DPOOptions)
+    lora: LoraOptions = field(default_factory=LoraOptions)
     run: RunOptions = field(default_factory=RunOptions)
     tracking: TrackerOptions = field(default_factory=TrackerOptions)
 

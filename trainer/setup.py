@@ -8,11 +8,14 @@ The order of the build, and why:
    ranks that measured alike on a busy machine could still disagree, and then their gradients
    would not mix;
 2. the resume point: rank 0 verifies the run's checkpoints, newest first, and names one to every
-   rank; only then is the run's config written (a failed start must not overwrite it);
+   rank; then the tokenizer, refused if it is not the model's (trainer/model_setup.py): only
+   then are the run's config and its tokenizer copy written (a failed start must not
+   overwrite them);
 3. data (dataset/train_data.py: one interface for both --data_format), the task's forward step,
    the LR schedule;
-4. model -> parallelize (our DDP, optimizer, comm hook: trainer/parallelize.py, where other
-   parallelism plans plug in) -> the resumed state. A checkpoint that verifies but does not
+4. model (with --lora_rank: the frozen base + adapters) -> parallelize (our DDP, optimizer,
+   comm hook: trainer/parallelize.py, where other parallelism plans plug in) -> the resumed
+   state. A checkpoint that verifies but does not
    load on every rank (e.g. an optimizer state of another kind) is skipped with a warning, and
    the next older one is tried;
 5. counters, evaluation, throughput meter, and the start-up lines of the log.
@@ -33,17 +36,17 @@ import torch
 from dataset.train_data import TrainData, build_train_data
 from model.kernels import kernel_choices
 from model.modeling_z2all import Z2allForCausalLM, kernels_already_reported
+from model.run_tokenizer import save_run_tokenizer
 from optimizer import TrainingOptimizer
 from optimizer.adamw import adamw_implementation
 from parallel.distributed_data_parallel import DistributedDataParallel
-from tokenizer import load_tokenizer
 from trainer.config_files import save_config
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
 from trainer.evaluation import Evaluator, eval_loader
 from trainer.forward_steps import ForwardStep, build_forward_step
 from trainer.lr_schedule import LRSchedule
 from trainer.metrics import MetricsLogger
-from trainer.model_setup import build_model
+from trainer.model_setup import build_model, run_tokenizer
 from trainer.options import TrainingOptions
 from trainer.parallelize import Parallelized, parallelize
 from trainer.rng_state import seed_everything
@@ -87,6 +90,7 @@ class Run:
     counters: Counters
     resumed_from: Path | None
     kernels: str
+    lora_base: dict[str, str] | None = None  # LoRA: the frozen base's reference, for checkpoints
 
     @property
     def ddp(self) -> DistributedDataParallel:
@@ -110,32 +114,34 @@ class Run:
 
 def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -> Run:
     run_dir = Path(options.run.out_dir)
+    data_options, optimization = options.data, options.optimization
     precision = broadcast_from_main(resolve_dtype(options.system.dtype, env.device)
                                     if env.is_main else None, env)
-    trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
-    log = MetricsLogger(run_dir, enabled=env.is_main, trackers=trackers)
     resume_candidates = (valid_checkpoints(run_dir) if options.run.resume and env.is_main
                          else iter(()))
     resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
+    tokenizer = run_tokenizer(data_options, options.model.init_from, run_dir, resume_dir)
+    trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
+    log = MetricsLogger(run_dir, enabled=env.is_main, trackers=trackers)
     if env.is_main:
         print(precision.reason, flush=True)
         save_config(options, run_dir, resolved={"precision": dataclasses.asdict(precision)})
+        save_run_tokenizer(tokenizer, run_dir)
         for note in notes:
             print(note, flush=True)
 
-    data_options, optimization = options.data, options.optimization
-    tokenizer = load_tokenizer(data_options.tokenizer_dir)
     eval_samples = options.eval.eval_iters * optimization.batch_size * env.world_size
     data, valid_dataset, collate_fn = build_train_data(
         data_options, seed=optimization.seed, batch_size=optimization.batch_size,
         eval_samples=eval_samples, rank=env.rank, world_size=env.world_size,
         pin_memory=env.device.type == "cuda")
     forward_step = build_forward_step(data_options.task_type, options.dpo,
-                                      options.model.init_from, env.device, precision.dtype)
+                                      options.model.init_from, env.device, precision.dtype,
+                                      lora=options.lora.config() is not None)
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
-    model, parallel, saved_state, resume_dir = _model_and_resume_point(
-        options, env, precision.dtype, len(tokenizer), data, resume_candidates, resume_dir)
+    (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
+        options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir)
 
     counters = Counters()
     if saved_state is not None:
@@ -153,7 +159,7 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
     log.echo = progress.write  # the log's lines go above the bar
     run = Run(options, env, run_dir, precision, tokenizer, model, parallel, schedule,
               forward_step, data, evaluator, log, meter, progress, counters, resume_dir,
-              kernel_line(options, model, env, precision.dtype))
+              kernel_line(options, model, env, precision.dtype), lora_base)
     _log_start(run)
     return run
 
@@ -171,15 +177,18 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
 def _log_start(run: Run) -> None:
     """The run's shape in metrics.jsonl, and on stdout for people."""
     num_params = sum(p.numel() for p in run.model.parameters())
+    trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
     optimization, env = run.options.optimization, run.env
     run.log.log("run", run.counters.step, quiet=True, effective_batch=run.global_batch,
                 world_size=env.world_size, dtype=run.precision.dtype, device=str(env.device),
-                num_params=num_params, kernels=run.kernels)
+                num_params=num_params, trainable_params=trainable, kernels=run.kernels)
     if env.is_main:
         print(f"effective batch: {optimization.batch_size} x "
               f"{optimization.gradient_accumulation_steps} x {env.world_size} = "
               f"{run.global_batch} sequences | {run.precision.dtype} on {env.device} | "
-              f"{num_params:,} params", flush=True)
+              f"{num_params:,} params"
+              + (f" ({trainable:,} trainable: LoRA)" if trainable < num_params else ""),
+              flush=True)
         print(run.kernels, flush=True)
         kernels_already_reported(env.device, DTYPES[run.precision.dtype])
         if run.resumed_from is not None and run.counters.step >= run.stop_step:
@@ -188,19 +197,21 @@ def _log_start(run: Run) -> None:
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
-                            tokenizer_size: int, data: TrainData,
+                            tokenizer: Any, data: TrainData,
                             resume_candidates: Iterator[Path], resume_dir: Path | None
-                            ) -> tuple[Z2allForCausalLM, Parallelized, dict | None,
-                                       Path | None]:
-    """(model, its DDP + optimizer, the resumed trainer state or None, the checkpoint used),
-    trying older checkpoints while the chosen one does not load on every rank."""
+                            ) -> tuple[tuple[Z2allForCausalLM, dict[str, str] | None],
+                                       Parallelized, dict | None, Path | None]:
+    """((model, LoRA base reference or None), its DDP + optimizer, the resumed trainer state
+    or None, the checkpoint used), trying older checkpoints while the chosen one does not load
+    on every rank."""
     while True:
         seed_everything(options.optimization.seed)  # all ranks alike: identical weights
         build = functools.partial(build_model, options.model, options.data.max_seq_len,
-                                  tokenizer_size, resume_dir)
-        model, error = _on_every_rank(build, env) if resume_dir else (build(), None)
+                                  tokenizer, options.lora.config(), resume_dir)
+        built, error = _on_every_rank(build, env) if resume_dir else (build(), None)
         state = None
         if error is None:
+            model, lora_base = built
             model = model.to(env.device, DTYPES[dtype_name])
             if options.system.compile:
                 model.compile_blocks()
@@ -213,7 +224,7 @@ def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype
                     data=data, comm_hook_state=parallel.comm_hook_state,
                     seed=options.optimization.seed), env)
         if error is None:
-            return model, parallel, state, resume_dir
+            return (model, lora_base), parallel, state, resume_dir
         if env.is_main:
             warnings.warn(f"skipping checkpoint {resume_dir}: its state does not load: {error}",
                           DamagedCheckpointWarning, stacklevel=1)

@@ -1,7 +1,10 @@
 """What a training checkpoint holds and how all ranks write and read it together.
 
     ckpt/step_000200/
-      config.json, model.safetensors   the model (rank 0; `Z2allForCausalLM.from_pretrained`)
+      config.json, model.safetensors   the model (rank 0; `Z2allForCausalLM.from_pretrained`);
+                                       a LoRA run: lora.json + lora_adapters.safetensors
+                                       instead, the adapters and a reference to the frozen
+                                       base (model/lora_checkpoint.py)
       optim/                           the optimizer (ZeRO-1: one shard file per rank)
       trainer_state.pt                 step, consumed samples, tokens, run config (rank 0);
                                        the LR is a function of the step
@@ -29,6 +32,8 @@ import torch
 
 from dataset.data_config import DataFormatMismatch
 from dataset.train_data import TrainData
+from model.lora import LoraConfig
+from model.lora_checkpoint import ADAPTERS_FILE, LORA_FILE, save_lora_checkpoint
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE
 from optimizer import TrainingOptimizer
 from trainer.distributed_env import DistributedEnv, writing_together
@@ -53,11 +58,13 @@ def _rank_file(ckpt_dir: Path, rank: int) -> Path:
     return ckpt_dir / RANKS_DIR / f"rank_{rank:05d}.pt"
 
 
-def required_files(optimizer: TrainingOptimizer, world_size: int) -> list[str]:
+def required_files(optimizer: TrainingOptimizer, world_size: int, lora: bool = False
+                   ) -> list[str]:
     """Every file `restore_training_checkpoint` (and `load_model`) reads, for all ranks."""
     ranks = [_rank_file(Path(), rank).as_posix() for rank in range(world_size)]
     optim = [f"{OPTIM_DIR}/{name}" for name in optimizer.checkpoint_files()]
-    return [CONFIG_FILE, WEIGHTS_FILE, TRAINER_STATE, *optim, *ranks]
+    model_files = [LORA_FILE, ADAPTERS_FILE] if lora else [CONFIG_FILE, WEIGHTS_FILE]
+    return [*model_files, TRAINER_STATE, *optim, *ranks]
 
 
 def _save_torch(obj: Any, path: Path) -> None:
@@ -87,8 +94,10 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
                              model: torch.nn.Module, optimizer: TrainingOptimizer,
                              trainer_state: dict[str, Any],
                              comm_hook_state: dict[str, Any] | None, keep_last: int,
-                             val_loss: float | None, data_state: dict[str, Any]) -> Path:
+                             val_loss: float | None, data_state: dict[str, Any],
+                             lora: tuple[LoraConfig, dict[str, str]] | None = None) -> Path:
     """Collective: every rank must call it at the same step. Returns the checkpoint dir.
+    `lora`: (the adapters' config, the base reference) of a LoRA run, which saves only those.
 
     A full disk ends the run with a `DiskFullError` that names the checkpoint being written and
     the newest earlier one, which the temp-dir-then-rename protocol leaves untouched."""
@@ -106,13 +115,17 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
             _save_torch({"rng": capture_rng_state(), "comm_hook": comm_hook_state,
                          "data": data_state}, _rank_file(tmp_dir, env.rank))
             if env.is_main:
-                model.save_pretrained(tmp_dir)
+                if lora is not None:
+                    save_lora_checkpoint(model, *lora, tmp_dir)
+                else:
+                    model.save_pretrained(tmp_dir)
                 _save_torch({"format": TRAINER_STATE_FORMAT, "version": 1, **trainer_state,
                              "world_size": env.world_size}, tmp_dir / TRAINER_STATE)
         with writing_together(env, what):
             if env.is_main:
                 finish_checkpoint(tmp_dir, step, keep_last=keep_last, val_loss=val_loss,
-                                  required=required_files(optimizer, env.world_size))
+                                  required=required_files(optimizer, env.world_size,
+                                                          lora=lora is not None))
     return ckpt_root / step_dir_name(step)
 
 

@@ -1,0 +1,167 @@
+"""Fine-tuning a pretrained HF model through the trainer: its own tokenizer, and LoRA.
+
+The base is a random Llama-3-style `LlamaForCausalLM` with its own tokenizer and template,
+written offline by tools/tiny_hf_model.py. Checked against references:
+- SFT with --init_from and no --tokenizer_dir trains with the model's tokenizer (same
+  fingerprint as loading the HF dir), the run keeps a copy, and generate.py runs the run from
+  another working directory; a tokenizer that is not the model's is refused up front;
+- LoRA SFT: 4 steps in one go == 2 steps + --resume (adapters bitwise equal), the checkpoints
+  hold only adapters, the frozen base is untouched, and the --adapter export loads in `peft`
+  with the logits of our merged model;
+- LoRA DPO: the reference is the base (adapters off), so the first step's loss is log 2;
+- LoRA on 2 ranks with ZeRO-1 takes the steps of plain DDP on 2 ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import LlamaForCausalLM
+
+import generate
+import train_my_ddp
+from model import convert_to_hf
+from model.loading import load_model
+from model.lora import weights_fingerprint
+from model.lora_checkpoint import ADAPTERS_FILE, LORA_FILE
+from tests.train_helpers import records, run_on_two_ranks, train_losses
+from tokenizer import load_tokenizer
+from tools import tiny_hf_model
+from utils.checkpoint import resolve_checkpoint
+from utils.cli_errors import run_main
+
+FINETUNE_ARGS = ["--max_seq_len=32", "--batch_size=2", "--warmup_iters=2", "--eval_iters=1",
+                 "--log_interval=1", "--max_new_tokens=3", "--num_threads=1", "--dtype=fp32",
+                 "--lr=3e-3", "--min_lr=3e-4", "--tracker=none",
+                 '--eval_prompts=["What is 2 + 3?"]']
+LORA_ARGS = ["--lora_rank=4", "--lora_alpha=8", "--lora_targets=q_proj,v_proj,down_proj"]
+
+
+@pytest.fixture(scope="module")
+def hf_base(tmp_path_factory, tiny_hf_tokenizer_dir):
+    out = tmp_path_factory.mktemp("hf") / "llama3_base"
+    tiny_hf_model.main(["--tokenizer_dir", str(tiny_hf_tokenizer_dir), "--style", "llama3",
+                        "--out", str(out)])
+    return out
+
+
+def finetune(task, data, out_dir, *extra):
+    argv = [*FINETUNE_ARGS, f"--task_type={task}", f"--data_dir={data[task]}",
+            f"--out_dir={out_dir}", *extra]
+    return run_main(train_my_ddp.main, argv)
+
+
+def test_sft_uses_the_models_own_tokenizer_and_keeps_a_copy(data, hf_base, tmp_path,
+                                                              monkeypatch, capsys):
+    run_dir = tmp_path / "sft"
+    assert finetune("sft", data, run_dir, f"--init_from={hf_base}", "--max_iters=3") == 0
+    own = load_tokenizer(hf_base)
+    assert json.loads((run_dir / "config.json").read_text())["tokenizer_dir"] == str(hf_base)
+    assert load_tokenizer(run_dir / "tokenizer").fingerprint == own.fingerprint
+    saved = json.loads((resolve_checkpoint(run_dir) / "config.json").read_text())
+    assert saved["tokenizer_fingerprint"] == own.fingerprint
+    assert saved["hf_config"]["rope_parameters"]["rope_type"] == "llama3"  # kept for the export
+    # Eval samples stop at the model's own stop ids, rendered with its template.
+    assert records(run_dir, "samples")[-1]["samples"][0]["prompt"] == "What is 2 + 3?"
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    generate.main(["--ckpt", str(run_dir), "--prompt", "Hi", "--chat", "--max_new_tokens", "4",
+                   "--device", "cpu", "--dtype", "fp32"])
+    assert capsys.readouterr().out.strip()
+
+
+def error_lines(capsys):
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused_up_front(data, hf_base, tmp_path,
+                                                                 tiny_hf_tokenizer_dir, capsys):
+    run_dir = tmp_path / "refused"
+    other = f"--tokenizer_dir={tiny_hf_tokenizer_dir}"
+    assert finetune("sft", data, run_dir, f"--init_from={hf_base}", "--max_iters=2",
+                    other) == 2
+    error = error_lines(capsys)
+    assert len(error) == 1 and "is not the one" in error[0], error
+    assert not run_dir.exists()
+
+    # On --resume: checked against the run's checkpoint, and nothing of the run is touched.
+    assert finetune("sft", data, run_dir, f"--init_from={hf_base}", "--max_iters=1") == 0
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    assert finetune("sft", data, run_dir, "--resume", "--max_iters=2", other) == 2
+    error = error_lines(capsys)
+    assert len(error) == 1 and "is not the one" in error[0], error
+    after = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    assert after == before
+
+
+def test_lora_sft_resumes_bitwise_and_exports_a_peft_adapter(data, hf_base, tmp_path):
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    common = [f"--init_from={hf_base}", *LORA_ARGS, "--lora_dropout=0.1", "--max_iters=4",
+              "--save_interval=2", "--eval_interval=2"]
+    assert finetune("sft", data, whole, *common) == 0
+    assert finetune("sft", data, halves, *common, "--stop_at_iter=2") == 0
+    assert finetune("sft", data, halves, *common, "--resume") == 0
+    assert train_losses(whole) == train_losses(halves)
+    assert finetune("sft", data, halves, *common, "--resume", "--lora_rank=8") == 2  # fixed
+    final = [run / "ckpt" / "step_000004" for run in (whole, halves)]
+    assert (final[0] / ADAPTERS_FILE).read_bytes() == (final[1] / ADAPTERS_FILE).read_bytes()
+    assert (final[0] / LORA_FILE).is_file() and not (final[0] / "model.safetensors").exists()
+    # Only the adapters train: r x (in + out) per targeted projection (the formula).
+    hf = json.loads((hf_base / "config.json").read_text())
+    hidden, kv_rows = hf["hidden_size"], hf["num_key_value_heads"] * hf["head_dim"]
+    per_layer = 4 * ((hidden + hidden) + (hidden + kv_rows) + (hf["intermediate_size"] + hidden))
+    trainable = records(whole, "run")[0]["trainable_params"]
+    assert trainable == hf["num_hidden_layers"] * per_layer
+
+    # The base is frozen: the merged model minus the base is the adapters' update only.
+    base, _ = load_model(hf_base)
+    tuned, _ = load_model(whole)  # merged, as generate.py / serve.py run it
+    assert weights_fingerprint(tuned) != weights_fingerprint(base)
+    for (name, tuned_param), base_param in zip(tuned.named_parameters(), base.parameters()):
+        changed = not torch.equal(tuned_param, base_param)
+        assert changed == any(key in name for key in ("qkv_proj", "down_proj")), name
+
+    adapter_dir = tmp_path / "adapter"
+    assert run_main(convert_to_hf.main, ["--ckpt", str(whole), "--out", str(adapter_dir),
+                                         "--adapter"]) == 0
+    peft_model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(hf_base),
+                                           adapter_dir).eval()
+    input_ids = torch.randint(0, tuned.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(input_ids).logits,
+                                   tuned.eval()(input_ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_dpo_uses_the_base_as_reference(data, hf_base, tmp_path):
+    run_dir = tmp_path / "dpo"
+    assert finetune("dpo", data, run_dir, f"--init_from={hf_base}", *LORA_ARGS,
+                    "--max_iters=2", "--eval_interval=2", "--dpo_beta=0.5") == 0
+    first = records(run_dir, "train")[0]
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)  # policy == base at B = 0
+    assert first["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    assert (resolve_checkpoint(run_dir) / LORA_FILE).is_file()
+
+
+def test_lora_with_zero1_matches_plain_ddp_on_two_ranks(data, hf_base, tmp_path):
+    """Frozen base weights stay out of the ZeRO-1 shards: sharding the adapters' optimizer
+    state gives the steps of plain data parallelism."""
+    common = [*FINETUNE_ARGS, "--task_type=sft", f"--data_dir={data['sft']}",
+              f"--init_from={hf_base}", *LORA_ARGS, "--max_iters=3", "--eval_interval=3",
+              "--eval_prompts=[]", "--batch_size=1"]
+    ddp, zero1 = tmp_path / "ddp", tmp_path / "zero1"
+    assert run_on_two_ranks([*common, f"--out_dir={ddp}"],
+                            [*common, f"--out_dir={zero1}", "--use_distributed_optimizer"]
+                            ) == [0, 0]
+    assert train_losses(zero1) == pytest.approx(train_losses(ddp), rel=1e-5)
+    adapters = [load_file(run / "ckpt" / "step_000003" / ADAPTERS_FILE) for run in (ddp, zero1)]
+    for name, tensor in adapters[0].items():
+        torch.testing.assert_close(adapters[1][name], tensor, rtol=1e-4, atol=1e-6)
