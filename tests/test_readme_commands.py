@@ -12,6 +12,7 @@ dropped) the check is the real parser of what it calls:
     python monitor_process.py ... -- C    the supervisor's parser, then C as above
     make T                                T is a Makefile target
     curl ... -d JSON                      the body is JSON
+    tensorboard ..., wandb ...            the tracker's CLI is installed
 
 Every block also passes `bash -n`, and has no usage syntax (`[--flag]`, `...`) outside comments.
 """
@@ -132,6 +133,8 @@ def check_command(argv: list[str], monkeypatch) -> None:
         assert set(argv[1:]) <= makefile_targets(), argv
     elif program == "curl":
         json.loads(argv[argv.index("-d") + 1])
+    elif program in ("tensorboard", "wandb"):  # the trackers' own CLIs, from requirements.txt
+        assert (Path(sys.executable).parent / program).is_file(), f"{program} is not installed"
     else:
         raise AssertionError(f"no check for {program!r}: add one to this test")
 
