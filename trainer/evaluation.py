@@ -12,9 +12,11 @@ target tokens, divided by ln 2 times the UTF-8 bytes those targets decode to
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -128,8 +130,11 @@ class Evaluator:
         self.forward_step, self.task_type = forward_step, task_type
         self.options, self.env = eval_options, env
 
-    def __call__(self, ddp: Any, model: Any) -> tuple[dict[str, float], list[dict[str, str]]]:
-        """(metrics, samples); leaves the model in train mode."""
+    def __call__(self, ddp: Any, model: Any,
+                 whole_params: Callable[[], AbstractContextManager] = contextlib.nullcontext
+                 ) -> tuple[dict[str, float], list[dict[str, str]]]:
+        """(metrics, samples); leaves the model in train mode. Every rank enters
+        `whole_params()` around rank 0's generation (ZeRO-3 gathers the weights there)."""
         model.eval()
         if self.task_type == "dpo":
             metrics = evaluate_with_forward_step(functools.partial(self.forward_step, ddp),
@@ -137,10 +142,12 @@ class Evaluator:
         else:
             metrics = evaluate_language_model(ddp, self.valid_loader, self.tokenizer, self.env)
         samples = []
-        if self.env.is_main and self.options.eval_prompts:
-            samples = generate_samples(model, self.tokenizer, self.options.eval_prompts,
-                                       chat=self.task_type != "pretrain",
-                                       max_new_tokens=self.options.max_new_tokens,
-                                       device=self.env.device)
+        if self.options.eval_prompts:
+            with whole_params():
+                if self.env.is_main:
+                    samples = generate_samples(model, self.tokenizer, self.options.eval_prompts,
+                                               chat=self.task_type != "pretrain",
+                                               max_new_tokens=self.options.max_new_tokens,
+                                               device=self.env.device)
         model.train()
         return metrics, samples

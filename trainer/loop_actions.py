@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from optimizer.memory_plan import measure_memory
 from trainer.distributed_env import all_reduce_sum
 from trainer.report import write_report
 from trainer.setup import Run
@@ -19,7 +20,7 @@ from utils.run_directory import checkpoints_dir
 def evaluate(run: Run) -> float:
     """Evaluate at the current step, log metrics and samples; return the validation loss
     (`ckpt/best` follows the manifests' val_loss)."""
-    metrics, samples = run.evaluator(run.ddp, run.model)
+    metrics, samples = run.evaluator(run.ddp, run.model, run.parallel.whole_params)
     step = run.counters.step
     if samples:
         run.log.log("samples", step, quiet=True, samples=samples)
@@ -33,11 +34,20 @@ def save_checkpoint(run: Run, val_loss: float | None) -> Path:
     """Collective: every rank writes its part of `ckpt/step_N` (trainer/training_checkpoint.py)."""
     run.optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
     # The last update may have made them NaN even from a finite loss (e.g. a huge LR): such
-    # weights never become a checkpoint. Every rank holds the same weights.
-    if not all(torch.isfinite(param).all() for param in run.model.parameters()):
-        stop_diverged(run, "the weights are not finite")
+    # weights never become a checkpoint. Every rank holds the same weights (ZeRO-3: gathered
+    # for the check and for rank 0's model.safetensors).
+    with run.parallel.whole_params():
+        if not all(torch.isfinite(param).all() for param in run.model.parameters()):
+            stop_diverged(run, "the weights are not finite")
+        path = _save(run, val_loss)
+    if run.env.is_main:
+        print(f"saved checkpoint {path}", flush=True)
+    return path
+
+
+def _save(run: Run, val_loss: float | None) -> Path:
     counters = run.counters
-    path = save_training_checkpoint(
+    return save_training_checkpoint(
         run.env, checkpoints_dir(run.run_dir), counters.step, model=run.model,
         optimizer=run.optimizer,
         trainer_state={"step": counters.step, "tokens_seen": counters.tokens_seen,
@@ -47,9 +57,6 @@ def save_checkpoint(run: Run, val_loss: float | None) -> Path:
                          and run.parallel.comm_hook_state.state_dict()),
         keep_last=run.options.run.keep_last, val_loss=val_loss,
         data_state=run.data.state_dict())
-    if run.env.is_main:
-        print(f"saved checkpoint {path}", flush=True)
-    return path
 
 
 def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum: torch.Tensor,
@@ -67,6 +74,10 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
     throughput = run.meter.report()
     run.log.log("train", run.counters.step, **counts, lr=lr, grad_norm=grad_norm,
                 skipped=not stepped, tokens=run.counters.tokens_seen, **averages, **throughput)
+    if not run.memory_measured:  # the plan printed at start-up, checked (Adam state exists)
+        run.memory_measured = True
+        run.log.log("memory", run.counters.step, quiet=True,
+                    **measure_memory(run.ddp, run.optimizer))
     run.progress.update(run.counters.step, throughput.get("tokens_per_sec", 0.0),
                         averages["loss"])
 

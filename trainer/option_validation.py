@@ -9,6 +9,7 @@ import torch
 
 from trainer.model_setup import preset_model_config
 from trainer.options import TrainingOptions
+from trainer.parallelize import effective_zero_stage
 from utils.option_checks import raise_problems, range_problem
 
 # Lower bounds of the options that only have one (unset optional options are not checked).
@@ -91,6 +92,15 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
     if options.parallel.comm_hook == "overlap_optim" and options.optimization.grad_clip > 0:
         problems.append("--comm_hook=overlap_optim updates each bucket before the others are "
                         "reduced, so it cannot clip by the global norm: add --grad_clip=0")
+    try:
+        zero_stage = effective_zero_stage(options.parallel)
+    except ValueError as error:
+        problems.append(str(error))
+    else:
+        if zero_stage == 3 and options.system.compile:
+            problems.append("--compile cannot be combined with --zero_stage=3 yet (its hooks "
+                            "gather and free weights around each compiled block): drop "
+                            "--compile or use --zero_stage 2")
     device = options.system.device
     if device not in ("auto", "cpu", "cuda"):
         problems.append(f"--device must be auto, cpu or cuda, got {device!r}")

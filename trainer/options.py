@@ -97,6 +97,8 @@ class SystemOptions:
 
 @dataclass
 class ParallelOptions:
+    zero_stage: int = option(0, "ZeRO stage: 0 DDP, 1 optimizer state sharded (= "
+                             "--use_distributed_optimizer), 2 + gradients, 3 + parameters")
     use_distributed_optimizer: bool = option(
         component_default(DistributedDataParallelConfig, "use_distributed_optimizer"),
         "ZeRO-1: shard optimizer states over ranks")

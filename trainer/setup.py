@@ -35,6 +35,7 @@ from model.kernels import kernel_choices
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import TrainingOptimizer
 from optimizer.adamw import adamw_implementation
+from optimizer.memory_plan import MemoryPlan, plan_memory
 from parallel.distributed_data_parallel import DistributedDataParallel
 from tokenizer import load_tokenizer
 from trainer.config_files import save_config
@@ -87,6 +88,7 @@ class Run:
     counters: Counters
     resumed_from: Path | None
     kernels: str
+    memory_measured: bool = False  # measure_memory logged after the first step
 
     @property
     def ddp(self) -> DistributedDataParallel:
@@ -181,9 +183,22 @@ def _log_start(run: Run) -> None:
               f"{run.global_batch} sequences | {run.precision.dtype} on {env.device} | "
               f"{num_params:,} params", flush=True)
         print(run.kernels, flush=True)
+        print(f"memory plan per rank (ZeRO stage {run.parallel.zero_stage}):\n"
+              f"{memory_plan(run).render()}", flush=True)
         if run.resumed_from is not None and run.counters.step >= run.stop_step:
             print(f"note: the run is already at step {run.counters.step} = --max_iters: "
                   "nothing to train; raise --max_iters to continue it", flush=True)
+
+
+def memory_plan(run: Run) -> MemoryPlan:
+    """Rank 0's bytes for params, grads, optimizer state and activations, predicted from the
+    config (optimizer/memory_plan.py; `measure_memory` after the first step checks it)."""
+    options = run.options
+    return plan_memory(run.model.config, run.env.world_size, run.parallel.zero_stage,
+                       run.precision.dtype, options.optimization.batch_size,
+                       options.data.max_seq_len, options.model.activation_checkpointing,
+                       grad_reduce_in_fp32=options.parallel.grad_reduce_in_fp32,
+                       bucket_size=options.parallel.bucket_size, rank=run.env.rank)
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
