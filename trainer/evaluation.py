@@ -131,10 +131,11 @@ class Evaluator:
         self.options, self.env = eval_options, env
 
     def __call__(self, ddp: Any, model: Any,
-                 whole_params: Callable[[], AbstractContextManager] = contextlib.nullcontext
+                 whole_model: Callable[[], AbstractContextManager] | None = None
                  ) -> tuple[dict[str, float], list[dict[str, str]]]:
-        """(metrics, samples); leaves the model in train mode. Every rank enters
-        `whole_params()` around rank 0's generation (ZeRO-3 gathers the weights there)."""
+        """(metrics, samples); leaves the model in train mode. `ddp` is what computes the
+        loss, `whole_model()` (entered by every rank) what rank 0 generates samples from
+        (trainer/parallelize.py; default: `model` itself)."""
         model.eval()
         if self.task_type == "dpo":
             metrics = evaluate_with_forward_step(functools.partial(self.forward_step, ddp),
@@ -143,9 +144,9 @@ class Evaluator:
             metrics = evaluate_language_model(ddp, self.valid_loader, self.tokenizer, self.env)
         samples = []
         if self.options.eval_prompts:
-            with whole_params():
+            with (whole_model or functools.partial(contextlib.nullcontext, model))() as whole:
                 if self.env.is_main:
-                    samples = generate_samples(model, self.tokenizer, self.options.eval_prompts,
+                    samples = generate_samples(whole, self.tokenizer, self.options.eval_prompts,
                                                chat=self.task_type != "pretrain",
                                                max_new_tokens=self.options.max_new_tokens,
                                                device=self.env.device)

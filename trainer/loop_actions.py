@@ -20,7 +20,8 @@ from utils.run_directory import checkpoints_dir
 def evaluate(run: Run) -> float:
     """Evaluate at the current step, log metrics and samples; return the validation loss
     (`ckpt/best` follows the manifests' val_loss)."""
-    metrics, samples = run.evaluator(run.ddp, run.model, run.parallel.whole_params)
+    metrics, samples = run.evaluator(run.parallel.eval_model, run.model,
+                                     run.parallel.whole_model)
     step = run.counters.step
     if samples:
         run.log.log("samples", step, quiet=True, samples=samples)
@@ -34,21 +35,22 @@ def save_checkpoint(run: Run, val_loss: float | None) -> Path:
     """Collective: every rank writes its part of `ckpt/step_N` (trainer/training_checkpoint.py)."""
     run.optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
     # The last update may have made them NaN even from a finite loss (e.g. a huge LR): such
-    # weights never become a checkpoint. Every rank holds the same weights (ZeRO-3: gathered
-    # for the check and for rank 0's model.safetensors).
-    with run.parallel.whole_params():
-        if not all(torch.isfinite(param).all() for param in run.model.parameters()):
+    # weights never become a checkpoint. All ranks vote (a grid's ranks hold different parts;
+    # ZeRO-3's are gathered inside whole_model(), which rank 0 saves).
+    with run.parallel.whole_model() as whole_model:
+        nonfinite = not all(torch.isfinite(param).all() for param in run.model.parameters())
+        if all_reduce_sum([float(nonfinite)], run.env)[0]:
             stop_diverged(run, "the weights are not finite")
-        path = _save(run, val_loss)
+        path = _save(run, whole_model, val_loss)
     if run.env.is_main:
         print(f"saved checkpoint {path}", flush=True)
     return path
 
 
-def _save(run: Run, val_loss: float | None) -> Path:
+def _save(run: Run, whole_model: torch.nn.Module | None, val_loss: float | None) -> Path:
     counters = run.counters
     return save_training_checkpoint(
-        run.env, checkpoints_dir(run.run_dir), counters.step, model=run.model,
+        run.env, checkpoints_dir(run.run_dir), counters.step, model=whole_model,
         optimizer=run.optimizer,
         trainer_state={"step": counters.step, "tokens_seen": counters.tokens_seen,
                        "consumed_samples": counters.consumed_samples,

@@ -29,6 +29,7 @@ copied by hand.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -43,7 +44,11 @@ from parallel.distributed_data_parallel import (
     DistributedDataParallelConfig,
 )
 from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+from parallel.parallel_dims import ParallelDims
+from parallel.pipeline_parallel.schedules import PipelineSchedule
 from parallel.sharded_data_parallel import ShardedDataParallel
+from trainer.forward_steps import Batch, ForwardStep
+from trainer.model_parallel import PipelinedEval, parallelize_grid, whole_model_on_rank0
 from trainer.options import OptimizationOptions, ParallelOptions, SystemOptions
 
 # component field -> the trainer option that sets it, where the names differ.
@@ -81,30 +86,61 @@ def effective_zero_stage(parallel: ParallelOptions) -> int:
 
 @dataclass
 class Parallelized:
-    """What the loop steps: the wrapped model, its optimizer, and the comm-hook state a
-    checkpoint must save (None when the hook keeps none)."""
+    """What the loop steps: the wrapped model, its optimizer, the comm-hook state a checkpoint
+    must save (None when the hook keeps none), and, on a tensor/pipeline grid, the grid and
+    its schedule (trainer/model_parallel.py)."""
 
     ddp: DistributedDataParallel | ShardedDataParallel
     optimizer: TrainingOptimizer
     comm_hook_state: PowerSGDState | None
     zero_stage: int = 0
+    dims: ParallelDims | None = None
+    schedule: PipelineSchedule | None = None
+
+    def forward_backward(self, forward_step: ForwardStep, micro_batches: list[Batch]
+                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Forward and backward of every micro-batch, gradients accumulated (reduced over
+        ranks on the last one); the summed loss and task extras."""
+        if self.schedule is not None:  # the pipeline runs its own micro-batch loop
+            return self.schedule.step(micro_batches) * len(micro_batches), {}
+        loss_sum = torch.zeros((), device=next(iter(micro_batches[0].values())).device)
+        extra_sums: dict[str, torch.Tensor] = {}
+        for index, batch in enumerate(micro_batches):
+            last_micro_batch = index == len(micro_batches) - 1
+            with contextlib.nullcontext() if last_micro_batch else self.ddp.no_sync():
+                loss, extras = forward_step(self.ddp, batch)
+                self.optimizer.scale_loss(loss / len(micro_batches)).backward()
+            loss_sum += loss.detach().float()
+            for key, value in extras.items():
+                extra_sums[key] = extra_sums.get(key, 0.0) + value.detach().float()
+        return loss_sum, extra_sums
 
     @contextlib.contextmanager
-    def whole_params(self) -> Iterator[None]:
-        """Every parameter whole inside the block, so one rank alone may generate or save.
-        Collective at stage 3 (all ranks enter: it all-gathers); a no-op below."""
-        if self.zero_stage == 3:
+    def whole_model(self) -> Iterator[torch.nn.Module | None]:
+        """The model with every weight whole, for one rank alone to generate from or save:
+        collective (every rank enters; ZeRO-3 gathers, a grid rebuilds the model on rank 0 and
+        yields None elsewhere)."""
+        if self.dims is not None:
+            with whole_model_on_rank0(self.ddp.module, self.dims) as whole:
+                yield whole
+        elif self.zero_stage == 3:
             with self.ddp.gathered_params():
-                yield
+                yield self.ddp.module
         else:
-            yield
+            yield self.ddp.module
+
+    @property
+    def eval_model(self) -> Any:
+        """What the evaluator calls like a model: forward only through the stages on a grid."""
+        return self.ddp if self.schedule is None else PipelinedEval(self.schedule)
 
 
 def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
                 optimization: OptimizationOptions, system: SystemOptions, dtype_name: str
                 ) -> Parallelized:
     """The data-parallel wrapper around `model` (already on its device, in its dtype), the
-    optimizer and the comm hook, as the options say."""
+    optimizer and the comm hook, as the options say; on a tensor/pipeline grid the model is
+    split first (trainer/model_parallel.py)."""
     options = {**asdict(parallel), **asdict(optimization), **asdict(system)}
     stage = effective_zero_stage(parallel)
     sharded_optimizer = stage == 1
@@ -113,6 +149,12 @@ def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
     optimizer_config = from_options(OptimizerConfig, options, params_dtype=dtype_name,
                                     use_distributed_optimizer=sharded_optimizer,
                                     overlap_step=parallel.comm_hook == "overlap_optim")
+    if parallel.tensor_parallel * parallel.pipeline_parallel > 1:
+        ddp_config = dataclasses.replace(ddp_config, overlap_grad_reduce=False)
+        ddp, optimizer, schedule, dims = parallelize_grid(
+            model, parallel.tensor_parallel, parallel.pipeline_parallel,
+            parallel.sequence_parallel, parallel.pp_schedule, ddp_config, optimizer_config)
+        return Parallelized(ddp, optimizer, None, stage, dims, schedule)
     powersgd_state = (from_options(PowerSGDState, options, process_group=None)
                       if parallel.comm_hook == "powersgd" else None)
     wrapped, optimizer, hook_state = build_data_parallel(
