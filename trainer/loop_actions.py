@@ -74,6 +74,10 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
                                                           run.env)
     averages = {name: total / per_step for name, total in zip(names, sums)}
     throughput = run.meter.report()
+    schedule = run.parallel.schedule
+    if schedule is not None and schedule.dims.pipeline_parallel > 1:  # rank 0's idle share
+        stats = schedule.last_step_stats
+        counts.update(bubble_theory=stats.bubble_theory, bubble_measured=stats.bubble_measured)
     run.log.log("train", run.counters.step, **counts, lr=lr, grad_norm=grad_norm,
                 skipped=not stepped, tokens=run.counters.tokens_seen, **averages, **throughput)
     if not run.memory_measured:  # the plan printed at start-up, checked (Adam state exists)
