@@ -73,6 +73,14 @@ def data_share(rank: int, world_size: int, tensor_parallel: int, pipeline_parall
     return DataShare(dims.dp_rank, dims.data_parallel, dims.tp_rank == 0 and dims.pp_rank == 0)
 
 
+def data_leader_ranks(world_size: int, tensor_parallel: int, pipeline_parallel: int
+                      ) -> list[int]:
+    """One global rank per data-parallel replica, in dp order (their data states are the
+    replicas'; the other ranks of a replica hold copies)."""
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel)
+    return [dims.rank_of(0, dp, 0) for dp in range(dims.data_parallel)]
+
+
 class GridOptimizer:
     """The data-parallel optimizer with whole-model clipping and per-rank checkpoint files
     (module docstring); everything else is delegated to it."""

@@ -5,7 +5,8 @@ data-parallel replica: same --batch_size; DP2 x TP2 has two: the single process 
 --batch_size x 2). Compared: every step's loss and the final model.safetensors (saved whole
 from the grid), to fp32 rounding; validation loss too (a forward-only pass through the
 stages). Also: a run stopped and resumed on the same grid equals the uninterrupted one
-bitwise; resuming on another grid is refused in one line (the optimizer state is per rank);
+bitwise (pretokenized, and streamed data whose state is kept per data-parallel replica);
+resuming on another grid is refused in one line (the optimizer state is per rank);
 unsupported combinations are refused before any work.
 """
 
@@ -19,6 +20,7 @@ import train_my_ddp
 from parallel.local_ranks import run_on_ranks
 from tests.train_helpers import TINY_ARGS, data_args, records, run_main, train_losses
 from tests.trainer.test_train_resume import _assert_identical, _three_runs
+from tests.trainer.test_train_stream import assert_identical, stream_args
 from trainer.option_validation import check_options
 from trainer.options import TrainingOptions
 from utils.cli_errors import EXIT_BAD_INPUT
@@ -45,9 +47,12 @@ def test_grids_train_like_one_process(data, tmp_path, capsys):
             for name, (grid, _) in GRIDS.items()]
     runs += _three_runs(_args(data, *GRIDS["tp2_pp2"][0]), tmp_path / "resume", total=4,
                         stop=2)
+    stream = [*stream_args(data), *GRID_MODEL[:2], "--tensor_parallel=2", "--save_interval=100"]
+    runs += _three_runs(stream, tmp_path / "stream", total=4, stop=2)  # per-replica data state
     per_rank = run_on_ranks(_runs_on_rank, runs, world_size=4, timeout=600)
     assert per_rank == [[0] * len(runs)] * 4
     _assert_identical(tmp_path / "resume" / "full", tmp_path / "resume" / "cut", 4, 2)
+    assert_identical(tmp_path / "stream" / "full", tmp_path / "stream" / "cut", 4)
     other_grid = [*_args(data, "--tensor_parallel=2", "--pipeline_parallel=1"),
                   f"--out_dir={tmp_path / 'resume' / 'cut'}", "--max_iters=6", "--resume"]
     assert cli_run_main(train_my_ddp.main, other_grid) == EXIT_BAD_INPUT
