@@ -154,7 +154,7 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
                                dataclasses.replace(env, rank=share.rank,
                                                    world_size=share.world_size))
     evaluator = Evaluator(valid_loader, tokenizer, forward_step, data_options.task_type,
-                          options.eval, env)
+                          options.eval, env, counts_data=share.counts_tokens)
     meter = ThroughputMeter(whole_shape(model.config), data_options.max_seq_len, precision.dtype,
                             options.system.peak_flops, env)
     stop_step = min(optimization.stop_at_iter or optimization.max_iters, optimization.max_iters)

@@ -1,4 +1,5 @@
-"""`--tensor_parallel` / `--pipeline_parallel` from the command line, on 4 gloo ranks.
+"""`--tensor_parallel` / `--pipeline_parallel` from the command line, on 4 gloo ranks
+(pretraining on three grids, SFT on one).
 
 Reference: the same command in one process on the same global batch (a TP2 x PP2 grid has one
 data-parallel replica: same --batch_size; DP2 x TP2 has two: the single process reads
@@ -28,9 +29,10 @@ from utils.cli_errors import run_main as cli_run_main
 
 GRID_MODEL = ["--num_hidden_layers=2", "--num_key_value_heads=2", "--eval_interval=3",
               "--save_interval=100", "--gradient_accumulation_steps=2", "--max_iters=4"]
-GRIDS = {"tp2_pp2": (["--tensor_parallel=2", "--pipeline_parallel=2"], 1),
-         "dp2_tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2),
-         "dp2_pp2_afab": (["--pipeline_parallel=2", "--pp_schedule=afab"], 2)}
+GRIDS = {"tp2_pp2": (["--tensor_parallel=2", "--pipeline_parallel=2"], 1, "pretrain"),
+         "dp2_tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2, "pretrain"),
+         "dp2_pp2_afab": (["--pipeline_parallel=2", "--pp_schedule=afab"], 2, "pretrain"),
+         "sft_tp2_pp2": (["--tensor_parallel=2", "--pipeline_parallel=2"], 1, "sft")}
 
 
 def _runs_on_rank(rank: int, world_size: int, runs: list[list[str]]) -> list[int]:
@@ -38,13 +40,13 @@ def _runs_on_rank(rank: int, world_size: int, runs: list[list[str]]) -> list[int
     return [train_my_ddp.main(argv) for argv in runs]
 
 
-def _args(data, *extra) -> list[str]:
-    return [*TINY_ARGS, *data_args(data, "pretrain"), *GRID_MODEL, *extra]
+def _args(data, *extra, task: str = "pretrain") -> list[str]:
+    return [*TINY_ARGS, *data_args(data, task), *GRID_MODEL, *extra]
 
 
 def test_grids_train_like_one_process(data, tmp_path, capsys):
-    runs = [_args(data, *grid, f"--out_dir={tmp_path / name}")
-            for name, (grid, _) in GRIDS.items()]
+    runs = [_args(data, *grid, f"--out_dir={tmp_path / name}", task=task)
+            for name, (grid, _, task) in GRIDS.items()]
     runs += _three_runs(_args(data, *GRIDS["tp2_pp2"][0]), tmp_path / "resume", total=4,
                         stop=2)
     stream = [*stream_args(data), *GRID_MODEL[:2], "--tensor_parallel=2", "--save_interval=100"]
@@ -58,17 +60,18 @@ def test_grids_train_like_one_process(data, tmp_path, capsys):
     assert cli_run_main(train_my_ddp.main, other_grid) == EXIT_BAD_INPUT
     assert "--resume cannot change --pipeline_parallel=1" in capsys.readouterr().err
 
-    for name, (_, data_parallel) in GRIDS.items():
+    for name, (_, data_parallel, task) in GRIDS.items():
         single = tmp_path / f"single_{name}"
-        assert run_main([*_args(data, f"--batch_size={2 * data_parallel}"),
+        assert run_main([*_args(data, f"--batch_size={2 * data_parallel}", task=task),
                          f"--out_dir={single}"]) == 0
         reference, grid = train_losses(single), train_losses(tmp_path / name)
         assert len(grid) == 4 and grid == pytest.approx(reference, rel=1e-5), name
         # clipped (--grad_clip=1) by the whole model's norm, summed over the TP/PP ranks
         assert ([r["grad_norm"] for r in records(tmp_path / name, "train")] == pytest.approx(
             [r["grad_norm"] for r in records(single, "train")], rel=1e-5)), name
-        assert ([r["val_loss"] for r in records(tmp_path / name, "eval")] == pytest.approx(
-            [r["val_loss"] for r in records(single, "eval")], rel=1e-5)), name
+        for key in ("val_loss", "val_tokens"):
+            assert ([r[key] for r in records(tmp_path / name, "eval")] == pytest.approx(
+                [r[key] for r in records(single, "eval")], rel=1e-5)), (name, key)
         expected = load_file(single / "ckpt" / "step_000004" / "model.safetensors")
         saved = load_file(tmp_path / name / "ckpt" / "step_000004" / "model.safetensors")
         assert sorted(saved) == sorted(expected)
