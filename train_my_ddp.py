@@ -15,8 +15,12 @@ built by `trainer.setup.build_run` (its docstring gives the order). One optimize
     ddp.finish_grad_sync()       # gradients averaged over ranks (ZeRO-1: reduce-scattered)
     optimizer.step()             # clip, AdamW (ZeRO-1: on this rank's shard, then all-gather)
 
-Only `forward_step` differs between tasks (trainer/forward_steps.py). The effective batch is
-batch_size x gradient_accumulation_steps x world_size sequences.
+Only `forward_step` differs between tasks (trainer/forward_steps.py). With --zero_stage 2/3 the
+wrapper shards gradients (and parameters) but offers the same calls; on a tensor/pipeline grid
+(--tensor_parallel, --pipeline_parallel) the pipeline schedule runs the micro-batches instead
+of the loop above (`run.parallel.forward_backward`, trainer/parallelize.py). The effective batch
+is batch_size x gradient_accumulation_steps x data-parallel size (the world size, divided by
+tensor_parallel x pipeline_parallel) sequences.
 """
 
 from __future__ import annotations
