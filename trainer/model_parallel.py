@@ -88,9 +88,11 @@ class GridOptimizer:
     def __init__(self, inner: TrainingOptimizer, model: Z2allForCausalLM, dims: ParallelDims,
                  max_norm: float) -> None:
         self.inner, self.model, self.dims, self.max_norm = inner, model, dims, max_norm
-        tied_copy = tied_embedding_param(model, dims) if dims.is_last_stage else None
+        # The last stage's copy of a tied embedding (the first stage counts the original).
+        tied_copy = (tied_embedding_param(model, dims)
+                     if dims.is_last_stage and not dims.is_first_stage else None)
         self._norm_weights = [  # each element of the whole model counted once
-            0.0 if param is tied_copy and not dims.is_first_stage
+            0.0 if param is tied_copy
             else 1.0 if dims.tensor_parallel > 1 and layout_for(name, model.config)
             else 1.0 / dims.tensor_parallel
             for name, param in model.named_parameters()]
