@@ -15,8 +15,12 @@ built by `trainer.setup.build_run` (its docstring gives the order). One optimize
     ddp.finish_grad_sync()       # gradients averaged over ranks (ZeRO-1: reduce-scattered)
     optimizer.step()             # clip, AdamW (ZeRO-1: on this rank's shard, then all-gather)
 
-Only `forward_step` differs between tasks (trainer/forward_steps.py). The effective batch is
-batch_size x gradient_accumulation_steps x world_size sequences.
+Only `forward_step` differs between tasks (trainer/forward_steps.py). With --zero_stage 2/3 the
+wrapper shards gradients (and parameters) but offers the same calls; on a tensor/pipeline grid
+(--tensor_parallel, --pipeline_parallel) the pipeline schedule runs the micro-batches instead
+of the loop above (`run.parallel.forward_backward`, trainer/parallelize.py). The effective batch
+is batch_size x gradient_accumulation_steps x data-parallel size (the world size, divided by
+tensor_parallel x pipeline_parallel) sequences.
 """
 
 from __future__ import annotations
@@ -67,21 +71,14 @@ from utils.run_directory import (
 
 def train_step(run: Run, micro_batches: list[dict[str, torch.Tensor]]
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Forward and backward of every micro-batch, gradients accumulated; returns the summed
-    loss and task extras (the caller averages them)."""
-    loss_sum = torch.zeros((), device=run.env.device)
-    extra_sums: dict[str, torch.Tensor] = {}
-    for index, batch in enumerate(micro_batches):
-        batch = to_device(batch, run.env.device)
-        last_micro_batch = index == len(micro_batches) - 1
-        with contextlib.nullcontext() if last_micro_batch else run.ddp.no_sync():
-            loss, extras = run.forward_step(run.ddp, batch)
-            run.optimizer.scale_loss(loss / len(micro_batches)).backward()
-        loss_sum += loss.detach().float()
-        for key, value in extras.items():
-            extra_sums[key] = extra_sums.get(key, 0.0) + value.detach().float()
-        run.meter.count_batch(batch)
-    return loss_sum, extra_sums
+    """Forward and backward of every micro-batch, gradients accumulated
+    (trainer/parallelize.py: a micro-batch loop, or the pipeline's schedule); returns the
+    summed loss and task extras (the caller averages them)."""
+    micro_batches = [to_device(batch, run.env.device) for batch in micro_batches]
+    for batch in micro_batches:
+        if run.share.counts_tokens:  # ranks that share a batch count it once
+            run.meter.count_batch(batch)
+    return run.parallel.forward_backward(run.forward_step, micro_batches)
 
 
 def train(run: Run, stop_signal: StopSignal) -> int:

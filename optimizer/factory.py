@@ -39,6 +39,7 @@ class TrainingOptimizer(Protocol):
     def save_checkpoint(self, optim_dir: str | Path) -> None: ...
     def checkpoint_files(self) -> list[str]: ...  # what all ranks' saves write to optim_dir
     def load_checkpoint(self, optim_dir: str | Path) -> None: ...
+    def state_bytes(self) -> int: ...  # Adam's moments and fp32 copies (memory records)
 
 
 def get_optimizer(config: OptimizerConfig, ddp_model: Any

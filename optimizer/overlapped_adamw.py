@@ -217,6 +217,15 @@ class OverlappedAdamW:
     def get_lr(self) -> float:
         return self.bucket_optimizers[0].param_groups[0]["lr"]
 
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state held on top of the model: Adam's moments and fp32 copies
+        (as `MixedPrecisionOptimizer.state_bytes`, for the trainer's memory record)."""
+        tensors = [value for optimizer in self.bucket_optimizers
+                   for state in optimizer.state.values() for value in state.values()
+                   if isinstance(value, Tensor)]
+        tensors += [master for param, master in self.master_params.items() if master is not param]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def _layout(self) -> list[list[str]]:
         names = self.ddp_model.param_names
         return [[names.get(param, "?") for param in bucket.params] for bucket in self.buckets]

@@ -74,6 +74,13 @@ CASES = [
     (train_my_ddp.main, ["--data_format=stream", "--data_mix=web:1,books:nan"],
      "'books:nan' is not NAME:WEIGHT with a finite weight > 0"),
     (train_my_ddp.main, ["--seed=1e30"], "--seed must be in [0, "),
+    (train_my_ddp.main, ["--zero_stage=3", "--compile"],
+     "--compile cannot be combined with --zero_stage=3"),
+    (train_my_ddp.main, ["--zero_stage=2", "--comm_hook=bf16"],
+     "--comm_hook=bf16 cannot be combined with --zero_stage=2"),
+    (train_my_ddp.main, ["--pipeline_parallel=2", "--zero_stage=1"],
+     "--zero_stage > 0 / --use_distributed_optimizer with --tensor_parallel=1 "
+     "--pipeline_parallel=2 is not supported yet"),
     (train_my_ddp.main, ["--dist_timeout=1e300"], "--dist_timeout must be in (0, 10080]"),
     (train_my_ddp.main, ["--lora_rank=8"], "--lora_rank trains adapters on a pretrained model"),
     (train_my_ddp.main, ["--lora_rank=-1"], "--lora_rank must be >= 0 (0 = off), got -1"),

@@ -12,9 +12,11 @@ target tokens, divided by ln 2 times the UTF-8 bytes those targets decode to
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -52,8 +54,10 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 
 @torch.no_grad()
 def evaluate_language_model(model: torch.nn.Module, loader: DataLoader, tokenizer: Any,
-                            env: DistributedEnv) -> dict[str, float]:
-    """val_loss (nats/token), val_ppl and val_bpb over the fixed eval set, all ranks together."""
+                            env: DistributedEnv, counted: bool = True) -> dict[str, float]:
+    """val_loss (nats/token), val_ppl and val_bpb over the fixed eval set, all ranks together.
+    `counted=False`: this rank's batches are copies of another rank's (a tensor/pipeline grid),
+    run for the collective forward but not added."""
     nll_sum = token_count = byte_count = 0.0
     for batch in loader:
         batch = to_device(batch, env.device)
@@ -67,7 +71,8 @@ def evaluate_language_model(model: torch.nn.Module, loader: DataLoader, tokenize
         for row, keep in zip(labels.tolist(), targets.tolist()):
             text = tokenizer.decode([t for t, k in zip(row, keep) if k])
             byte_count += len(text.encode("utf-8"))
-    nll_sum, token_count, byte_count = all_reduce_sum([nll_sum, token_count, byte_count], env)
+    sums = [nll_sum, token_count, byte_count] if counted else [0.0, 0.0, 0.0]
+    nll_sum, token_count, byte_count = all_reduce_sum(sums, env)
     val_loss = nll_sum / token_count if token_count else math.nan  # no data: no figure
     return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0)),
             "val_bpb": nll_sum / (math.log(2) * max(byte_count, 1)), "val_tokens": token_count}
@@ -125,24 +130,32 @@ class Evaluator:
     rewards), then greedy samples of the eval prompts on rank 0."""
 
     def __init__(self, valid_loader: DataLoader, tokenizer: Any, forward_step: Callable,
-                 task_type: str, eval_options: EvalOptions, env: DistributedEnv) -> None:
-        self.valid_loader, self.tokenizer = valid_loader, tokenizer
+                 task_type: str, eval_options: EvalOptions, env: DistributedEnv,
+                 counts_data: bool = True) -> None:
+        self.valid_loader, self.tokenizer, self.counts_data = valid_loader, tokenizer, counts_data
         self.forward_step, self.task_type = forward_step, task_type
         self.options, self.env = eval_options, env
 
-    def __call__(self, ddp: Any, model: Any) -> tuple[dict[str, float], list[dict[str, str]]]:
-        """(metrics, samples); leaves the model in train mode."""
+    def __call__(self, ddp: Any, model: Any,
+                 whole_model: Callable[[], AbstractContextManager] | None = None
+                 ) -> tuple[dict[str, float], list[dict[str, str]]]:
+        """(metrics, samples); leaves the model in train mode. `ddp` is what computes the
+        loss, `whole_model()` (entered by every rank) what rank 0 generates samples from
+        (trainer/parallelize.py; default: `model` itself)."""
         model.eval()
         if self.task_type == "dpo":
             metrics = evaluate_with_forward_step(functools.partial(self.forward_step, ddp),
                                                  self.valid_loader, self.env)
         else:
-            metrics = evaluate_language_model(ddp, self.valid_loader, self.tokenizer, self.env)
+            metrics = evaluate_language_model(ddp, self.valid_loader, self.tokenizer, self.env,
+                                              counted=self.counts_data)
         samples = []
-        if self.env.is_main and self.options.eval_prompts:
-            samples = generate_samples(model, self.tokenizer, self.options.eval_prompts,
-                                       chat=self.task_type != "pretrain",
-                                       max_new_tokens=self.options.max_new_tokens,
-                                       device=self.env.device)
+        if self.options.eval_prompts:
+            with (whole_model or functools.partial(contextlib.nullcontext, model))() as whole:
+                if self.env.is_main:
+                    samples = generate_samples(whole, self.tokenizer, self.options.eval_prompts,
+                                               chat=self.task_type != "pretrain",
+                                               max_new_tokens=self.options.max_new_tokens,
+                                               device=self.env.device)
         model.train()
         return metrics, samples

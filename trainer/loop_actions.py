@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from optimizer.memory_plan import measure_memory
 from trainer.distributed_env import all_reduce_sum
 from trainer.report import write_report
 from trainer.setup import Run
@@ -19,7 +20,8 @@ from utils.run_directory import checkpoints_dir
 def evaluate(run: Run) -> float:
     """Evaluate at the current step, log metrics and samples; return the validation loss
     (`ckpt/best` follows the manifests' val_loss)."""
-    metrics, samples = run.evaluator(run.ddp, run.model)
+    metrics, samples = run.evaluator(run.parallel.eval_model, run.model,
+                                     run.parallel.whole_model)
     step = run.counters.step
     if samples:
         run.log.log("samples", step, quiet=True, samples=samples)
@@ -33,12 +35,22 @@ def save_checkpoint(run: Run, val_loss: float | None) -> Path:
     """Collective: every rank writes its part of `ckpt/step_N` (trainer/training_checkpoint.py)."""
     run.optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
     # The last update may have made them NaN even from a finite loss (e.g. a huge LR): such
-    # weights never become a checkpoint. Every rank holds the same weights.
-    if not all(torch.isfinite(param).all() for param in run.model.parameters()):
-        stop_diverged(run, "the weights are not finite")
+    # weights never become a checkpoint. All ranks vote (a grid's ranks hold different parts;
+    # ZeRO-3's are gathered inside whole_model(), which rank 0 saves).
+    with run.parallel.whole_model() as whole_model:
+        nonfinite = not all(torch.isfinite(param).all() for param in run.model.parameters())
+        if all_reduce_sum([float(nonfinite)], run.env)[0]:
+            stop_diverged(run, "the weights are not finite")
+        path = _save(run, whole_model, val_loss)
+    if run.env.is_main:
+        print(f"saved checkpoint {path}", flush=True)
+    return path
+
+
+def _save(run: Run, whole_model: torch.nn.Module | None, val_loss: float | None) -> Path:
     counters = run.counters
-    path = save_training_checkpoint(
-        run.env, checkpoints_dir(run.run_dir), counters.step, model=run.model,
+    return save_training_checkpoint(
+        run.env, checkpoints_dir(run.run_dir), counters.step, model=whole_model,
         optimizer=run.optimizer,
         trainer_state={"step": counters.step, "tokens_seen": counters.tokens_seen,
                        "consumed_samples": counters.consumed_samples,
@@ -48,9 +60,6 @@ def save_checkpoint(run: Run, val_loss: float | None) -> Path:
         keep_last=run.options.run.keep_last, val_loss=val_loss,
         data_state=run.data.state_dict(),
         lora=run.lora_base and (run.options.lora.config(), run.lora_base))
-    if run.env.is_main:
-        print(f"saved checkpoint {path}", flush=True)
-    return path
 
 
 def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum: torch.Tensor,
@@ -71,8 +80,16 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
     counts |= {name: int(total) for name, total in zip(policy, totals) if total}
     averages = {name: total / per_step for name, total in zip(names, sums)}
     throughput = run.meter.report()
+    schedule = run.parallel.schedule
+    if schedule is not None and schedule.dims.pipeline_parallel > 1:  # rank 0's idle share
+        stats = schedule.last_step_stats
+        counts.update(bubble_theory=stats.bubble_theory, bubble_measured=stats.bubble_measured)
     run.log.log("train", run.counters.step, **counts, lr=lr, grad_norm=grad_norm,
                 skipped=not stepped, tokens=run.counters.tokens_seen, **averages, **throughput)
+    if not run.memory_measured:  # the plan printed at start-up, checked (Adam state exists)
+        run.memory_measured = True
+        run.log.log("memory", run.counters.step, quiet=True,
+                    **measure_memory(run.ddp, run.optimizer))
     run.progress.update(run.counters.step, throughput.get("tokens_per_sec", 0.0),
                         averages["loss"])
 

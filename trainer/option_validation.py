@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 
+from parallel.parallel_dims import check_parallel_shapes
 from trainer.model_setup import preset_model_config
 from trainer.options import TrainingOptions
+from trainer.parallelize import effective_zero_stage
 from utils.option_checks import raise_problems, range_problem
 
 # Lower bounds of the options that only have one (unset optional options are not checked).
@@ -94,10 +96,55 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
     if options.parallel.comm_hook == "overlap_optim" and options.optimization.grad_clip > 0:
         problems.append("--comm_hook=overlap_optim updates each bucket before the others are "
                         "reduced, so it cannot clip by the global norm: add --grad_clip=0")
+    try:
+        zero_stage = effective_zero_stage(options.parallel)
+    except ValueError as error:
+        problems.append(str(error))
+    else:
+        if zero_stage == 3 and options.system.compile:
+            problems.append("--compile cannot be combined with --zero_stage=3 yet (its hooks "
+                            "gather and free weights around each compiled block): drop "
+                            "--compile or use --zero_stage 2")
+    problems += _grid_problems(options)
     device = options.system.device
     if device not in ("auto", "cpu", "cuda"):
         problems.append(f"--device must be auto, cpu or cuda, got {device!r}")
     elif device == "cuda" and not torch.cuda.is_available():
         problems.append("--device=cuda but CUDA is not available here: use --device=cpu "
                         "(or auto)")
+    return problems
+
+
+def _grid_problems(options: TrainingOptions) -> list[str]:
+    """--tensor_parallel / --pipeline_parallel: what the grid does not support (yet)."""
+    parallel = options.parallel
+    grid = parallel.tensor_parallel * parallel.pipeline_parallel
+    problems = [problem for name in ("tensor_parallel", "pipeline_parallel")
+                if (problem := range_problem(f"--{name}", getattr(parallel, name), low=1))]
+    if parallel.sequence_parallel and parallel.tensor_parallel == 1:
+        problems.append("--sequence_parallel needs --tensor_parallel > 1")
+    if problems or grid == 1:
+        return problems
+    flag = (f"--tensor_parallel={parallel.tensor_parallel} "
+            f"--pipeline_parallel={parallel.pipeline_parallel}")
+    unsupported = {
+        f"--task_type={options.data.task_type}": options.data.task_type == "dpo",
+        "--zero_stage > 0 / --use_distributed_optimizer": (parallel.zero_stage > 0
+                                                           or parallel.use_distributed_optimizer),
+        f"--comm_hook={parallel.comm_hook}": parallel.comm_hook != "allreduce",
+        "--cpu_offload": parallel.cpu_offload,
+        "--compile": options.system.compile,
+        f"--dtype={options.system.dtype}": options.system.dtype == "fp16",
+    }
+    problems += [f"{name} with {flag} is not supported yet: use --tensor_parallel=1 "
+                 "--pipeline_parallel=1" for name, refused in unsupported.items() if refused]
+    if options.model.init_from is None and not problems:
+        try:  # the vocabulary is known (and checked) once the tokenizer is loaded
+            config = preset_model_config(options.model, options.data.max_seq_len,
+                                         vocab_size=parallel.tensor_parallel)
+            check_parallel_shapes(config, grid, parallel.tensor_parallel,
+                                  parallel.pipeline_parallel, parallel.sequence_parallel,
+                                  seq_len=options.data.max_seq_len)
+        except ValueError as error:
+            problems.append(str(error))
     return problems

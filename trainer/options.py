@@ -98,6 +98,15 @@ class SystemOptions:
 
 @dataclass
 class ParallelOptions:
+    zero_stage: int = option(0, "ZeRO stage: 0 DDP, 1 optimizer state sharded (= "
+                             "--use_distributed_optimizer), 2 + gradients, 3 + parameters")
+    tensor_parallel: int = option(1, "split each matrix over this many ranks (Megatron "
+                                  "column/row); data parallel = world / (tensor x pipeline)")
+    pipeline_parallel: int = option(1, "split the layers into this many stages")
+    sequence_parallel: bool = option(False, "with --tensor_parallel: shard norms/residuals "
+                                     "along the sequence")
+    pp_schedule: Literal["afab", "1f1b"] = option("1f1b", "pipeline schedule (micro-batches = "
+                                                  "--gradient_accumulation_steps)")
     use_distributed_optimizer: bool = option(
         component_default(DistributedDataParallelConfig, "use_distributed_optimizer"),
         "ZeRO-1: shard optimizer states over ranks")
@@ -204,7 +213,9 @@ RESUME_SAFE = {"resume", "stop_at_iter", "overwrite", "log_interval", "save_inte
 FIXED_ON_RESUME = {"task_type", "max_seq_len", "model_preset", "hidden_size",
                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "intermediate_size", "dropout", "lora_rank", "lora_alpha", "lora_dropout",
-                   "lora_targets"}
+                   "lora_targets",
+                   # the optimizer state is saved per rank of the grid (trainer/model_parallel.py)
+                   "tensor_parallel", "pipeline_parallel"}
 
 OPTION_GROUP: dict[str, str] = {f.name: group for group, cls in GROUPS.items()
                                 for f in fields(cls)}

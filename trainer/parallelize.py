@@ -3,7 +3,14 @@
 this one place (torchtitan's `parallelize_llama` is the pattern): a new parallelism plan plugs
 in here, and the loop keeps calling the same `Parallelized` objects.
 
-`--comm_hook` picks how DDP reduces each gradient bucket:
+`--zero_stage` picks the wrapper and optimizer (optimizer/data_parallel_factory.py): 0 our DDP,
+1 the same with the optimizer state sharded (ZeRO-1, also spelled --use_distributed_optimizer),
+2 ShardedDataParallel with gradients sharded too, 3 with parameters sharded too. At stage 3 a
+rank holds only its shard of each weight between forwards, so whatever reads the whole weights
+outside a forward (sample generation on rank 0, saving, the NaN check) runs inside
+`Parallelized.whole_params()`, which every rank enters.
+
+`--comm_hook` picks how DDP reduces each gradient bucket (stages 0 and 1 only):
 
     allreduce      DDP's default: all-reduce (ZeRO-1: reduce-scatter) in the gradient dtype
     bf16           the same collective on a bf16 copy: half the bytes, 8-bit mantissa sums
@@ -21,26 +28,27 @@ copied by hand.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from optimizer import OptimizerConfig, TrainingOptimizer, get_optimizer
+from optimizer import OptimizerConfig, TrainingOptimizer
+from optimizer.data_parallel_factory import build_data_parallel, check_zero_options
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
 )
-from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
-    allreduce_hook,
-    bf16_compress_wrapper,
-    reduce_scatter_hook,
-)
-from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (
-    PowerSGDState,
-    powerSGD_hook,
-)
+from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+from parallel.parallel_dims import ParallelDims
+from parallel.pipeline_parallel.schedules import PipelineSchedule
+from parallel.sharded_data_parallel import ShardedDataParallel
+from trainer.forward_steps import Batch, ForwardStep
+from trainer.model_parallel import PipelinedEval, parallelize_grid, whole_model_on_rank0
 from trainer.options import OptimizationOptions, ParallelOptions, SystemOptions
 
 # component field -> the trainer option that sets it, where the names differ.
@@ -51,7 +59,8 @@ OPTION_FOR_FIELD = {
 }
 # Fields computed from the options rather than copied (passed explicitly below):
 # OptimizerConfig.params_dtype <- the resolved --dtype ("auto" becomes fp32/bf16/fp16);
-# OptimizerConfig.overlap_step <- --comm_hook=overlap_optim.
+# OptimizerConfig.overlap_step <- --comm_hook=overlap_optim;
+# use_distributed_optimizer <- --zero_stage == 1 (or the flag itself).
 
 
 def from_options(component: type, options: dict[str, Any], **computed: Any) -> Any:
@@ -67,35 +76,88 @@ def from_options(component: type, options: dict[str, Any], **computed: Any) -> A
     return component(**kwargs)
 
 
+def effective_zero_stage(parallel: ParallelOptions) -> int:
+    """--zero_stage, with --use_distributed_optimizer read as stage 1 (ValueError: a
+    combination that cannot work)."""
+    return check_zero_options(parallel.zero_stage, parallel.comm_hook,
+                              parallel.use_distributed_optimizer, parallel.cpu_offload,
+                              parallel.overlap_param_gather)
+
+
 @dataclass
 class Parallelized:
-    """What the loop steps: the wrapped model, its optimizer, and the comm-hook state a
-    checkpoint must save (None when the hook keeps none)."""
+    """What the loop steps: the wrapped model, its optimizer, the comm-hook state a checkpoint
+    must save (None when the hook keeps none), and, on a tensor/pipeline grid, the grid and
+    its schedule (trainer/model_parallel.py)."""
 
-    ddp: DistributedDataParallel
+    ddp: DistributedDataParallel | ShardedDataParallel
     optimizer: TrainingOptimizer
     comm_hook_state: PowerSGDState | None
+    zero_stage: int = 0
+    dims: ParallelDims | None = None
+    schedule: PipelineSchedule | None = None
+
+    def forward_backward(self, forward_step: ForwardStep, micro_batches: list[Batch]
+                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Forward and backward of every micro-batch, gradients accumulated (reduced over
+        ranks on the last one); the summed loss and task extras."""
+        if self.schedule is not None:  # the pipeline runs its own micro-batch loop
+            return self.schedule.step(micro_batches) * len(micro_batches), {}
+        loss_sum = torch.zeros((), device=next(iter(micro_batches[0].values())).device)
+        extra_sums: dict[str, torch.Tensor] = {}
+        for index, batch in enumerate(micro_batches):
+            last_micro_batch = index == len(micro_batches) - 1
+            with contextlib.nullcontext() if last_micro_batch else self.ddp.no_sync():
+                loss, extras = forward_step(self.ddp, batch)
+                self.optimizer.scale_loss(loss / len(micro_batches)).backward()
+            loss_sum += loss.detach().float()
+            for key, value in extras.items():
+                extra_sums[key] = extra_sums.get(key, 0.0) + value.detach().float()
+        return loss_sum, extra_sums
+
+    @contextlib.contextmanager
+    def whole_model(self) -> Iterator[torch.nn.Module | None]:
+        """The model with every weight whole, for one rank alone to generate from or save:
+        collective (every rank enters; ZeRO-3 gathers, a grid rebuilds the model on rank 0 and
+        yields None elsewhere)."""
+        if self.dims is not None:
+            with whole_model_on_rank0(self.ddp.module, self.dims) as whole:
+                yield whole
+        elif self.zero_stage == 3:
+            with self.ddp.gathered_params():
+                yield self.ddp.module
+        else:
+            yield self.ddp.module
+
+    @property
+    def eval_model(self) -> Any:
+        """What the evaluator calls like a model: forward only through the stages on a grid."""
+        return self.ddp if self.schedule is None else PipelinedEval(self.schedule)
 
 
 def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
                 optimization: OptimizationOptions, system: SystemOptions, dtype_name: str
                 ) -> Parallelized:
-    """Our DDP around `model` (already on its device, in its dtype), the optimizer and the
-    comm hook, as the options say."""
+    """The data-parallel wrapper around `model` (already on its device, in its dtype), the
+    optimizer and the comm hook, as the options say; on a tensor/pipeline grid the model is
+    split first (trainer/model_parallel.py)."""
     options = {**asdict(parallel), **asdict(optimization), **asdict(system)}
-    ddp = DistributedDataParallel(model, from_options(DistributedDataParallelConfig, options))
-    overlap_step = parallel.comm_hook == "overlap_optim"
-    optimizer = get_optimizer(from_options(OptimizerConfig, options, params_dtype=dtype_name,
-                                           overlap_step=overlap_step), ddp)
-    if parallel.comm_hook in ("allreduce", "overlap_optim"):
-        return Parallelized(ddp, optimizer, None)
-    if parallel.comm_hook == "bf16":
-        default_hook = (reduce_scatter_hook if parallel.use_distributed_optimizer
-                        else allreduce_hook)
-        ddp.register_comm_hook(ddp.process_group, bf16_compress_wrapper(default_hook))
-        return Parallelized(ddp, optimizer, None)
-    if parallel.comm_hook == "powersgd":
-        state = from_options(PowerSGDState, options, process_group=ddp.process_group)
-        ddp.register_comm_hook(state, powerSGD_hook)
-        return Parallelized(ddp, optimizer, state)
-    raise ValueError(f"unknown --comm_hook={parallel.comm_hook}")
+    stage = effective_zero_stage(parallel)
+    sharded_optimizer = stage == 1
+    ddp_config = from_options(DistributedDataParallelConfig, options,
+                              use_distributed_optimizer=sharded_optimizer)
+    optimizer_config = from_options(OptimizerConfig, options, params_dtype=dtype_name,
+                                    use_distributed_optimizer=sharded_optimizer,
+                                    overlap_step=parallel.comm_hook == "overlap_optim")
+    if parallel.tensor_parallel * parallel.pipeline_parallel > 1:
+        ddp_config = dataclasses.replace(ddp_config, overlap_grad_reduce=False)
+        ddp, optimizer, schedule, dims = parallelize_grid(
+            model, parallel.tensor_parallel, parallel.pipeline_parallel,
+            parallel.sequence_parallel, parallel.pp_schedule, ddp_config, optimizer_config)
+        return Parallelized(ddp, optimizer, None, stage, dims, schedule)
+    powersgd_state = (from_options(PowerSGDState, options, process_group=None)
+                      if parallel.comm_hook == "powersgd" else None)
+    wrapped, optimizer, hook_state = build_data_parallel(
+        model, stage, ddp_config, optimizer_config, comm_hook=parallel.comm_hook,
+        powersgd_state=powersgd_state)
+    return Parallelized(wrapped, optimizer, hook_state, stage)

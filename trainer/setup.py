@@ -34,11 +34,13 @@ from typing import Any
 import torch
 
 from dataset.train_data import TrainData, build_train_data
+from model.configuration_z2all import Z2allConfig
 from model.kernels import kernel_choices
 from model.modeling_z2all import Z2allForCausalLM, kernels_already_reported
 from model.run_tokenizer import save_run_tokenizer
 from optimizer import TrainingOptimizer
 from optimizer.adamw import adamw_implementation
+from optimizer.memory_plan import MemoryPlan, plan_memory
 from parallel.distributed_data_parallel import DistributedDataParallel
 from trainer.config_files import save_config
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
@@ -46,6 +48,7 @@ from trainer.evaluation import Evaluator, eval_loader
 from trainer.forward_steps import ForwardStep, build_forward_step
 from trainer.lr_schedule import LRSchedule
 from trainer.metrics import MetricsLogger
+from trainer.model_parallel import DataShare, data_leader_ranks, data_share
 from trainer.model_setup import build_model, run_tokenizer
 from trainer.options import TrainingOptions
 from trainer.parallelize import Parallelized, parallelize
@@ -90,7 +93,9 @@ class Run:
     counters: Counters
     resumed_from: Path | None
     kernels: str
+    share: DataShare
     lora_base: dict[str, str] | None = None  # LoRA: the frozen base's reference, for checkpoints
+    memory_measured: bool = False  # measure_memory logged after the first step
 
     @property
     def ddp(self) -> DistributedDataParallel:
@@ -104,7 +109,7 @@ class Run:
     def global_batch(self) -> int:
         optimization = self.options.optimization
         return (optimization.batch_size * optimization.gradient_accumulation_steps
-                * self.env.world_size)
+                * self.share.world_size)
 
     @property
     def stop_step(self) -> int:
@@ -130,10 +135,12 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
         for note in notes:
             print(note, flush=True)
 
-    eval_samples = options.eval.eval_iters * optimization.batch_size * env.world_size
+    share = data_share(env.rank, env.world_size, options.parallel.tensor_parallel,
+                       options.parallel.pipeline_parallel)
+    eval_samples = options.eval.eval_iters * optimization.batch_size * share.world_size
     data, valid_dataset, collate_fn = build_train_data(
         data_options, seed=optimization.seed, batch_size=optimization.batch_size,
-        eval_samples=eval_samples, rank=env.rank, world_size=env.world_size,
+        eval_samples=eval_samples, rank=share.rank, world_size=share.world_size,
         pin_memory=env.device.type == "cuda")
     forward_step = build_forward_step(data_options.task_type, options.dpo,
                                       options.model.init_from, env.device, precision.dtype,
@@ -149,17 +156,19 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
                             saved_state["consumed_samples"])
         log.log("resume", counters.step, checkpoint=str(resume_dir))
     valid_loader = eval_loader(valid_dataset, collate_fn, optimization.batch_size,
-                               options.eval.eval_iters, env)
+                               options.eval.eval_iters,
+                               dataclasses.replace(env, rank=share.rank,
+                                                   world_size=share.world_size))
     evaluator = Evaluator(valid_loader, tokenizer, forward_step, data_options.task_type,
-                          options.eval, env)
-    meter = ThroughputMeter(model, data_options.max_seq_len, precision.dtype,
+                          options.eval, env, counts_data=share.counts_tokens)
+    meter = ThroughputMeter(whole_shape(model.config), data_options.max_seq_len, precision.dtype,
                             options.system.peak_flops, env)
     stop_step = min(optimization.stop_at_iter or optimization.max_iters, optimization.max_iters)
     progress = TrainingProgress(stop_step, start_step=counters.step, enabled=env.is_main)
     log.echo = progress.write  # the log's lines go above the bar
     run = Run(options, env, run_dir, precision, tokenizer, model, parallel, schedule,
               forward_step, data, evaluator, log, meter, progress, counters, resume_dir,
-              kernel_line(options, model, env, precision.dtype), lora_base)
+              kernel_line(options, model, env, precision.dtype), share, lora_base)
     _log_start(run)
     return run
 
@@ -176,24 +185,49 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
 
 def _log_start(run: Run) -> None:
     """The run's shape in metrics.jsonl, and on stdout for people."""
-    num_params = sum(p.numel() for p in run.model.parameters())
-    trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+    num_params = whole_shape(run.model.config).num_parameters()
+    trainable = (sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+                 if run.lora_base else num_params)
     optimization, env = run.options.optimization, run.env
     run.log.log("run", run.counters.step, quiet=True, effective_batch=run.global_batch,
                 world_size=env.world_size, dtype=run.precision.dtype, device=str(env.device),
                 num_params=num_params, trainable_params=trainable, kernels=run.kernels)
     if env.is_main:
         print(f"effective batch: {optimization.batch_size} x "
-              f"{optimization.gradient_accumulation_steps} x {env.world_size} = "
+              f"{optimization.gradient_accumulation_steps} x {run.share.world_size} = "
               f"{run.global_batch} sequences | {run.precision.dtype} on {env.device} | "
               f"{num_params:,} params"
               + (f" ({trainable:,} trainable: LoRA)" if trainable < num_params else ""),
               flush=True)
         print(run.kernels, flush=True)
         kernels_already_reported(env.device, DTYPES[run.precision.dtype])
+        if run.parallel.dims is None:  # the plan knows data parallelism only
+            print(f"memory plan per rank (ZeRO stage {run.parallel.zero_stage}):\n"
+                  f"{memory_plan(run).render()}", flush=True)
+        else:
+            dims = run.parallel.dims
+            print(f"grid: {dims.pipeline_parallel} pipeline stages x {dims.data_parallel} "
+                  f"data parallel x {dims.tensor_parallel} tensor parallel", flush=True)
         if run.resumed_from is not None and run.counters.step >= run.stop_step:
             print(f"note: the run is already at step {run.counters.step} = --max_iters: "
                   "nothing to train; raise --max_iters to continue it", flush=True)
+
+
+def whole_shape(config: Z2allConfig) -> Z2allForCausalLM:
+    """The whole model without memory (its parameter count and FLOPs, however it is split)."""
+    with torch.device("meta"):
+        return Z2allForCausalLM(config)
+
+
+def memory_plan(run: Run) -> MemoryPlan:
+    """Rank 0's bytes for params, grads, optimizer state and activations, predicted from the
+    config (optimizer/memory_plan.py; `measure_memory` after the first step checks it)."""
+    options = run.options
+    return plan_memory(run.model.config, run.env.world_size, run.parallel.zero_stage,
+                       run.precision.dtype, options.optimization.batch_size,
+                       options.data.max_seq_len, options.model.activation_checkpointing,
+                       grad_reduce_in_fp32=options.parallel.grad_reduce_in_fp32,
+                       bucket_size=options.parallel.bucket_size, rank=run.env.rank)
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
@@ -222,7 +256,9 @@ def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype
                 state, error = _on_every_rank(functools.partial(
                     restore_training_checkpoint, resume_dir, env, optimizer=parallel.optimizer,
                     data=data, comm_hook_state=parallel.comm_hook_state,
-                    seed=options.optimization.seed), env)
+                    seed=options.optimization.seed, data_ranks=functools.partial(
+                        data_leader_ranks, tensor_parallel=options.parallel.tensor_parallel,
+                        pipeline_parallel=options.parallel.pipeline_parallel)), env)
         if error is None:
             return (model, lora_base), parallel, state, resume_dir
         if env.is_main:

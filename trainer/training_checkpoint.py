@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -138,10 +139,13 @@ def _load_trainer_state(ckpt_dir: Path) -> dict[str, Any]:
 
 def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *,
                                 optimizer: TrainingOptimizer, data: TrainData,
-                                comm_hook_state: Any, seed: int) -> dict[str, Any]:
+                                comm_hook_state: Any, seed: int,
+                                data_ranks: Callable[[int], Iterable[int]] = range
+                                ) -> dict[str, Any]:
     """The twin of `save_training_checkpoint`: put the optimizer, the training data's
     position, this rank's RNG streams and comm-hook state back; return the trainer state
-    (step, tokens_seen, ...).
+    (step, tokens_seen, ...). `data_ranks(saved world size)`: the ranks whose data states are
+    distinct (on a tensor/pipeline grid one per data-parallel replica; default all).
 
     With another world size than the saved one, the per-rank files do not map onto the new
     ranks: RNG streams are reseeded and the comm hook starts fresh, so the run continues
@@ -149,8 +153,8 @@ def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *,
     state = _load_trainer_state(ckpt_dir)
     optimizer.load_checkpoint(ckpt_dir / OPTIM_DIR)
     saved_world_size = state["world_size"]
-    data_states = [load_torch(_rank_file(ckpt_dir, rank)).get("data")
-                   for rank in range(saved_world_size)]
+    data_states = [load_torch(_rank_file(ckpt_dir, rank)).get("data")  # one per data replica
+                   for rank in data_ranks(saved_world_size)]
     try:
         note = data.restore(data_states)
     except DataFormatMismatch as error:  # every older checkpoint of the run would fail alike

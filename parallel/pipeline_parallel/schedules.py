@@ -163,6 +163,20 @@ class PipelineSchedule:
             grad_input = self._backward(grad_output)
             self._exchange(backward_batch, send_prev=grad_input)
 
+    @torch.no_grad()
+    def forward_only(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The micro-batch's mean loss on every rank, no backward (evaluation)."""
+        dims = self.dims
+        stage_input, _ = self._exchange(micro_batch, recv_prev=True)
+        output = stage_forward(self.model, dims, stage_input, micro_batch)
+        self._exchange(micro_batch, send_next=output)
+        loss = (output.float() if dims.is_last_stage
+                else torch.zeros((), dtype=torch.float32, device=output.device))
+        if dims.pipeline_parallel > 1:
+            dist.broadcast(loss, src=dims.stage_rank(dims.pipeline_parallel - 1),
+                           group=dims.pp_group)
+        return loss
+
     def step(self, micro_batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         """Forward and backward of every micro-batch; the mean loss (fp32 scalar, every rank).
         Each micro-batch: `input_ids`, `labels` [b, S] and optionally `attention_mask`."""
@@ -178,7 +192,8 @@ class PipelineSchedule:
         step_seconds = time.perf_counter() - start
         sync_tied_embedding_grads(self.model, dims)
         loss = (torch.stack(self._losses).mean() if dims.is_last_stage
-                else torch.zeros((), dtype=torch.float32))
+                else torch.zeros((), dtype=torch.float32,
+                                 device=micro_batches[0]["input_ids"].device))
         if dims.pipeline_parallel > 1:
             dist.broadcast(loss, src=dims.stage_rank(dims.pipeline_parallel - 1),
                            group=dims.pp_group)

@@ -76,6 +76,9 @@ class FlatParamUnit:
         self._gather_work: Any = None
         self._reduce: tuple[Any, Tensor] | None = None  # (work, reduced shard) in flight
         self.params_with_grad: set[Parameter] = set()
+        self.bytes_sent = 0
+        """By this rank's collectives since the wrapper last read it: a ring all-gather or
+        reduce-scatter sends (W - 1) shards."""
         if not keep_params_gathered:
             self.free_params()
 
@@ -85,6 +88,7 @@ class FlatParamUnit:
         if self.is_gathered or self._gather_work is not None:
             return
         self.full_params.untyped_storage().resize_(self.numel * self.full_params.element_size())
+        self._count_sent(self.param_shard)
         self._gather_work = dist.all_gather_single(self.full_params, self.param_shard,
                                                    group=self.process_group, async_op=True)
 
@@ -107,6 +111,7 @@ class FlatParamUnit:
 
     def gather_after_step(self) -> None:
         """Stage 2: every rank updated its shard of the full buffer in place; share them."""
+        self._count_sent(self.param_shard)
         dist.all_gather_single(self.full_params, self.param_shard, group=self.process_group)
 
     # ---- gradients: collect per micro-batch, reduce-scatter into the shard ------------------
@@ -127,6 +132,7 @@ class FlatParamUnit:
         assert self.full_grads is not None
         self.full_grads.div_(self.world_size)
         reduced = torch.empty_like(self.grad_shard)
+        self._count_sent(reduced)
         work = dist.reduce_scatter_single(reduced, self.full_grads, op=dist.ReduceOp.SUM,
                                           group=self.process_group, async_op=True)
         self._reduce = (work, reduced)
@@ -142,6 +148,9 @@ class FlatParamUnit:
         self.params_with_grad.clear()
 
     # ---- accounting ---------------------------------------------------------------------------
+    def _count_sent(self, shard: Tensor) -> None:
+        self.bytes_sent += (self.world_size - 1) * shard.numel() * shard.element_size()
+
     def resident_bytes(self) -> dict[str, int]:
         """Bytes this unit holds right now, by kind (tests and bench)."""
         full = self.full_params.untyped_storage().nbytes()

@@ -118,6 +118,8 @@ class ShardedDataParallel(nn.Module):
         self._pinned = False  # inside gathered_params(): no hook frees anything
         self._in_backward: set[FlatParamUnit] = set()
         self._reducing: list[FlatParamUnit] = []
+        self.comm_bytes_last_step = 0
+        """Bytes this rank sent in the last step's gathers and reduce-scatters (as our DDP's)."""
 
     def _new_unit(self, params: list[Parameter], grad_dtype: torch.dtype | None
                   ) -> FlatParamUnit:
@@ -232,6 +234,9 @@ class ShardedDataParallel(nn.Module):
             for unit in self.units:
                 unit.gather_after_step()
         self.reshard()  # stage 3: a root unit left gathered by a no-grad forward (generation)
+        self.comm_bytes_last_step = sum(unit.bytes_sent for unit in self.units)
+        for unit in self.units:
+            unit.bytes_sent = 0
 
     @contextlib.contextmanager
     def gathered_params(self) -> Iterator[None]:

@@ -1,0 +1,202 @@
+"""Tensor and pipeline parallelism in the trainer: the model split over a device grid.
+
+With `--tensor_parallel T --pipeline_parallel P` the W ranks form a grid of P stages x D
+data-parallel replicas x T tensor shards (parallel/parallel_dims.py). `parallelize_grid`:
+
+    Step 1  the process groups of each dimension (collective);
+    Step 2  the whole model, built with the same seed (or loaded) on every rank, cut to this
+            rank's stage, then its matrices to this rank's shard (parallel/pipeline_parallel,
+            parallel/tensor_parallel);
+    Step 3  our DDP over the data-parallel group only (gradients reduced once per step, in
+            finish_grad_sync: the schedule runs its micro-batches itself);
+    Step 4  the optimizer, wrapped so that clipping uses the norm of the *whole* model.
+
+Every rank of one data-parallel replica sees the same batches (the data is split by dp rank).
+What differs from a data-parallel run, and how the loop is kept the same:
+
+    forward/backward  `PipelineSchedule.step(micro_batches)` (afab or 1f1b) instead of the
+                      micro-batch loop (`GridParallel.forward_backward`)
+    grad norm         ||g||^2 summed over the TP and PP groups: TP-split tensors add their
+                      shards, replicated ones (norm weights) count once (1/T from each of T
+                      ranks), the tied embedding's second copy (last stage) not at all
+    whole weights     gathered to rank 0 and loaded into a whole model there
+                      (parallel/layout_neutral_checkpoint.py): samples and model.safetensors
+    optimizer state   one file per rank, loadable on the same grid only (the run refuses
+                      another grid in one line)
+    evaluation        a forward-only pass through the stages (`PipelinedEval`)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from model.modeling_z2all import Z2allForCausalLM
+from optimizer import OptimizerConfig, TrainingOptimizer, get_optimizer
+from optimizer.clip_grads import clip_grads_
+from parallel.distributed_data_parallel import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+)
+from parallel.layout_neutral_checkpoint import gather_full_tensors
+from parallel.parallel_dims import ParallelDims, check_parallel_shapes
+from parallel.pipeline_parallel.schedules import PipelineSchedule
+from parallel.pipeline_parallel.stage import split_into_stage, tied_embedding_param
+from parallel.tensor_parallel.parallelize import parallelize_model
+from parallel.tensor_parallel.sharding import layout_for
+from utils.atomic_io import atomic_open
+
+
+@dataclass(frozen=True)
+class DataShare:
+    """Which part of each global batch this rank reads: on a grid the T x P ranks of one
+    data-parallel replica read the same batches, and one of them counts their tokens."""
+
+    rank: int
+    world_size: int
+    counts_tokens: bool
+
+
+def data_share(rank: int, world_size: int, tensor_parallel: int, pipeline_parallel: int
+               ) -> DataShare:
+    """ValueError (one line) when the world does not divide into the grid."""
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, rank=rank)
+    return DataShare(dims.dp_rank, dims.data_parallel, dims.tp_rank == 0 and dims.pp_rank == 0)
+
+
+def data_leader_ranks(world_size: int, tensor_parallel: int, pipeline_parallel: int
+                      ) -> list[int]:
+    """One global rank per data-parallel replica, in dp order (their data states are the
+    replicas'; the other ranks of a replica hold copies)."""
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel)
+    return [dims.rank_of(0, dp, 0) for dp in range(dims.data_parallel)]
+
+
+class GridOptimizer:
+    """The data-parallel optimizer with whole-model clipping and per-rank checkpoint files
+    (module docstring); everything else is delegated to it."""
+
+    def __init__(self, inner: TrainingOptimizer, model: Z2allForCausalLM, dims: ParallelDims,
+                 max_norm: float) -> None:
+        self.inner, self.model, self.dims, self.max_norm = inner, model, dims, max_norm
+        # The last stage's copy of a tied embedding (the first stage counts the original).
+        tied_copy = (tied_embedding_param(model, dims)
+                     if dims.is_last_stage and not dims.is_first_stage else None)
+        self._norm_weights = [  # each element of the whole model counted once
+            0.0 if param is tied_copy
+            else 1.0 if dims.tensor_parallel > 1 and layout_for(name, model.config)
+            else 1.0 / dims.tensor_parallel
+            for name, param in model.named_parameters()]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def grad_norm(self) -> float:
+        """||g|| of the whole model from every rank's averaged `main_grad`s (after
+        finish_grad_sync)."""
+        grads = [param.main_grad for param in self.model.parameters()]
+        norms = torch.stack(torch._foreach_norm(grads, 2.0)).double()
+        squares = (norms.square() * torch.tensor(self._norm_weights, dtype=torch.float64,
+                                                 device=norms.device)).sum()
+        for group in (self.dims.tp_group, self.dims.pp_group):
+            dist.all_reduce(squares, group=group)
+        return float(squares.sqrt())
+
+    def step(self) -> tuple[bool, float]:
+        """Clip by the whole model's norm, then the inner step (built with clip_grad=0)."""
+        grad_norm = self.grad_norm()
+        if not math.isfinite(grad_norm):
+            return False, grad_norm
+        if self.max_norm > 0:
+            clip_grads_([param.main_grad for param in self.model.parameters()], self.max_norm,
+                        grad_norm)
+        stepped, _ = self.inner.step()
+        return stepped, grad_norm
+
+    def _file(self, rank: int) -> str:
+        return f"grid_rank_{rank:05d}.pt"
+
+    def save_checkpoint(self, optim_dir: str | Path) -> None:
+        state = {"grid": self._grid(), "state": self.inner.state_dict()}
+        with atomic_open(Path(optim_dir) / self._file(self.dims.rank), "wb") as handle:
+            torch.save(state, handle)
+
+    def checkpoint_files(self) -> list[str]:
+        return [self._file(rank) for rank in range(self.dims.world_size)]
+
+    def load_checkpoint(self, optim_dir: str | Path) -> None:
+        path = Path(optim_dir) / self._file(self.dims.rank)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no optimizer state for this grid (resume with "
+                                    "the --tensor_parallel/--pipeline_parallel it was saved on)")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if saved["grid"] != self._grid():
+            raise ValueError(f"{path}: saved on the grid {saved['grid']}, this run is "
+                             f"{self._grid()}: resume on the same grid")
+        self.inner.load_state_dict(saved["state"])
+
+    def _grid(self) -> dict[str, int]:
+        return {"world_size": self.dims.world_size, "tensor_parallel": self.dims.tensor_parallel,
+                "pipeline_parallel": self.dims.pipeline_parallel}
+
+
+class PipelinedEval:
+    """`model(input_ids, labels=..., attention_mask=...).loss` through the stages, for the
+    evaluator: forward only, every rank gets the loss."""
+
+    def __init__(self, schedule: PipelineSchedule) -> None:
+        self.schedule = schedule
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                 attention_mask: torch.Tensor | None = None) -> SimpleNamespace:
+        batch = {"input_ids": input_ids, "labels": labels}
+        if attention_mask is not None:
+            batch["attention_mask"] = attention_mask
+        return SimpleNamespace(loss=self.schedule.forward_only(batch))
+
+
+def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_parallel: int,
+                     sequence_parallel: bool, pp_schedule: str,
+                     ddp_config: DistributedDataParallelConfig,
+                     optimizer_config: OptimizerConfig
+                     ) -> tuple[DistributedDataParallel, GridOptimizer, PipelineSchedule,
+                                ParallelDims]:
+    """(our DDP over the dp group, the optimizer, the schedule, the grid): the module
+    docstring's steps."""
+    check_parallel_shapes(model.config, dist.get_world_size(), tensor_parallel,
+                          pipeline_parallel, sequence_parallel)
+    dims = ParallelDims(dist.get_world_size(), tensor_parallel,  # Step 1
+                        pipeline_parallel).build_groups()
+    split_into_stage(model, dims)  # Step 2
+    if tensor_parallel > 1:
+        parallelize_model(model, dims, sequence_parallel)
+    ddp = DistributedDataParallel(model, ddp_config, process_group=dims.dp_group)  # Step 3
+    schedule = PipelineSchedule(model, dims, pp_schedule, sequence_parallel)
+    inner = get_optimizer(dataclasses.replace(optimizer_config, clip_grad=0.0), ddp)  # Step 4
+    optimizer = GridOptimizer(inner, model, dims, max_norm=optimizer_config.clip_grad)
+    return ddp, optimizer, schedule, dims
+
+
+@contextlib.contextmanager
+def whole_model_on_rank0(model: Z2allForCausalLM, dims: ParallelDims
+                         ) -> Iterator[Z2allForCausalLM | None]:
+    """Collective: the whole model, rebuilt from every rank's pieces, on rank 0 (None
+    elsewhere), for sample generation and model.safetensors."""
+    full = gather_full_tensors(model.state_dict(), model.config, dims)
+    if full is None:
+        yield None
+        return
+    whole = Z2allForCausalLM(model.config).to(next(iter(full.values())).device)
+    whole.load_state_dict(full)
+    whole.to(next(iter(full.values())).dtype).eval()
+    yield whole
