@@ -105,6 +105,10 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
             problems.append("--compile cannot be combined with --zero_stage=3 yet (its hooks "
                             "gather and free weights around each compiled block): drop "
                             "--compile or use --zero_stage 2")
+        if zero_stage >= 2 and options.lora.lora_rank > 0:
+            problems.append(f"--lora_rank with --zero_stage={zero_stage} is not supported yet "
+                            "(the frozen base gets no gradient to shard): use --zero_stage 0 or "
+                            "1; the adapters are small")
     problems += _grid_problems(options)
     device = options.system.device
     if device not in ("auto", "cpu", "cuda"):
@@ -135,6 +139,7 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
         "--cpu_offload": parallel.cpu_offload,
         "--compile": options.system.compile,
         f"--dtype={options.system.dtype}": options.system.dtype == "fp16",
+        f"--lora_rank={options.lora.lora_rank}": options.lora.lora_rank > 0,
     }
     problems += [f"{name} with {flag} is not supported yet: use --tensor_parallel=1 "
                  "--pipeline_parallel=1" for name, refused in unsupported.items() if refused]
