@@ -3,7 +3,8 @@
 Reference: the same command at `--zero_stage 0` (our DDP, itself equal to torch DDP): every
 stage averages the same gradients, so each step's loss agrees to fp32 rounding (the sums run in
 another order), for pretraining, SFT and DPO. Resume: a run stopped at step 3 and resumed
-equals the uninterrupted run bitwise (losses and model.safetensors), at stages 2 and 3. The
+equals the uninterrupted run bitwise (losses and model.safetensors), at stages 2 and 3, and so
+does a torchrun run killed with SIGKILL at a random step and resumed. The
 memory plan printed at start-up equals the measured bytes of the params, grads and Adam state
 (rank 0, after the first step). Eval samples run at stage 3 (rank 0 generates inside the
 collective gather: without it the run would hang).
@@ -11,6 +12,8 @@ collective gather: without it the run would hang).
 
 from __future__ import annotations
 
+import random
+import time
 from pathlib import Path
 
 import pytest
@@ -26,8 +29,16 @@ from tests.train_helpers import (
     train_losses,
 )
 from tests.trainer.test_train_resume import _assert_identical, _pretrain_args, _three_runs
+from tests.trainer.test_train_stream import (
+    assert_identical,
+    finish,
+    heartbeat_step,
+    kill_all,
+    torchrun,
+)
 from trainer.option_validation import check_options
 from trainer.options import TrainingOptions
+from utils.checkpoint import list_checkpoints
 
 STAGES = (2, 3)
 ACCUMULATION = "--gradient_accumulation_steps=2"  # ZeRO-2/3 reduce every micro-batch
@@ -89,3 +100,28 @@ def test_impossible_zero_combinations_are_refused_in_one_line(changes, expected)
     with pytest.raises(ValueError, match=expected) as error:
         check_options(options)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds torchrun's ranks via /proc")
+@pytest.mark.parametrize("stage", STAGES)
+def test_kill9_mid_run_then_resume_is_bitwise(data, tmp_path, stage):
+    """torchrun with 2 ranks, SIGKILL to every process at a random step after the first
+    checkpoint, then --resume: the same losses and final weights as the uninterrupted run."""
+    total = 12
+    args = [*TINY_ARGS, *data_args(data, "pretrain"), f"--zero_stage={stage}", ACCUMULATION,
+            f"--max_iters={total}", "--save_interval=3", "--keep_last=20",
+            "--eval_interval=1000", "--eval_prompts=[]"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    finish(torchrun(args, full))
+    kill_after = random.Random().randrange(4, total - 2)  # a checkpoint exists by then
+    process = torchrun(args, cut)
+    deadline = time.monotonic() + 240
+    while process.poll() is None and time.monotonic() < deadline:
+        if heartbeat_step(cut) >= kill_after:
+            break
+        time.sleep(0.01)
+    kill_all(process)
+    saved = [step for step, _ in list_checkpoints(cut / "ckpt")]
+    assert saved and saved[-1] < total, "killed too late to test a resume"
+    finish(torchrun([*args, "--resume"], cut))
+    assert_identical(full, cut, total)
