@@ -65,10 +65,11 @@ def test_a_stream_checkpoint_is_not_resumed_as_pretokenized_data(data, tmp_path)
                   f"--data_dir={data['pretrain']}", "--shuffle_buffer=1000"])
 
 
-def torchrun(args: list[str], out_dir: Path) -> subprocess.Popen:
-    """2 ranks under torchrun (DataLoader workers need non-daemonic rank processes)."""
+def torchrun(args: list[str], out_dir: Path, ranks: int = 2) -> subprocess.Popen:
+    """Ranks under torchrun (DataLoader workers need non-daemonic rank processes)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={ranks}",
          "train_my_ddp.py", *args, f"--out_dir={out_dir}"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
