@@ -73,14 +73,18 @@ depends on *when* the model escapes a plateau. Measured here (AVX2-only EPYC, fp
 
       SFT step                          2000    4000    6000
       seed 1337 (2 ranks, README run)    17%     30%     33%  copy 4%, upper 0%
-      seed 2                             27%     40%      ?   copy 22%, upper 32% at 4000
-      seed 1                              ?       ?       ?
+      seed 2                             27%     40%     46%  copy 30%, upper 40%
+      seed 1                             21%     34%      ?   copy 0%, upper 6% at 4000
 
 - Reweighting the SFT mixture toward the hard skills (draws per round add1 1, length 1,
-  copy 3, upper 2, reverse 2, add2 3 instead of 1 each) did not move it: 21% at step 2000,
-  copy and upper 0%.
+  copy 3, upper 2, reverse 2, add2 3 instead of 1 each) did not move it: 21% at step 2000
+  and 31% at step 4000, copy and upper 0-2%.
 - bf16 cannot be measured on this CPU: without avx512_bf16/AMX it is emulated, 30 SFT steps
   took 45.8 CPU-s instead of 10.7 (fp32).
+
+So the demo's settings are unchanged and do not yet reach 50% on either path reliably: what
+is missing is a model that learns to copy sooner, or more SFT steps than the 12-minute budget
+holds (the README's "Accuracy across seeds and precisions").
 
 The 512-token vocabulary splits made-up words into letters and short pieces (1200 SFT steps
 from a random init: 18% with it, 9% with 4096) and makes pretraining cheap. A whole run,
