@@ -74,7 +74,7 @@ depends on *when* the model escapes a plateau. Measured here (AVX2-only EPYC, fp
       SFT step                          2000    4000    6000
       seed 1337 (2 ranks, README run)    17%     30%     33%  copy 4%, upper 0%
       seed 2                             27%     40%     46%  copy 30%, upper 40%
-      seed 1                             21%     34%      ?   copy 0%, upper 6% at 4000
+      seed 1                             21%     34%     37%  copy 8%, upper 6%
 
 - Reweighting the SFT mixture toward the hard skills (draws per round add1 1, length 1,
   copy 3, upper 2, reverse 2, add2 3 instead of 1 each) did not move it: 21% at step 2000
