@@ -13,8 +13,6 @@ unsupported combinations are refused before any work.
 
 from __future__ import annotations
 
-import random
-import time
 from pathlib import Path
 
 import pytest
@@ -25,17 +23,9 @@ import train_my_ddp
 from parallel.local_ranks import run_on_ranks
 from tests.train_helpers import TINY_ARGS, data_args, records, run_main, train_losses
 from tests.trainer.test_train_resume import _assert_identical, _three_runs
-from tests.trainer.test_train_stream import (
-    assert_identical,
-    finish,
-    heartbeat_step,
-    kill_all,
-    stream_args,
-    torchrun,
-)
+from tests.trainer.test_train_stream import assert_identical, kill9_and_resume, stream_args
 from trainer.option_validation import check_options
 from trainer.options import TrainingOptions
-from utils.checkpoint import list_checkpoints
 from utils.cli_errors import EXIT_BAD_INPUT
 from utils.cli_errors import run_main as cli_run_main
 
@@ -123,18 +113,5 @@ def test_kill9_on_a_2x2_grid_then_resume_is_bitwise(data, tmp_path):
     total = 8
     args = _args(data, *GRIDS["tp2_pp2"][0], f"--max_iters={total}", "--save_interval=2",
                  "--keep_last=20", "--eval_interval=1000", "--eval_prompts=[]")
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    finish(torchrun(args, full, ranks=4))
-    kill_after = random.Random().randrange(3, total - 1)  # a checkpoint exists by then
-    process = torchrun(args, cut, ranks=4)
-    deadline = time.monotonic() + 300
-    while process.poll() is None and time.monotonic() < deadline:
-        if heartbeat_step(cut) >= kill_after:
-            break
-        time.sleep(0.01)
-    kill_all(process)
-    saved = [step for step, _ in list_checkpoints(cut / "ckpt")]
-    assert saved and saved[-1] < total, "killed too late to test a resume"
-    finish(torchrun([*args, "--resume"], cut, ranks=4))
-    assert_identical(full, cut, total)
+    kill9_and_resume(args, tmp_path, total, first_kill=3, ranks=4)
 

@@ -98,17 +98,16 @@ def heartbeat_step(run_dir: Path) -> int:
         return -1
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds torchrun's ranks via /proc")
-def test_two_ranks_two_workers_killed_and_resumed_match_the_uninterrupted_run(data, tmp_path):
-    total = 16
-    args = stream_args(data, "--num_workers=2", f"--max_iters={total}", "--save_interval=4",
-                       "--keep_last=20")
+def kill9_and_resume(args: list[str], tmp_path: Path, total: int, first_kill: int,
+                     ranks: int = 2) -> list[int]:
+    """Run `args` under torchrun uninterrupted, and again SIGKILLed (every process) at a random
+    step from `first_kill` on, then resumed: both must end identical. Returns the steps that
+    survived the kill."""
     full, cut = tmp_path / "full", tmp_path / "cut"
-    finish(torchrun(args, full))
-
-    kill_after = random.Random().randrange(5, total - 3)  # a checkpoint exists by then
-    process = torchrun(args, cut)
-    deadline = time.monotonic() + 240
+    finish(torchrun(args, full, ranks))
+    kill_after = random.Random().randrange(first_kill, total - 1)  # a checkpoint exists by then
+    process = torchrun(args, cut, ranks)
+    deadline = time.monotonic() + 300
     while process.poll() is None and time.monotonic() < deadline:
         if heartbeat_step(cut) >= kill_after:
             break
@@ -116,10 +115,18 @@ def test_two_ranks_two_workers_killed_and_resumed_match_the_uninterrupted_run(da
     kill_all(process)
     saved = [step for step, _ in list_checkpoints(cut / "ckpt")]
     assert saved and saved[-1] < total, "killed too late to test a resume"
-
-    finish(torchrun([*args, "--resume"], cut))
+    finish(torchrun([*args, "--resume"], cut, ranks))
     assert_identical(full, cut, total)
-    assert [r["step"] for r in records(cut, "resume")] == [saved[-1]]
+    return saved
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds torchrun's ranks via /proc")
+def test_two_ranks_two_workers_killed_and_resumed_match_the_uninterrupted_run(data, tmp_path):
+    total = 16
+    args = stream_args(data, "--num_workers=2", f"--max_iters={total}", "--save_interval=4",
+                       "--keep_last=20")
+    saved = kill9_and_resume(args, tmp_path, total, first_kill=5)
+    assert [r["step"] for r in records(tmp_path / "cut", "resume")] == [saved[-1]]
 
 
 def test_skipped_bad_records_are_counted_in_metrics(data, tmp_path):

@@ -12,8 +12,6 @@ collective gather: without it the run would hang).
 
 from __future__ import annotations
 
-import random
-import time
 from pathlib import Path
 
 import pytest
@@ -29,16 +27,9 @@ from tests.train_helpers import (
     train_losses,
 )
 from tests.trainer.test_train_resume import _assert_identical, _pretrain_args, _three_runs
-from tests.trainer.test_train_stream import (
-    assert_identical,
-    finish,
-    heartbeat_step,
-    kill_all,
-    torchrun,
-)
+from tests.trainer.test_train_stream import kill9_and_resume
 from trainer.option_validation import check_options
 from trainer.options import TrainingOptions
-from utils.checkpoint import list_checkpoints
 
 STAGES = (2, 3)
 ACCUMULATION = "--gradient_accumulation_steps=2"  # ZeRO-2/3 reduce every micro-batch
@@ -111,17 +102,4 @@ def test_kill9_mid_run_then_resume_is_bitwise(data, tmp_path, stage):
     args = [*TINY_ARGS, *data_args(data, "pretrain"), f"--zero_stage={stage}", ACCUMULATION,
             f"--max_iters={total}", "--save_interval=3", "--keep_last=20",
             "--eval_interval=1000", "--eval_prompts=[]"]
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    finish(torchrun(args, full))
-    kill_after = random.Random().randrange(4, total - 2)  # a checkpoint exists by then
-    process = torchrun(args, cut)
-    deadline = time.monotonic() + 240
-    while process.poll() is None and time.monotonic() < deadline:
-        if heartbeat_step(cut) >= kill_after:
-            break
-        time.sleep(0.01)
-    kill_all(process)
-    saved = [step for step, _ in list_checkpoints(cut / "ckpt")]
-    assert saved and saved[-1] < total, "killed too late to test a resume"
-    finish(torchrun([*args, "--resume"], cut))
-    assert_identical(full, cut, total)
+    kill9_and_resume(args, tmp_path, total, first_kill=4)
