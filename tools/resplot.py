@@ -25,8 +25,9 @@ import argparse
 import io
 import json
 import math
+import signal
 import sys
-import time
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -238,24 +239,26 @@ def main(argv: list[str] | None = None) -> int:
                          f"(pass the run's --out_dir, e.g. out/<run>)")
     out_dir = args.out or args.runs[0] / "plots"
 
+    stop = threading.Event()  # Ctrl-C sets it: a SIGINT inside matplotlib's C code would
+    # surface as a bogus ValueError ("Invalid bounding box"), so a plot is always finished first
+    if args.watch is not None:
+        signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
     last_signature = None
-    try:
-        while True:
-            signature = metrics_signature(args.runs)
-            if signature != last_signature:
-                last_signature = signature
-                written = plot_runs(args.runs, out_dir)
-                for path in written:
-                    print(path)
-                if not written and args.watch is None:
-                    print("nothing to plot: no metrics found")
-                    return 1
-            if args.watch is None:
-                return 0
-            time.sleep(args.watch)
-    except KeyboardInterrupt:
-        print("stopped watching")
-        return 0
+    while not stop.is_set():
+        signature = metrics_signature(args.runs)
+        if signature != last_signature:
+            last_signature = signature
+            written = plot_runs(args.runs, out_dir)
+            for path in written:
+                print(path)
+            if not written and args.watch is None:
+                print("nothing to plot: no metrics found")
+                return 1
+        if args.watch is None:
+            return 0
+        stop.wait(args.watch)
+    print("stopped watching")
+    return 0
 
 
 if __name__ == "__main__":
