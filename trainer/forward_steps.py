@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,7 +43,7 @@ def forward_language_model(model: DistributedDataParallel, batch: Batch
 def frozen_reference_log_probs(policy: torch.nn.Module, pair: Batch, *,
                                reference: torch.nn.Module) -> torch.Tensor:
     """The token log-probs of a separate, frozen reference model."""
-    return reference.token_log_probs(**pair)
+    return reference.token_log_probs(**_model_inputs(pair))
 
 
 def base_model_log_probs(policy: torch.nn.Module, pair: Batch) -> torch.Tensor:
@@ -50,41 +52,68 @@ def base_model_log_probs(policy: torch.nn.Module, pair: Batch) -> torch.Tensor:
     was_training = policy.training
     policy.eval()
     with adapters_disabled(policy):
-        log_probs = policy.token_log_probs(**pair)
+        log_probs = policy.token_log_probs(**_model_inputs(pair))
     policy.train(was_training)
     return log_probs
 
 
-def forward_dpo(model: DistributedDataParallel, batch: Batch, *,
-                reference_log_probs: ReferenceLogProbs, beta: float, label_smoothing: float,
-                nll_weight: float
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+@dataclass(frozen=True)
+class DPOStep:
     """DPO: chosen and rejected go through the policy as one batch of 2B sequences (the
     collator pads both sides to one length). `model.module.token_log_probs` skips DDP's
-    forward, which is a plain pass-through: our DDP hooks the parameters, not the forward."""
-    pair = {key: torch.cat([batch[f"chosen_{key}"], batch[f"rejected_{key}"]])
-            for key in ("input_ids", "labels", "attention_mask")}
-    policy_token_logps = model.module.token_log_probs(**pair)
-    policy_logps = sequence_log_prob(policy_token_logps)
-    with torch.no_grad():
-        reference_logps = sequence_log_prob(reference_log_probs(model.module, pair))
-    half = batch["chosen_input_ids"].shape[0]
-    out = dpo_loss(policy_logps[:half], policy_logps[half:], reference_logps[:half],
-                   reference_logps[half:], beta=beta, label_smoothing=label_smoothing)
-    chosen_nll = chosen_answer_nll(policy_token_logps[:half], batch["chosen_labels"])
-    return out.loss + nll_weight * chosen_nll, {
-        "dpo_loss": out.loss, "chosen_nll": chosen_nll,
-        "rewards/chosen": out.chosen_rewards.mean(),
-        "rewards/rejected": out.rejected_rewards.mean(),
-        "rewards/accuracies": out.reward_accuracy, "rewards/margins": out.reward_margin}
+    forward, which is a plain pass-through: our DDP hooks the parameters, not the forward.
+
+    The two halves are separate methods because a pipeline computes them in different places
+    (trainer/model_parallel.py): `with_reference` on every rank before the schedule runs,
+    `objective` on the last stage, from the token log-probs it computed."""
+
+    reference_log_probs: ReferenceLogProbs
+    beta: float
+    label_smoothing: float
+    nll_weight: float
+
+    def __call__(self, model: DistributedDataParallel, batch: Batch) -> StepOutput:
+        pair = self.with_reference(model.module, batch)
+        return self.objective(model.module.token_log_probs(**_model_inputs(pair)), pair)
+
+    def with_reference(self, policy: torch.nn.Module, batch: Batch) -> Batch:
+        """The pair batch (input_ids, labels, attention_mask: chosen rows, then rejected) and
+        `reference_logps` [2B], the frozen reference's log-probability of each answer."""
+        pair = {key: torch.cat([batch[f"chosen_{key}"], batch[f"rejected_{key}"]])
+                for key in ("input_ids", "labels", "attention_mask")}
+        with torch.no_grad():
+            pair["reference_logps"] = sequence_log_prob(self.reference_log_probs(policy, pair))
+        return pair
+
+    def objective(self, policy_token_logps: torch.Tensor, pair: Batch) -> StepOutput:
+        """The DPO loss (+ RPO's NLL term) and its metrics from the policy's token log-probs
+        [2B, S] of the pair batch."""
+        policy_logps = sequence_log_prob(policy_token_logps)
+        reference_logps = pair["reference_logps"]
+        half = policy_logps.shape[0] // 2
+        out = dpo_loss(policy_logps[:half], policy_logps[half:], reference_logps[:half],
+                       reference_logps[half:], beta=self.beta,
+                       label_smoothing=self.label_smoothing)
+        chosen_nll = chosen_answer_nll(policy_token_logps[:half], pair["labels"][:half])
+        return out.loss + self.nll_weight * chosen_nll, {
+            "dpo_loss": out.loss.detach(), "chosen_nll": chosen_nll.detach(),
+            "rewards/chosen": out.chosen_rewards.mean(),
+            "rewards/rejected": out.rejected_rewards.mean(),
+            "rewards/accuracies": out.reward_accuracy, "rewards/margins": out.reward_margin}
+
+
+def _model_inputs(pair: Batch) -> Batch:
+    return {key: pair[key] for key in ("input_ids", "labels", "attention_mask")}
 
 
 def build_forward_step(task_type: str, dpo: DPOOptions, init_from: str | None,
-                       device: torch.device, dtype_name: str, lora: bool = False
+                       device: torch.device, dtype_name: str, lora: bool = False,
+                       split_reference: Callable[[torch.nn.Module], Any] | None = None
                        ) -> ForwardStep:
     """The task's forward step. DPO's reference is the SFT model we started from: always
     `init_from`, never a copy of the policy (after a resume the policy has moved on); with
-    `lora`, that model is the policy's frozen base."""
+    `lora`, that model is the policy's frozen base. `split_reference`: on a tensor/pipeline
+    grid, cuts the reference like the policy (anything with `token_log_probs`)."""
     if task_type != "dpo":
         return forward_language_model
     if lora:
@@ -92,8 +121,8 @@ def build_forward_step(task_type: str, dpo: DPOOptions, init_from: str | None,
     else:
         reference = load_model(init_from)[0].to(device, DTYPES[dtype_name]).eval()
         reference.requires_grad_(False)
+        if split_reference is not None:
+            reference = split_reference(reference)
         reference_log_probs = functools.partial(frozen_reference_log_probs, reference=reference)
-    return functools.partial(forward_dpo, reference_log_probs=reference_log_probs,
-                             beta=dpo.dpo_beta,
-                             label_smoothing=dpo.dpo_label_smoothing,
-                             nll_weight=dpo.dpo_nll_weight)
+    return DPOStep(reference_log_probs, beta=dpo.dpo_beta,
+                   label_smoothing=dpo.dpo_label_smoothing, nll_weight=dpo.dpo_nll_weight)

@@ -24,6 +24,11 @@ What differs from a data-parallel run, and how the loop is kept the same:
     optimizer state   one file per rank, loadable on the same grid only (the run refuses
                       another grid in one line)
     evaluation        a forward-only pass through the stages (`PipelinedEval`)
+    DPO               the frozen reference cut like the policy (`split_reference`); each
+                      micro-batch's reference log-probs come first (forward only through the
+                      reference's stages), then the schedule runs the policy with DPO's
+                      objective on the last stage, from vocab-parallel token log-probs
+                      (`pipelined_forward_backward`)
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from parallel.pipeline_parallel.schedules import PipelineSchedule
 from parallel.pipeline_parallel.stage import split_into_stage, tied_embedding_param
 from parallel.tensor_parallel.parallelize import parallelize_model
 from parallel.tensor_parallel.sharding import layout_for
+from trainer.forward_steps import Batch, DPOStep, ForwardStep
 from utils.atomic_io import atomic_open
 
 
@@ -150,11 +156,14 @@ class GridOptimizer:
 
 
 class PipelinedEval:
-    """`model(input_ids, labels=..., attention_mask=...).loss` through the stages, for the
-    evaluator: forward only, every rank gets the loss."""
+    """`model(input_ids, labels=..., attention_mask=...).loss` and `model.token_log_probs(...)`
+    through the stages, forward only, the result on every rank: what the evaluator calls, and
+    DPO's frozen reference. `.module` is itself, as DDP's would be the model (DPOStep calls
+    `model.module.token_log_probs`)."""
 
     def __init__(self, schedule: PipelineSchedule) -> None:
         self.schedule = schedule
+        self.module = self
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, labels: torch.Tensor,
@@ -163,6 +172,43 @@ class PipelinedEval:
         if attention_mask is not None:
             batch["attention_mask"] = attention_mask
         return SimpleNamespace(loss=self.schedule.forward_only(batch))
+
+    def token_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        batch = {"input_ids": input_ids, "labels": labels}
+        if attention_mask is not None:
+            batch["attention_mask"] = attention_mask
+        return self.schedule.forward_only(batch, per_token=True)
+
+
+def split_reference(reference: Z2allForCausalLM, policy_schedule: PipelineSchedule
+                    ) -> PipelinedEval:
+    """DPO's frozen reference (whole, as loaded) cut exactly like the policy: the same stage
+    and tensor slices on this rank, run forward-only through the same stages."""
+    dims = policy_schedule.dims
+    split_into_stage(reference, dims)
+    if dims.tensor_parallel > 1:
+        parallelize_model(reference, dims, policy_schedule.sequence_parallel)
+    reference.requires_grad_(False)
+    return PipelinedEval(PipelineSchedule(reference, dims, policy_schedule.schedule,
+                                          policy_schedule.sequence_parallel))
+
+
+def pipelined_forward_backward(schedule: PipelineSchedule, forward_step: ForwardStep,
+                               micro_batches: list[Batch]
+                               ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The grid's stand-in for the micro-batch loop: (summed loss, summed task metrics). DPO
+    first computes every micro-batch's reference log-probs (forward only through the
+    reference's stages), then the schedule runs the policy with DPO's objective on the last
+    stage, from vocab-parallel token log-probs (no gathered logits)."""
+    loss_fn = None
+    if isinstance(forward_step, DPOStep):
+        micro_batches = [forward_step.with_reference(schedule.model, batch)
+                         for batch in micro_batches]
+        loss_fn = forward_step.objective
+    count = len(micro_batches)
+    loss = schedule.step(micro_batches, loss_fn)
+    return loss * count, {key: value * count for key, value in schedule.last_step_extras.items()}
 
 
 def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_parallel: int,

@@ -132,7 +132,6 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
     flag = (f"--tensor_parallel={parallel.tensor_parallel} "
             f"--pipeline_parallel={parallel.pipeline_parallel}")
     unsupported = {
-        f"--task_type={options.data.task_type}": options.data.task_type == "dpo",
         "--zero_stage > 0 / --use_distributed_optimizer": (parallel.zero_stage > 0
                                                            or parallel.use_distributed_optimizer),
         f"--comm_hook={parallel.comm_hook}": parallel.comm_hook != "allreduce",

@@ -48,7 +48,13 @@ from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import PipelineSchedule
 from parallel.sharded_data_parallel import ShardedDataParallel
 from trainer.forward_steps import Batch, ForwardStep
-from trainer.model_parallel import PipelinedEval, parallelize_grid, whole_model_on_rank0
+from trainer.model_parallel import (
+    PipelinedEval,
+    parallelize_grid,
+    pipelined_forward_backward,
+    split_reference,
+    whole_model_on_rank0,
+)
 from trainer.options import OptimizationOptions, ParallelOptions, SystemOptions
 
 # component field -> the trainer option that sets it, where the names differ.
@@ -102,7 +108,7 @@ class Parallelized:
         """Forward and backward of every micro-batch, gradients accumulated (reduced over
         ranks on the last one); the summed loss and task extras."""
         if self.schedule is not None:  # the pipeline runs its own micro-batch loop
-            return self.schedule.step(micro_batches) * len(micro_batches), {}
+            return pipelined_forward_backward(self.schedule, forward_step, micro_batches)
         loss_sum = torch.zeros((), device=next(iter(micro_batches[0].values())).device)
         extra_sums: dict[str, torch.Tensor] = {}
         for index, batch in enumerate(micro_batches):
@@ -128,6 +134,10 @@ class Parallelized:
                 yield self.ddp.module
         else:
             yield self.ddp.module
+
+    def split_like_policy(self, reference: torch.nn.Module) -> Any:
+        """DPO's frozen reference, on a grid cut like the policy (as it is otherwise)."""
+        return reference if self.schedule is None else split_reference(reference, self.schedule)
 
     @property
     def eval_model(self) -> Any:

@@ -142,13 +142,14 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
         data_options, seed=optimization.seed, batch_size=optimization.batch_size,
         eval_samples=eval_samples, rank=share.rank, world_size=share.world_size,
         pin_memory=env.device.type == "cuda")
-    forward_step = build_forward_step(data_options.task_type, options.dpo,
-                                      options.model.init_from, env.device, precision.dtype,
-                                      lora=options.lora.config() is not None)
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
         options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir)
+    forward_step = build_forward_step(data_options.task_type, options.dpo,
+                                      options.model.init_from, env.device, precision.dtype,
+                                      lora=options.lora.config() is not None,
+                                      split_reference=parallel.split_like_policy)
 
     counters = Counters()
     if saved_state is not None:

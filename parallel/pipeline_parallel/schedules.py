@@ -29,11 +29,18 @@ Communication is point-to-point: activations to the next stage, their gradients 
 and a receive that cross (send my output forward, receive a gradient from the same neighbour)
 are posted together (`batch_isend_irecv`) so that two neighbours waiting on each other cannot
 deadlock, as Megatron-LM's `send_forward_recv_backward` does.
+
+The last stage's loss is the mean cross-entropy of the micro-batch. A task with another loss
+(DPO) passes `step(micro_batches, loss_fn)`: the last stage then computes the token
+log-probs [B, S] (vocab-parallel under tensor parallelism: the logits are never gathered) and
+`loss_fn(token_log_probs, micro_batch)` turns them into (loss, metrics); the metrics, averaged
+over the micro-batches, reach every rank as `last_step_extras`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +51,9 @@ from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.stage import stage_forward, sync_tied_embedding_grads
 
 SCHEDULES = ("afab", "1f1b")
+# (token log-probs [B, S] of the last stage, the micro-batch) -> (loss, metrics to log)
+LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]],
+                  tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 @dataclass
@@ -66,6 +76,7 @@ class PipelineSchedule:
         self.sequence_parallel = sequence_parallel
         self.activation_dtype = next(model.parameters()).dtype
         self.last_step_stats: PipelineStepStats | None = None
+        self.last_step_extras: dict[str, float] = {}
 
     # ---- point to point ---------------------------------------------------------------------
     def _activation_buffer(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -105,8 +116,12 @@ class PipelineSchedule:
         start = time.perf_counter()
         if stage_input is not None:
             stage_input.requires_grad_()
-        output = stage_forward(self.model, self.dims, stage_input, micro_batch)
+        output = stage_forward(self.model, self.dims, stage_input, micro_batch,
+                               per_token=self._loss_fn is not None)
         if self.dims.is_last_stage:
+            if self._loss_fn is not None:
+                output, extras = self._loss_fn(output, micro_batch)
+                self._extras.append(extras)
             self._losses.append(output.detach())
             output = output / num_micro_batches  # gradient accumulation's scaling
         self._in_flight.append((stage_input, output))
@@ -164,23 +179,30 @@ class PipelineSchedule:
             self._exchange(backward_batch, send_prev=grad_input)
 
     @torch.no_grad()
-    def forward_only(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The micro-batch's mean loss on every rank, no backward (evaluation)."""
+    def forward_only(self, micro_batch: dict[str, torch.Tensor], per_token: bool = False
+                     ) -> torch.Tensor:
+        """The micro-batch's mean loss (`per_token`: its token log-probs [B, S], fp32) on every
+        rank, no backward (evaluation, DPO's reference model)."""
         dims = self.dims
         stage_input, _ = self._exchange(micro_batch, recv_prev=True)
-        output = stage_forward(self.model, dims, stage_input, micro_batch)
+        output = stage_forward(self.model, dims, stage_input, micro_batch, per_token)
         self._exchange(micro_batch, send_next=output)
-        loss = (output.float() if dims.is_last_stage
-                else torch.zeros((), dtype=torch.float32, device=output.device))
+        result = (output.float() if dims.is_last_stage
+                  else torch.zeros(micro_batch["labels"].shape if per_token else (),
+                                   dtype=torch.float32, device=output.device))
         if dims.pipeline_parallel > 1:
-            dist.broadcast(loss, src=dims.stage_rank(dims.pipeline_parallel - 1),
+            dist.broadcast(result, src=dims.stage_rank(dims.pipeline_parallel - 1),
                            group=dims.pp_group)
-        return loss
+        return result
 
-    def step(self, micro_batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    def step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn | None = None
+             ) -> torch.Tensor:
         """Forward and backward of every micro-batch; the mean loss (fp32 scalar, every rank).
-        Each micro-batch: `input_ids`, `labels` [b, S] and optionally `attention_mask`."""
+        Each micro-batch: `input_ids`, `labels` [b, S] and optionally `attention_mask` (and
+        whatever `loss_fn` reads; module docstring)."""
         dims = self.dims
+        self._loss_fn = loss_fn
+        self._extras: list[dict[str, torch.Tensor]] = []
         self._losses: list[torch.Tensor] = []
         self._in_flight: list[tuple[torch.Tensor | None, torch.Tensor]] = []
         self._compute_seconds = 0.0
@@ -197,6 +219,7 @@ class PipelineSchedule:
         if dims.pipeline_parallel > 1:
             dist.broadcast(loss, src=dims.stage_rank(dims.pipeline_parallel - 1),
                            group=dims.pp_group)
+        self.last_step_extras = self._mean_extras()
         count, stages = len(micro_batches), dims.pipeline_parallel
         self.last_step_stats = PipelineStepStats(
             micro_batches=count, stages=stages,
@@ -204,3 +227,17 @@ class PipelineSchedule:
             bubble_measured=1.0 - self._compute_seconds / step_seconds,
             step_seconds=step_seconds)
         return loss
+
+    def _mean_extras(self) -> dict[str, float]:
+        """The loss_fn's metrics averaged over the micro-batches, sent from the last stage to
+        the other stages (the logging rank 0 is on the first)."""
+        if self._loss_fn is None:
+            return {}
+        means = ({key: float(torch.stack([extras[key] for extras in self._extras]).mean())
+                  for key in self._extras[0]} if self.dims.is_last_stage else None)
+        if self.dims.pipeline_parallel > 1:
+            box = [means]
+            dist.broadcast_object_list(box, src=self.dims.stage_rank(
+                self.dims.pipeline_parallel - 1), group=self.dims.pp_group)
+            means = box[0]
+        return means

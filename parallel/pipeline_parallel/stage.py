@@ -69,8 +69,9 @@ def sync_tied_embedding_grads(model: Z2allForCausalLM, dims: ParallelDims) -> No
 
 
 def stage_forward(model: Z2allForCausalLM, dims: ParallelDims, stage_input: torch.Tensor | None,
-                  micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Hidden states for the next stage, or on the last stage the micro-batch's mean loss.
+                  micro_batch: dict[str, torch.Tensor], per_token: bool = False) -> torch.Tensor:
+    """Hidden states for the next stage, or on the last stage the micro-batch's mean loss
+    (`per_token`: its token log-probs [B, S], as `Z2allForCausalLM.token_log_probs`, for DPO).
     Mirrors Z2allModel.forward and Z2allForCausalLM.forward, one stage's part of them."""
     inner, config = model.model, model.config
     input_ids = micro_batch["input_ids"]
@@ -91,4 +92,8 @@ def stage_forward(model: Z2allForCausalLM, dims: ParallelDims, stage_input: torc
     if not dims.is_last_stage:
         return hidden
     hidden = inner.norm(hidden)
-    return model.lm_head(hidden.flatten(0, 1), micro_batch["labels"].flatten())
+    labels = micro_batch["labels"]
+    if per_token:
+        return model.lm_head(hidden.flatten(0, 1), labels.flatten(), per_token=True
+                             ).view(labels.shape)
+    return model.lm_head(hidden.flatten(0, 1), labels.flatten())

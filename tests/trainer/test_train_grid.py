@@ -95,7 +95,7 @@ def _problems(**changes) -> str:
 
 
 @pytest.mark.parametrize("changes, expected", [
-    ({"tensor_parallel": 2, "task_type": "dpo"}, "--task_type=dpo with --tensor_parallel=2"),
+    ({"pipeline_parallel": 2, "cpu_offload": True}, "--cpu_offload with --tensor_parallel=1"),
     ({"pipeline_parallel": 2, "zero_stage": 2}, "--zero_stage > 0"),
     ({"tensor_parallel": 2, "comm_hook": "bf16"}, "--comm_hook=bf16 with"),
     ({"sequence_parallel": True}, "--sequence_parallel needs --tensor_parallel > 1"),
