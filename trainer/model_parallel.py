@@ -21,8 +21,11 @@ What differs from a data-parallel run, and how the loop is kept the same:
                       ranks), the tied embedding's second copy (last stage) not at all
     whole weights     gathered to rank 0 and loaded into a whole model there
                       (parallel/layout_neutral_checkpoint.py): samples and model.safetensors
-    optimizer state   one file per rank, loadable on the same grid only (the run refuses
-                      another grid in one line)
+    optimizer state   gathered whole into one ZeRO-1 shard file, loaded on any grid, or by
+                      a --zero_stage=1 data-parallel run of any size, and the other way
+                      (trainer/grid_optimizer_checkpoint.py): --resume may change
+                      --tensor_parallel / --pipeline_parallel (and the data-parallel size,
+                      as any world-size change: the data position carries over)
     evaluation        a forward-only pass through the stages (`PipelinedEval`)
     DPO               the frozen reference cut like the policy (`split_reference`); each
                       micro-batch's reference log-probs come first (forward only through the
@@ -59,7 +62,13 @@ from parallel.pipeline_parallel.stage import split_into_stage, tied_embedding_pa
 from parallel.tensor_parallel.parallelize import parallelize_model
 from parallel.tensor_parallel.sharding import layout_for
 from trainer.forward_steps import Batch, DPOStep, ForwardStep
-from utils.atomic_io import atomic_open
+from trainer.grid_optimizer_checkpoint import (
+    GRID_OPTIMIZER_FILES,
+    load_grid_optimizer,
+    save_grid_optimizer,
+)
+
+TIED_EMBEDDING = "model.embed_tokens.weight"
 
 
 @dataclass(frozen=True)
@@ -87,18 +96,26 @@ def data_leader_ranks(world_size: int, tensor_parallel: int, pipeline_parallel: 
     return [dims.rank_of(0, dp, 0) for dp in range(dims.data_parallel)]
 
 
+def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
+    """`data_leader_ranks` of the grid a checkpoint was saved on (from its trainer state, so a
+    run resumed on another grid reads the right ranks' data states)."""
+    saved = trainer_state["config"]
+    return data_leader_ranks(trainer_state["world_size"], saved.get("tensor_parallel", 1),
+                             saved.get("pipeline_parallel", 1))
+
+
 class GridOptimizer:
-    """The data-parallel optimizer with whole-model clipping and per-rank checkpoint files
+    """The data-parallel optimizer with whole-model clipping and layout-neutral checkpoints
     (module docstring); everything else is delegated to it."""
 
     def __init__(self, inner: TrainingOptimizer, model: Z2allForCausalLM, dims: ParallelDims,
                  max_norm: float) -> None:
         self.inner, self.model, self.dims, self.max_norm = inner, model, dims, max_norm
         # The last stage's copy of a tied embedding (the first stage counts the original).
-        tied_copy = (tied_embedding_param(model, dims)
-                     if dims.is_last_stage and not dims.is_first_stage else None)
+        self._tied_copy = (tied_embedding_param(model, dims)
+                           if dims.is_last_stage and not dims.is_first_stage else None)
         self._norm_weights = [  # each element of the whole model counted once
-            0.0 if param is tied_copy
+            0.0 if param is self._tied_copy
             else 1.0 if dims.tensor_parallel > 1 and layout_for(name, model.config)
             else 1.0 / dims.tensor_parallel
             for name, param in model.named_parameters()]
@@ -128,31 +145,27 @@ class GridOptimizer:
         stepped, _ = self.inner.step()
         return stepped, grad_norm
 
-    def _file(self, rank: int) -> str:
-        return f"grid_rank_{rank:05d}.pt"
+    # ---- checkpoints: layout-neutral, in ZeRO-1's shard-file format (module docstring) --------
+    def _params_and_mains(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """{whole-model name: (this rank's parameter, the fp32 tensor AdamW updates: the
+        parameter itself in fp32, its main copy in bf16)}. The last stage's copy of a tied
+        embedding goes by the embedding's name: its state is the same, saved once."""
+        copies = dict(zip(map(id, getattr(self.inner, "model_params", [])),
+                          getattr(self.inner, "main_params", [])))
+        return {(TIED_EMBEDDING if param is self._tied_copy else name):
+                (param, copies.get(id(param), param))
+                for name, param in self.model.named_parameters()}
 
     def save_checkpoint(self, optim_dir: str | Path) -> None:
-        state = {"grid": self._grid(), "state": self.inner.state_dict()}
-        with atomic_open(Path(optim_dir) / self._file(self.dims.rank), "wb") as handle:
-            torch.save(state, handle)
+        save_grid_optimizer(self.inner, self._params_and_mains(), self.model.config, self.dims,
+                            Path(optim_dir))
 
     def checkpoint_files(self) -> list[str]:
-        return [self._file(rank) for rank in range(self.dims.world_size)]
+        return GRID_OPTIMIZER_FILES
 
     def load_checkpoint(self, optim_dir: str | Path) -> None:
-        path = Path(optim_dir) / self._file(self.dims.rank)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no optimizer state for this grid (resume with "
-                                    "the --tensor_parallel/--pipeline_parallel it was saved on)")
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if saved["grid"] != self._grid():
-            raise ValueError(f"{path}: saved on the grid {saved['grid']}, this run is "
-                             f"{self._grid()}: resume on the same grid")
-        self.inner.load_state_dict(saved["state"])
-
-    def _grid(self) -> dict[str, int]:
-        return {"world_size": self.dims.world_size, "tensor_parallel": self.dims.tensor_parallel,
-                "pipeline_parallel": self.dims.pipeline_parallel}
+        load_grid_optimizer(self.inner, self._params_and_mains(), self.model.config, self.dims,
+                            Path(optim_dir))
 
 
 class PipelinedEval:

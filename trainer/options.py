@@ -213,9 +213,7 @@ RESUME_SAFE = {"resume", "stop_at_iter", "overwrite", "log_interval", "save_inte
 FIXED_ON_RESUME = {"task_type", "max_seq_len", "model_preset", "hidden_size",
                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "intermediate_size", "dropout", "lora_rank", "lora_alpha", "lora_dropout",
-                   "lora_targets",
-                   # the optimizer state is saved per rank of the grid (trainer/model_parallel.py)
-                   "tensor_parallel", "pipeline_parallel"}
+                   "lora_targets"}
 
 OPTION_GROUP: dict[str, str] = {f.name: group for group, cls in GROUPS.items()
                                 for f in fields(cls)}

@@ -48,7 +48,7 @@ from trainer.evaluation import Evaluator, eval_loader
 from trainer.forward_steps import ForwardStep, build_forward_step
 from trainer.lr_schedule import LRSchedule
 from trainer.metrics import MetricsLogger
-from trainer.model_parallel import DataShare, data_leader_ranks, data_share
+from trainer.model_parallel import DataShare, data_share, saved_data_leader_ranks
 from trainer.model_setup import build_model, run_tokenizer
 from trainer.options import TrainingOptions
 from trainer.parallelize import Parallelized, parallelize
@@ -257,9 +257,7 @@ def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype
                 state, error = _on_every_rank(functools.partial(
                     restore_training_checkpoint, resume_dir, env, optimizer=parallel.optimizer,
                     data=data, comm_hook_state=parallel.comm_hook_state,
-                    seed=options.optimization.seed, data_ranks=functools.partial(
-                        data_leader_ranks, tensor_parallel=options.parallel.tensor_parallel,
-                        pipeline_parallel=options.parallel.pipeline_parallel)), env)
+                    seed=options.optimization.seed, data_ranks=saved_data_leader_ranks), env)
         if error is None:
             return (model, lora_base), parallel, state, resume_dir
         if env.is_main:

@@ -53,6 +53,8 @@ from utils.cli_errors import disk_full_explained
 RANKS_DIR = "ranks"
 OPTIM_DIR = "optim"
 TRAINER_STATE_FORMAT = "z2all-trainer-state"
+# (the saved trainer state) -> the ranks whose data states differ (default: every rank)
+DataRanks = Callable[[dict[str, Any]], Iterable[int]]
 
 
 def _rank_file(ckpt_dir: Path, rank: int) -> Path:
@@ -140,12 +142,11 @@ def _load_trainer_state(ckpt_dir: Path) -> dict[str, Any]:
 def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *,
                                 optimizer: TrainingOptimizer, data: TrainData,
                                 comm_hook_state: Any, seed: int,
-                                data_ranks: Callable[[int], Iterable[int]] = range
-                                ) -> dict[str, Any]:
+                                data_ranks: DataRanks | None = None) -> dict[str, Any]:
     """The twin of `save_training_checkpoint`: put the optimizer, the training data's
     position, this rank's RNG streams and comm-hook state back; return the trainer state
-    (step, tokens_seen, ...). `data_ranks(saved world size)`: the ranks whose data states are
-    distinct (on a tensor/pipeline grid one per data-parallel replica; default all).
+    (step, tokens_seen, ...). `data_ranks(saved trainer state)`: the ranks whose data states
+    are distinct (on a tensor/pipeline grid one per data-parallel replica; default all).
 
     With another world size than the saved one, the per-rank files do not map onto the new
     ranks: RNG streams are reseeded and the comm hook starts fresh, so the run continues
@@ -154,7 +155,7 @@ def restore_training_checkpoint(ckpt_dir: Path, env: DistributedEnv, *,
     optimizer.load_checkpoint(ckpt_dir / OPTIM_DIR)
     saved_world_size = state["world_size"]
     data_states = [load_torch(_rank_file(ckpt_dir, rank)).get("data")  # one per data replica
-                   for rank in data_ranks(saved_world_size)]
+                   for rank in (data_ranks(state) if data_ranks else range(saved_world_size))]
     try:
         note = data.restore(data_states)
     except DataFormatMismatch as error:  # every older checkpoint of the run would fail alike

@@ -1,0 +1,64 @@
+"""Resuming on another grid: the optimizer state is saved layout-neutral (every Adam tensor
+whole, in ZeRO-1's shard-file format) and cut again for the new grid on load.
+
+Runs: 3 steps on TP2 (2 gloo ranks), stopped (saved), then resumed for 2 more steps on PP2
+(2 ranks), and also in one process (which reads ZeRO-1 shard files with --zero_stage=1).
+Reference: one process trained 5 steps without a stop. Both grids have one data-parallel
+replica, so the data position carries over exactly. Compared: every step's loss and the
+final model.safetensors, to fp32 rounding (not bitwise: the reductions run in another order;
+the same-grid resume stays bitwise, test_train_grid.py). The grid's optimizer file holds one
+whole piece per parameter of the whole model, under its names.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from model.modeling_z2all import Z2allForCausalLM
+from optimizer.distributed_optimizer.zero1_checkpoint import find_shard_files
+from tests.parallel.grid_helpers import ADAM_EPS
+from tests.train_helpers import records, run_main, run_on_two_ranks, train_losses
+from tests.trainer.test_train_grid import _args
+
+TOTAL, STOP = 5, 3
+
+
+def _grid_args(data, *extra) -> list[str]:
+    return [*_args(data, f"--max_iters={TOTAL}", f"--adam_eps={ADAM_EPS}", "--lr=1e-2",
+                   "--eval_prompts=[]"), *extra]
+
+
+def test_resume_on_another_grid_equals_an_uninterrupted_run(data, tmp_path):
+    cut = tmp_path / "cut"
+    runs = [[*_grid_args(data, "--tensor_parallel=2"), f"--out_dir={cut}",
+             f"--stop_at_iter={STOP}"]]
+    assert run_on_two_ranks(*runs) == [0]
+    shutil.copytree(cut, tmp_path / "cut_single", symlinks=True)
+    resume = [*_grid_args(data, "--tensor_parallel=1", "--pipeline_parallel=2"),
+              f"--out_dir={cut}", "--resume"]
+    assert run_on_two_ranks(resume) == [0]
+    assert run_main([*_grid_args(data, "--tensor_parallel=1", "--zero_stage=1"),
+                     f"--out_dir={tmp_path / 'cut_single'}", "--resume"]) == 0
+    full = tmp_path / "full"
+    assert run_main([*_grid_args(data), f"--out_dir={full}"]) == 0
+
+    expected = load_file(full / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
+    for resumed in (cut, tmp_path / "cut_single"):
+        assert [r["step"] for r in records(resumed, "resume")] == [STOP]
+        assert train_losses(resumed) == pytest.approx(train_losses(full), rel=1e-5), resumed
+        saved = load_file(resumed / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
+        assert sorted(saved) == sorted(expected)
+        for key in expected:  # a lost or misplaced Adam moment moves a weight by ~lr = 1e-2
+            torch.testing.assert_close(saved[key], expected[key], rtol=1e-4, atol=1e-5,
+                                       msg=f"{resumed.name}: {key}")
+    last = cut / "ckpt" / f"step_{TOTAL:06d}"
+    (shard_file,) = find_shard_files(last / "optim")
+    pieces = torch.load(shard_file, weights_only=True)["pieces"]
+    whole = Z2allForCausalLM.from_pretrained(last)
+    assert ({piece["name"]: (piece["start"], piece["end"]) for piece in pieces}
+            == {name: (0, param.numel()) for name, param in whole.named_parameters()})
+    assert {piece["step"] for piece in pieces} == {TOTAL}
