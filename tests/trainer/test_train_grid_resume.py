@@ -7,7 +7,8 @@ Reference: one process trained 5 steps without a stop. Both grids have one data-
 replica, so the data position carries over exactly. Compared: every step's loss and the
 final model.safetensors, to fp32 rounding (not bitwise: the reductions run in another order;
 the same-grid resume stays bitwise, test_train_grid.py). The grid's optimizer file holds one
-whole piece per parameter of the whole model, under its names.
+whole piece per parameter of the whole model, under its names. And on 4 ranks with streamed
+data: DP2 x TP2 resumed as DP2 x PP2 (each replica's stream position carried over).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from safetensors.torch import load_file
 
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer.distributed_optimizer.zero1_checkpoint import find_shard_files
+from parallel.local_ranks import run_on_ranks
 from tests.parallel.grid_helpers import ADAM_EPS
 from tests.train_helpers import records, run_main, run_on_two_ranks, train_losses
-from tests.trainer.test_train_grid import _args
+from tests.trainer.test_train_grid import GRID_MODEL, _args, _runs_on_rank
+from tests.trainer.test_train_stream import stream_args
 
 TOTAL, STOP = 5, 3
 
@@ -62,3 +65,22 @@ def test_resume_on_another_grid_equals_an_uninterrupted_run(data, tmp_path):
     assert ({piece["name"]: (piece["start"], piece["end"]) for piece in pieces}
             == {name: (0, param.numel()) for name, param in whole.named_parameters()})
     assert {piece["step"] for piece in pieces} == {TOTAL}
+
+
+def test_streamed_data_resumes_per_replica_on_another_grid(data, tmp_path):
+    """DP2 x TP2 -> DP2 x PP2 on 4 ranks: the stream's position is kept per data-parallel
+    replica, on the saved grid's ranks 0 and 2; the new grid must read those (not its own
+    replica leaders 0 and 1, where rank 1 holds a copy of replica 0's state)."""
+    args = [*stream_args(data), *GRID_MODEL[:2], f"--adam_eps={ADAM_EPS}", "--lr=1e-2",
+            "--save_interval=100", f"--max_iters={TOTAL}"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    runs = [[*args, "--tensor_parallel=2", f"--out_dir={full}"],
+            [*args, "--tensor_parallel=2", f"--out_dir={cut}", f"--stop_at_iter={STOP}"],
+            [*args, "--tensor_parallel=1", "--pipeline_parallel=2", f"--out_dir={cut}",
+             "--resume"]]
+    assert run_on_ranks(_runs_on_rank, runs, world_size=4, timeout=600) == [[0, 0, 0]] * 4
+    assert train_losses(cut) == pytest.approx(train_losses(full), rel=1e-5)
+    expected = load_file(full / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
+    saved = load_file(cut / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
+    for key in expected:
+        torch.testing.assert_close(saved[key], expected[key], rtol=1e-4, atol=1e-5, msg=key)
