@@ -2,7 +2,8 @@
 whole, in ZeRO-1's shard-file format) and cut again for the new grid on load.
 
 Runs: 3 steps on TP2 (2 gloo ranks), stopped (saved), then resumed for 2 more steps on PP2
-(2 ranks), and also in one process (which reads ZeRO-1 shard files with --zero_stage=1).
+(2 ranks), and also in one process (which reads ZeRO-1 shard files with --zero_stage=1); and
+the other way, a one-process ZeRO-1 run resumed on TP2.
 Reference: one process trained 5 steps without a stop. Both grids have one data-parallel
 replica, so the data position carries over exactly. Compared: every step's loss and the
 final model.safetensors, to fp32 rounding (not bitwise: the reductions run in another order;
@@ -36,21 +37,24 @@ def _grid_args(data, *extra) -> list[str]:
 
 
 def test_resume_on_another_grid_equals_an_uninterrupted_run(data, tmp_path):
-    cut = tmp_path / "cut"
-    runs = [[*_grid_args(data, "--tensor_parallel=2"), f"--out_dir={cut}",
-             f"--stop_at_iter={STOP}"]]
-    assert run_on_two_ranks(*runs) == [0]
-    shutil.copytree(cut, tmp_path / "cut_single", symlinks=True)
-    resume = [*_grid_args(data, "--tensor_parallel=1", "--pipeline_parallel=2"),
-              f"--out_dir={cut}", "--resume"]
-    assert run_on_two_ranks(resume) == [0]
+    cut, cut_single, zero1 = tmp_path / "cut", tmp_path / "cut_single", tmp_path / "zero1"
+    assert run_main([*_grid_args(data, "--zero_stage=1"), f"--out_dir={zero1}",
+                     f"--stop_at_iter={STOP}"]) == 0  # one process, ZeRO-1 shard files
+    assert run_on_two_ranks([*_grid_args(data, "--tensor_parallel=2"), f"--out_dir={cut}",
+                             f"--stop_at_iter={STOP}"]) == [0]
+    shutil.copytree(cut, cut_single, symlinks=True)
+    assert run_on_two_ranks(  # TP2 -> PP2, and one-process ZeRO-1 -> TP2
+        [*_grid_args(data, "--tensor_parallel=1", "--pipeline_parallel=2"), f"--out_dir={cut}",
+         "--resume"],
+        [*_grid_args(data, "--tensor_parallel=2", "--zero_stage=0"), f"--out_dir={zero1}",
+         "--resume"]) == [0, 0]
     assert run_main([*_grid_args(data, "--tensor_parallel=1", "--zero_stage=1"),
-                     f"--out_dir={tmp_path / 'cut_single'}", "--resume"]) == 0
+                     f"--out_dir={cut_single}", "--resume"]) == 0  # TP2 -> one process
     full = tmp_path / "full"
     assert run_main([*_grid_args(data), f"--out_dir={full}"]) == 0
 
     expected = load_file(full / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
-    for resumed in (cut, tmp_path / "cut_single"):
+    for resumed in (cut, cut_single, zero1):
         assert [r["step"] for r in records(resumed, "resume")] == [STOP]
         assert train_losses(resumed) == pytest.approx(train_losses(full), rel=1e-5), resumed
         saved = load_file(resumed / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
