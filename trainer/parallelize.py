@@ -136,7 +136,8 @@ class Parallelized:
             yield self.ddp.module
 
     def split_like_policy(self, reference: torch.nn.Module) -> Any:
-        """DPO's frozen reference, on a grid cut like the policy (as it is otherwise)."""
+        """DPO's frozen reference, run as the policy is: on a grid cut into the same stage and
+        slices (trainer/model_parallel.py), else whole."""
         return reference if self.schedule is None else split_reference(reference, self.schedule)
 
     @property
