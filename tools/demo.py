@@ -113,11 +113,7 @@ DEMO = "data/demo"
 TOKENIZER = "tokenizer/demo_hf"
 OUT = "out"
 VOCAB = "512"  # small: made-up words split into letters and short pieces (see above)
-# What every training stage shares: the tokenizer, precision (auto: measured on this CPU, see
-# utils/precision.py), logging, the sample prompts. Threads: the trainer's default, this
-# machine's cores shared by the ranks.
-TRAIN_COMMON = [f"--tokenizer_dir={TOKENIZER}", "--dtype=auto", "--log_interval=10",
-                "--keep_last=1", "--max_new_tokens=16"]
+SFT_STEPS = 3000
 # Pretraining runs as 2 processes of our DDP with ZeRO-1 (the optimizer state sharded over the
 # ranks), as on a multi-GPU node: torchrun starts the ranks, gloo carries the gradients. SFT
 # runs as 2 ranks too (plain DDP): one thread per rank is faster than 2 threads in 1 process.
@@ -126,46 +122,66 @@ TORCHRUN = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={R
 CHAT_PROMPTS = '--eval_prompts=["What is 3 + 4?", "Reverse the word \\"kato\\".", ' \
                '"Repeat the word \\"mira\\"."]'
 
-STAGES: list[tuple[str, list[str]]] = [
-    ("corpus", ["-m", "data.build_demo_corpus", "--out", DEMO]),
-    ("tokenizer_bpe", ["-m", "tokenizer.train_tokenizer", "--type", "hf", "--input",
-                       f"{DEMO}/pretrain", "--vocab_size", VOCAB, "--out", TOKENIZER]),
-    ("tokenizer_sp", ["-m", "tokenizer.train_tokenizer", "--type", "sp", "--input",
-                      f"{DEMO}/pretrain", "--vocab_size", VOCAB, "--out", "tokenizer/demo_sp"]),
-    ("encodings", ["-m", "tokenizer.show_encodings", TOKENIZER, "tokenizer/demo_sp"]),
-    ("pretokenize", ["-m", "data_preprocess.pretokenize_pretrain_data", "--data_dir",
-                     f"{DEMO}/pretrain", "--tokenizer_dir", TOKENIZER, "--out_dir",
-                     f"{DEMO}/pretrain_pretok"]),
-    ("sample_index", ["-m", "data_preprocess.build_pretrain_sample_index_map", "--data_dir",
-                      f"{DEMO}/pretrain_pretok", "--max_seq_len", "256"]),
-    ("pretrain", [*TORCHRUN, "train_my_ddp.py", *TRAIN_COMMON, "--task_type=pretrain",
-                  "--use_distributed_optimizer",
-                  f"--data_dir={DEMO}/pretrain_pretok", f"--out_dir={OUT}/demo_pretrain",
-                  "--model_preset=tiny", "--max_seq_len=256",
-                  f"--batch_size={16 // RANKS}",  # x 2 ranks = 16 sequences a step
-                  "--max_iters=400", "--warmup_iters=20", "--lr=3e-3", "--min_lr=3e-4",
-                  "--eval_interval=100", "--eval_iters=4", "--save_interval=100",
-                  '--eval_prompts=["ROMEO.", "The king"]']),
-    ("sft", [*TORCHRUN, "train_my_ddp.py", *TRAIN_COMMON, "--task_type=sft",
-             f"--init_from={OUT}/demo_pretrain", f"--data_dir={DEMO}/sft",
-             f"--out_dir={OUT}/demo_sft", "--max_seq_len=128", "--pack_samples",
-             f"--batch_size={16 // RANKS}",  # x 2 ranks = 16 samples a step, packed
-             "--max_iters=6000", "--warmup_iters=30", "--lr=3e-3", "--min_lr=3e-4",
-             "--weight_decay=0.0", "--eval_interval=1000", "--eval_iters=4",
-             "--save_interval=1000", CHAT_PROMPTS]),
-    ("accuracy_sft", ["-m", "tools.demo_eval", "--ckpt", f"{OUT}/demo_sft", "--tokenizer_dir",
-                      TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl"]),
-    ("dpo", ["train_my_ddp.py", *TRAIN_COMMON, "--task_type=dpo",
-             f"--init_from={OUT}/demo_sft", f"--data_dir={DEMO}/dpo",
-             f"--out_dir={OUT}/demo_dpo", "--max_seq_len=128", "--batch_size=16",
-             "--max_iters=100", "--warmup_iters=5", "--lr=5e-4", "--min_lr=5e-5",
-             "--weight_decay=0.0", "--dpo_beta=0.1", "--dpo_nll_weight=1.0",
-             "--eval_interval=50", "--eval_iters=2", "--save_interval=50", CHAT_PROMPTS]),
-    ("accuracy_dpo", ["-m", "tools.demo_eval", "--ckpt", f"{OUT}/demo_dpo", "--tokenizer_dir",
-                      TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl"]),
-    *[(f"plots_{run}", ["-m", "tools.resplot", f"{OUT}/demo_{run}"])
-      for run in ("pretrain", "sft", "dpo")],
-]
+
+def stages(dtype: str = "auto", seed: int = 1337) -> list[tuple[str, list[str]]]:
+    """The demo's commands in order, as (stage name, python argv).
+
+    `dtype` and `seed` reach every training and evaluation stage, so another precision path or
+    seed is one flag (`python -m tools.demo --dtype bf16 --seed 2`); the corpus stays the same.
+    """
+    # What every training stage shares: the tokenizer, precision (auto: measured on this CPU,
+    # see utils/precision.py), the seed, logging, the sample prompts. Threads: the trainer's
+    # default, this machine's cores shared by the ranks.
+    train_common = [f"--tokenizer_dir={TOKENIZER}", f"--dtype={dtype}", f"--seed={seed}",
+                    "--log_interval=10", "--keep_last=1", "--max_new_tokens=16"]
+    return [
+        ("corpus", ["-m", "data.build_demo_corpus", "--out", DEMO]),
+        ("tokenizer_bpe", ["-m", "tokenizer.train_tokenizer", "--type", "hf", "--input",
+                           f"{DEMO}/pretrain", "--vocab_size", VOCAB, "--out", TOKENIZER]),
+        ("tokenizer_sp", ["-m", "tokenizer.train_tokenizer", "--type", "sp", "--input",
+                          f"{DEMO}/pretrain", "--vocab_size", VOCAB, "--out",
+                          "tokenizer/demo_sp"]),
+        ("encodings", ["-m", "tokenizer.show_encodings", TOKENIZER, "tokenizer/demo_sp"]),
+        ("pretokenize", ["-m", "data_preprocess.pretokenize_pretrain_data", "--data_dir",
+                         f"{DEMO}/pretrain", "--tokenizer_dir", TOKENIZER, "--out_dir",
+                         f"{DEMO}/pretrain_pretok"]),
+        ("sample_index", ["-m", "data_preprocess.build_pretrain_sample_index_map", "--data_dir",
+                          f"{DEMO}/pretrain_pretok", "--max_seq_len", "256"]),
+        ("pretrain", [*TORCHRUN, "train_my_ddp.py", *train_common, "--task_type=pretrain",
+                      "--use_distributed_optimizer",
+                      f"--data_dir={DEMO}/pretrain_pretok", f"--out_dir={OUT}/demo_pretrain",
+                      "--model_preset=tiny", "--max_seq_len=256",
+                      f"--batch_size={16 // RANKS}",  # x 2 ranks = 16 sequences a step
+                      "--max_iters=400", "--warmup_iters=20", "--lr=3e-3", "--min_lr=3e-4",
+                      "--eval_interval=100", "--eval_iters=4", "--save_interval=100",
+                      '--eval_prompts=["ROMEO.", "The king"]']),
+        ("sft", [*TORCHRUN, "train_my_ddp.py", *train_common, "--task_type=sft",
+                 f"--init_from={OUT}/demo_pretrain", f"--data_dir={DEMO}/sft",
+                 f"--out_dir={OUT}/demo_sft", "--max_seq_len=128", "--pack_samples",
+                 f"--batch_size={16 // RANKS}",  # x 2 ranks = 16 samples a step, packed
+                 f"--max_iters={SFT_STEPS}", "--warmup_iters=30",
+                 "--lr=1e-3", "--min_lr=1e-4",  # not 3e-3: see the docstring
+                 "--weight_decay=0.0", "--eval_interval=500", "--eval_iters=4",
+                 "--save_interval=500", CHAT_PROMPTS]),
+        ("accuracy_sft", ["-m", "tools.demo_eval", "--ckpt", f"{OUT}/demo_sft",
+                          "--tokenizer_dir", TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl",
+                          f"--dtype={dtype}"]),
+        ("dpo", ["train_my_ddp.py", *train_common, "--task_type=dpo",
+                 f"--init_from={OUT}/demo_sft", f"--data_dir={DEMO}/dpo",
+                 f"--out_dir={OUT}/demo_dpo", "--max_seq_len=128", "--batch_size=16",
+                 "--max_iters=100", "--warmup_iters=5", "--lr=5e-4", "--min_lr=5e-5",
+                 "--weight_decay=0.0", "--dpo_beta=0.1",
+                 "--dpo_nll_weight=1.0", "--eval_interval=50", "--eval_iters=2",
+                 "--save_interval=50", CHAT_PROMPTS]),
+        ("accuracy_dpo", ["-m", "tools.demo_eval", "--ckpt", f"{OUT}/demo_dpo",
+                          "--tokenizer_dir", TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl",
+                          f"--dtype={dtype}"]),
+        *[(f"plots_{run}", ["-m", "tools.resplot", f"{OUT}/demo_{run}"])
+          for run in ("pretrain", "sft", "dpo")],
+    ]
+
+
+STAGE_NAMES = [name for name, _ in stages()]
 
 
 def run_stage(name: str, argv: list[str]) -> tuple[float, float]:
@@ -243,21 +259,27 @@ def summary() -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Run the z2all demo pipeline.")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--only", choices=[name for name, _ in STAGES], help="run one stage")
-    group.add_argument("--from", dest="start", choices=[name for name, _ in STAGES],
+    group.add_argument("--only", choices=STAGE_NAMES, help="run one stage")
+    group.add_argument("--from", dest="start", choices=STAGE_NAMES,
                        help="run from this stage on")
     group.add_argument("--list", action="store_true", help="print the stages and exit")
+    parser.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
+                        help="precision of every training and evaluation stage (auto: measured "
+                             "on this CPU; bf16 on a CPU without avx512_bf16/AMX is ~4x slower)")
+    parser.add_argument("--seed", type=int, default=1337,
+                        help="seed of every training stage (the corpus stays the same)")
     args = parser.parse_args(argv)
     configure_logging()
-    names = [name for name, _ in STAGES]
+    demo_stages = stages(args.dtype, args.seed)
     if args.list:
-        for name, stage_argv in STAGES:
+        for name, stage_argv in demo_stages:
             print(f"{name:<14s} python {' '.join(stage_argv)}")
         return
-    first = names.index(args.only or args.start) if (args.only or args.start) else 0
-    last = first + 1 if args.only else len(STAGES)
+    first = STAGE_NAMES.index(args.only or args.start) if (args.only or args.start) else 0
+    last = first + 1 if args.only else len(demo_stages)
 
-    timings = [(name, *run_stage(name, stage_argv)) for name, stage_argv in STAGES[first:last]]
+    timings = [(name, *run_stage(name, stage_argv))
+               for name, stage_argv in demo_stages[first:last]]
     print("\n=== demo results")
     for line in summary():
         print(f"  {line}")
@@ -267,7 +289,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  {'total':<16s} {sum(t[1] for t in timings):8.1f} s wall "
           f"{sum(t[2] for t in timings):8.1f} s CPU")
     print(f"\nchat with the model: python serve.py --ckpt {OUT}/demo_dpo  (then open http://127.0.0.1:8000/)")
-
 
 if __name__ == "__main__":
     sys.exit(run_main(main))

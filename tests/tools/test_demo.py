@@ -7,16 +7,28 @@ import json
 
 import tools.demo as demo
 
-TRAIN_STAGES = {name: argv for name, argv in demo.STAGES if "train_my_ddp.py" in argv}
+TRAIN_STAGES = {name: argv for name, argv in demo.stages() if "train_my_ddp.py" in argv}
 
 
 def test_training_stages_let_the_machine_decide_precision_and_threads():
     assert set(TRAIN_STAGES) == {"pretrain", "sft", "dpo"}
-    for name, argv in demo.STAGES:
+    for name, argv in demo.stages():
         assert not any(arg.startswith("--dtype=") and arg != "--dtype=auto" for arg in argv), name
         assert not any(arg.startswith("--num_threads") for arg in argv), name
     for argv in TRAIN_STAGES.values():
         assert "--dtype=auto" in argv
+
+
+def test_dtype_and_seed_reach_every_training_and_accuracy_stage():
+    default, chosen = dict(demo.stages()), dict(demo.stages(dtype="bf16", seed=2))
+    assert default.keys() == chosen.keys()
+    for name in ("pretrain", "sft", "dpo"):
+        assert "--dtype=bf16" in chosen[name] and "--seed=2" in chosen[name], name
+        assert "--seed=1337" in default[name], name
+    for name in ("accuracy_sft", "accuracy_dpo"):
+        assert "--dtype=bf16" in chosen[name], name
+    changed = {name for name in default if default[name] != chosen[name]}
+    assert changed == {"pretrain", "sft", "dpo", "accuracy_sft", "accuracy_dpo"}  # same corpus
 
 
 def test_pretraining_runs_two_ranks_of_our_ddp_with_zero1():

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tools.demo import STAGES
+from tools.demo import stages
 from tools.stage_progress import STEP_LINE, run_with_progress, training_steps
 
 FAKE_TRAINER = """
@@ -20,7 +20,7 @@ sys.exit(int(sys.argv[1]))
 
 
 def test_training_steps_of_the_demo_stages():
-    argv = dict(STAGES)
+    argv = dict(stages())
     assert training_steps(argv["corpus"]) is None
     assert training_steps(argv["sft"]) == int(next(a for a in argv["sft"]
                                                    if a.startswith("--max_iters="))[12:])
