@@ -169,7 +169,7 @@ def stages(dtype: str = "auto", seed: int = 1337) -> list[tuple[str, list[str]]]
         ("dpo", ["train_my_ddp.py", *train_common, "--task_type=dpo",
                  f"--init_from={OUT}/demo_sft", f"--data_dir={DEMO}/dpo",
                  f"--out_dir={OUT}/demo_dpo", "--max_seq_len=128", "--batch_size=16",
-                 "--max_iters=100", "--warmup_iters=5", "--lr=5e-4", "--min_lr=5e-5",
+                 "--max_iters=100", "--warmup_iters=5", "--lr=1e-4", "--min_lr=1e-5",
                  "--weight_decay=0.0", "--dpo_beta=0.1",
                  "--dpo_nll_weight=1.0", "--eval_interval=50", "--eval_iters=2",
                  "--save_interval=50", CHAT_PROMPTS]),
