@@ -15,7 +15,7 @@ out/demo_*/ckpt), so one stage can be re-run alone:
     python -m tools.demo --from dpo        # that stage and the ones after it
 
 Sized for 2 CPU cores: a 1.0M-parameter model (preset "tiny" with a 512-token vocabulary),
-400 pretraining + 6000 SFT + 100 DPO steps. Precision is `--dtype=auto`: each run times a
+400 pretraining + 3000 SFT + 100 DPO steps. Precision is `--dtype=auto`: each run times a
 matmul in fp32 and bf16 and takes bf16 (fp32 master weights) only where it is >= 1.3x faster;
 on an AVX2-only CPU bf16 is emulated and ~30x slower, so fp32 is chosen there. The training
 stages show a progress bar with the time left (tools/stage_progress.py).
@@ -46,45 +46,35 @@ pretrained model, AVX2 emulated, fp32, CPU seconds per step after start-up (load
     32 packed, 1 process x 1 thread            1546          0.25
     16 packed, 2 ranks x 8 (the demo)           ~800          0.17 (both ranks together)
 
-The skills need attention that reads the prompt, and a tiny model finds it only after
-thousands of small-batch steps (measured earlier in bf16: 600 steps of batch 32 reach 15%;
-batch 16: 5000 steps 26%, 7000 steps 33%), so the saving goes into keeping many steps.
-Held-out accuracy of the demo's 6000-step SFT at its checkpoints (same run, the cosine
-schedule still high before the end):
+Why SFT runs at a peak learning rate of 1e-3 (issue 23: the demo used 3e-3 and reached 33%
+on the fp32 path, 52% on the bf16 path). Held-out accuracy, SFT from the demo's pretrained
+model, seed 1337, fp32, 1 process x 1 thread with batch 16 packed (the same global batch as
+the demo's 2 ranks), AVX2-only EPYC:
 
-    SFT step      1000    2000    3000    4000    5000    6000
-    accuracy       15%     17%     25%     30%     33%     33%
+    peak lr, schedule            step 1000   2000    3000    6000
+    6e-3, 6000-step cosine                           10%
+    3e-3, 6000-step cosine          15%      17%     25%     33%   copy 4%, upper 0% (*)
+    1e-3, 6000-step cosine          37%      63%     77%
+    1e-3, 3000-step cosine (demo)   38%      62%     77%           copy 98%, upper 100%
 
-A peak learning rate of 6e-3 instead of 3e-3 learns slower (10% at step 3000, 25% at 3e-3).
+(*) the demo's own 2-rank run of the time, whose checkpoints these are.
 
-Why the fp32 and the bf16 path ended 19 points apart (issue 23: 33% vs 52% after SFT). The
-rounding mode is not the cause; it is one more random perturbation of a run whose result
-depends on *when* the model escapes a plateau. Measured here (AVX2-only EPYC, fp32, SFT as
-1 process x 1 thread with batch 16 packed, from the demo's pretrained model, same options):
+What 3e-3 got stuck on is copying: copy, upper and reverse need the model to read the quoted
+word letter by letter ("the letter after the one I just wrote"), and until it can, it writes
+plausible made-up words of its own ('Say "zerule" back to me.' -> 'dude', copy 4% after
+6000 steps). The ability is learnable at 3e-3 when copying is all there is to learn (copy
+prompts alone: 2% at step 400, 76% at step 600), but in the mixture of six skills it arrived
+late or not at all, and *when* it arrived moved with every random detail: seeds 1337 / 1 / 2
+ended at 33% / 37% / 46%, and the bf16 path, one more perturbation of the same knife-edge, at
+52%. At 1e-3 every run finds it within the first 1000-2000 steps, so the result no longer
+depends on luck (the README's "Accuracy across seeds and precisions" lists both paths and 3
+seeds), and 3000 steps suffice where 6000 did not. Things that did not help at 3e-3: more
+draws of the hard skills in the SFT mixture (21% at step 2000), and copying games mixed into
+the pretraining text (5% at step 1000).
 
-- The plateau is copying. Trained on copy prompts alone (600 steps, ~17k examples) the model
-  writes the word's first letter and then guesses: 'Say "zerule" back to me.' -> 'zifo'
-  (copy 2%, from the pretrained model and from a random init alike). The first letter is the
-  token after the quote, a fixed pattern; every later letter needs "the letter after the one
-  I just wrote" (an induction head). copy, upper and reverse all wait for that circuit.
-- Pretraining barely helps the skills: 400 SFT steps reach 8.3% from the pretrained model,
-  7.7% from a random init (add1 and length only).
-- The seed moves the escape by thousands of steps (demo data and options, fp32):
-
-      SFT step                          2000    4000    6000
-      seed 1337 (2 ranks, README run)    17%     30%     33%  copy 4%, upper 0%
-      seed 2                             27%     40%     46%  copy 30%, upper 40%
-      seed 1                             21%     34%     37%  copy 8%, upper 6%
-
-- Reweighting the SFT mixture toward the hard skills (draws per round add1 1, length 1,
-  copy 3, upper 2, reverse 2, add2 3 instead of 1 each) did not move it: 21% at step 2000
-  and 31% at step 4000, copy and upper 0-2%.
-- bf16 cannot be measured on this CPU: without avx512_bf16/AMX it is emulated, 30 SFT steps
-  took 45.8 CPU-s instead of 10.7 (fp32).
-
-So the demo's settings are unchanged and do not yet reach 50% on either path reliably: what
-is missing is a model that learns to copy sooner, or more SFT steps than the 12-minute budget
-holds (the README's "Accuracy across seeds and precisions").
+DPO runs at 1e-4, a tenth of SFT's rate: at 5e-4 it lowered the accuracy of the SFT model
+above (77.3% -> 75.3%, copy 98% -> 92%); at 1e-4 it raised it to 80.0% (one-digit sums 74%
+-> 90%), at 2e-4 to 79.0%.
 
 The 512-token vocabulary splits made-up words into letters and short pieces (1200 SFT steps
 from a random init: 18% with it, 9% with 4096) and makes pretraining cheap. A whole run,
