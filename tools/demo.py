@@ -66,23 +66,27 @@ plausible made-up words of its own ('Say "zerule" back to me.' -> 'dude', copy 4
 prompts alone: 2% at step 400, 76% at step 600), but in the mixture of six skills it arrived
 late or not at all, and *when* it arrived moved with every random detail: seeds 1337 / 1 / 2
 ended at 33% / 37% / 46%, and the bf16 path, one more perturbation of the same knife-edge, at
-52%. At 1e-3 every run finds it within the first 1000-2000 steps, so the result no longer
-depends on luck (the README's "Accuracy across seeds and precisions" lists both paths and 3
-seeds), and 3000 steps suffice where 6000 did not. Things that did not help at 3e-3: more
-draws of the hard skills in the SFT mixture (21% at step 2000), and copying games mixed into
-the pretraining text (5% at step 1000).
+52%. At 1e-3 every run measured copies by step 2000 (copy 94-98% on 3 seeds), so the
+result no longer depends on luck (the README's "Accuracy across seeds and precisions" lists
+both paths and 3 seeds), and 3000 steps suffice where 6000 did not. Things that did not help
+at 3e-3: more draws of the hard skills in the SFT mixture (21% at step 2000), and copying
+games mixed into the pretraining text (5% at step 1000).
 
-DPO runs at 1e-4, a tenth of SFT's rate: at 5e-4 it lowered the accuracy of the SFT model
-above (77.3% -> 75.3%, copy 98% -> 92%); at 1e-4 it raised it to 80.0% (one-digit sums 74%
--> 90%), at 2e-4 to 79.0%.
+DPO runs at 1e-4, a tenth of SFT's rate, with the chosen answers' NLL weighted 2.0: at 5e-4
+(NLL weight 1.0) it lowered the accuracy of the SFT model above (77.3% -> 75.3%, copy 98% ->
+92%); at 1e-4 it raised it to 80.0%, but lowered seed 1's (80.7% -> 79.7%, reverse 90% ->
+84%); at 5e-5 seed 1 stayed at 80.7%. With the NLL weight at 2.0, which keeps the policy
+closer to the answers SFT taught while the DPO term pushes the near misses down, DPO raised
+all three seeds: 77.3% -> 80.0% (1337), 80.7% -> 81.0% (1), 76.7% -> 77.7% (2).
 
 The 512-token vocabulary splits made-up words into letters and short pieces (1200 SFT steps
-from a random init: 18% with it, 9% with 4096) and makes pretraining cheap. A whole run,
-AVX2 emulated (fp32), on 2 cores shared with other jobs (load average 2-6, median 4):
-1128 s wall, 1399 CPU-s, of them pretraining 325 CPU-s, SFT 992, DPO 51, the rest 31. On 2
-idle cores that is at most ~12.5 min (the two 2-rank stages take CPU/2, the others CPU). The
-summary reports wall time and CPU time per stage (on a busy machine, CPU time / 2 estimates
-the wall time on 2 dedicated cores).
+from a random init: 18% with it, 9% with 4096) and makes pretraining cheap. A whole run on
+an AVX2-only EPYC (fp32 chosen), 2 cores shared with other jobs (load average 8-10): 2278 s
+wall, 1260 CPU-s, of them pretraining 356 CPU-s, SFT 600, DPO 255 (51 in a quieter run: the
+single-process DPO's two threads spin while they wait), the rest 49. On 2 idle cores that is
+about 10 minutes (the two 2-rank stages take CPU/2, the others CPU). The summary reports
+wall time and CPU time per stage (on a busy machine, CPU time / 2 estimates the wall time of
+a 2-rank stage on 2 dedicated cores).
 """
 
 from __future__ import annotations
@@ -161,7 +165,7 @@ def stages(dtype: str = "auto", seed: int = 1337) -> list[tuple[str, list[str]]]
                  f"--out_dir={OUT}/demo_dpo", "--max_seq_len=128", "--batch_size=16",
                  "--max_iters=100", "--warmup_iters=5", "--lr=1e-4", "--min_lr=1e-5",
                  "--weight_decay=0.0", "--dpo_beta=0.1",
-                 "--dpo_nll_weight=1.0", "--eval_interval=50", "--eval_iters=2",
+                 "--dpo_nll_weight=2.0", "--eval_interval=50", "--eval_iters=2",
                  "--save_interval=50", CHAT_PROMPTS]),
         ("accuracy_dpo", ["-m", "tools.demo_eval", "--ckpt", f"{OUT}/demo_dpo",
                           "--tokenizer_dir", TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl",
