@@ -125,9 +125,10 @@ def stages(dtype: str = "auto", seed: int = 1337) -> list[tuple[str, list[str]]]
     """
     # What every training stage shares: the tokenizer, precision (auto: measured on this CPU,
     # see utils/precision.py), the seed, logging, the sample prompts. Threads: the trainer's
-    # default, this machine's cores shared by the ranks.
+    # default, this machine's cores shared by the ranks. --overwrite: a second `make demo`
+    # moves the earlier demo run aside (out/demo_x.old-<time>) instead of being refused.
     train_common = [f"--tokenizer_dir={TOKENIZER}", f"--dtype={dtype}", f"--seed={seed}",
-                    "--log_interval=10", "--keep_last=1", "--max_new_tokens=16"]
+                    "--overwrite", "--log_interval=10", "--keep_last=1", "--max_new_tokens=16"]
     return [
         ("corpus", ["-m", "data.build_demo_corpus", "--out", DEMO]),
         ("tokenizer_bpe", ["-m", "tokenizer.train_tokenizer", "--type", "hf", "--input",

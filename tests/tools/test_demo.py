@@ -17,6 +17,7 @@ def test_training_stages_let_the_machine_decide_precision_and_threads():
         assert not any(arg.startswith("--num_threads") for arg in argv), name
     for argv in TRAIN_STAGES.values():
         assert "--dtype=auto" in argv
+        assert "--overwrite" in argv  # a second `make demo` moves the first one's runs aside
 
 
 def test_dtype_and_seed_reach_every_training_and_accuracy_stage():
