@@ -13,6 +13,9 @@ out/demo_*/ckpt), so one stage can be re-run alone:
     python -m tools.demo --list            # stage names and their commands
     python -m tools.demo --only sft        # just that stage (its inputs must exist)
     python -m tools.demo --from dpo        # that stage and the ones after it
+    python -m tools.demo --dtype bf16 --seed 2   # another precision path / seed, every stage
+
+A re-run stage moves the run it replaces aside (out/demo_x.old-<time>; trainer --overwrite).
 
 Sized for 2 CPU cores: a 1.0M-parameter model (preset "tiny" with a 512-token vocabulary),
 400 pretraining + 3000 SFT + 100 DPO steps. Precision is `--dtype=auto`: each run times a
