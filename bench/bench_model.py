@@ -18,7 +18,6 @@ memory of one training step (fresh process per measurement; RSS-based, so approx
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import statistics
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.convert_to_hf import export_hf
 from model.modeling_z2all import Z2allForCausalLM
@@ -59,7 +59,7 @@ def make_step(model: torch.nn.Module, is_ours: bool, input_ids: torch.Tensor,
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> float:
-        with torch.autocast("cpu", dtype=autocast_dtype or torch.float32,
+        with torch.autocast(input_ids.device.type, dtype=autocast_dtype or torch.float32,
                             enabled=autocast_dtype is not None):
             if is_ours:
                 loss = model(input_ids, labels=labels).loss
@@ -73,14 +73,15 @@ def make_step(model: torch.nn.Module, is_ours: bool, input_ids: torch.Tensor,
     return step
 
 
-def build_pair(name: str) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor,
-                                   torch.Tensor]:
-    """(our model, HF Llama with the same weights, input_ids, shifted labels). Both models
-    are loaded from safetensors files the same way: where the weights land in memory changes
-    memory-bound work (decoding) by ~10%, which must not be mistaken for a code difference."""
+def build_pair(name: str, models: dict = BENCH_MODELS
+               ) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """(our model, HF Llama with the same weights, input_ids, shifted labels), on the CPU.
+    Both models are loaded from safetensors files the same way: where the weights land in
+    memory changes memory-bound work (decoding) by ~10%, which must not be mistaken for a code
+    difference. `models` maps the name to (overrides on preset "tiny", batch size, length)."""
     from transformers import LlamaForCausalLM
 
-    overrides, batch_size, seq_len = BENCH_MODELS[name]
+    overrides, batch_size, seq_len = models[name]
     torch.manual_seed(0)
     fresh = Z2allForCausalLM(Z2allConfig.from_preset("tiny", max_position_embeddings=seq_len,
                                                      **overrides))
@@ -189,10 +190,8 @@ def print_compile_table(names: list[str], steps: int, rounds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, fewer rounds")
-    parser.add_argument("--smoke", action="store_true",
-                        help="seconds: the smallest model, one round; proves the bench runs")
+    parser = bench_parser(__doc__.split("\n\n")[0], quick="tiny model, fewer rounds",
+                          smoke="seconds: the smallest model, one round; proves the bench runs")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 gives steadier numbers on a shared machine)")
     parser.add_argument("--profile", action="store_true",

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from optimizer.adamw import build_adamw, read_adam_state, weight_decay_groups, write_adam_state
 from optimizer.optimizer import STATE_VERSION, MixedPrecisionOptimizer, check_state_header
 from optimizer.optimizer_config import OptimizerConfig
+from parallel.flat_collectives import all_gather_single
 from utils.atomic_io import atomic_open
 
 from .shard_map import ShardPiece, pieces_in_shard, shard_range
@@ -152,7 +153,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         (embeddings) must be launched first. Same order on every rank (matched by order)."""
         for index in reversed(range(len(self.bucket_shards))):
             shard = self.bucket_shards[index]
-            self._pending_gathers[index] = dist.all_gather_single(
+            self._pending_gathers[index] = all_gather_single(
                 shard.bucket.param_data, shard.model_param_shard,
                 group=self.process_group, async_op=True)
 

@@ -36,6 +36,7 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from parallel.distributed_data_parallel.param_and_grad_buffer import pad_to_multiple
+from parallel.flat_collectives import all_gather_single, reduce_scatter_single
 
 
 class FlatParamUnit:
@@ -89,7 +90,7 @@ class FlatParamUnit:
             return
         self.full_params.untyped_storage().resize_(self.numel * self.full_params.element_size())
         self._count_sent(self.param_shard)
-        self._gather_work = dist.all_gather_single(self.full_params, self.param_shard,
+        self._gather_work = all_gather_single(self.full_params, self.param_shard,
                                                    group=self.process_group, async_op=True)
 
     def wait_gather(self) -> None:
@@ -112,7 +113,7 @@ class FlatParamUnit:
     def gather_after_step(self) -> None:
         """Stage 2: every rank updated its shard of the full buffer in place; share them."""
         self._count_sent(self.param_shard)
-        dist.all_gather_single(self.full_params, self.param_shard, group=self.process_group)
+        all_gather_single(self.full_params, self.param_shard, group=self.process_group)
 
     # ---- gradients: collect per micro-batch, reduce-scatter into the shard ------------------
     def add_grad(self, param: Parameter, index: int) -> bool:
@@ -133,7 +134,7 @@ class FlatParamUnit:
         self.full_grads.div_(self.world_size)
         reduced = torch.empty_like(self.grad_shard)
         self._count_sent(reduced)
-        work = dist.reduce_scatter_single(reduced, self.full_grads, op=dist.ReduceOp.SUM,
+        work = reduce_scatter_single(reduced, self.full_grads, op=dist.ReduceOp.SUM,
                                           group=self.process_group, async_op=True)
         self._reduce = (work, reduced)
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from parallel.flat_collectives import all_gather_single, reduce_scatter_single
+
 SEQUENCE_DIM = 1
 
 
@@ -39,7 +41,7 @@ def _all_gather(tensor: torch.Tensor, dim: int, group: dist.ProcessGroup) -> tor
     size = dist.get_world_size(group)
     moved = tensor.movedim(dim, 0).contiguous()
     output = moved.new_empty((size * moved.shape[0], *moved.shape[1:]))
-    dist.all_gather_single(output, moved, group=group)
+    all_gather_single(output, moved, group=group)
     return output.movedim(0, dim)
 
 
@@ -48,7 +50,7 @@ def _reduce_scatter(tensor: torch.Tensor, dim: int, group: dist.ProcessGroup) ->
     size = dist.get_world_size(group)
     moved = tensor.movedim(dim, 0).contiguous()
     output = moved.new_empty((moved.shape[0] // size, *moved.shape[1:]))
-    dist.reduce_scatter_single(output, moved, group=group)
+    reduce_scatter_single(output, moved, group=group)
     return output.movedim(0, dim)
 
 

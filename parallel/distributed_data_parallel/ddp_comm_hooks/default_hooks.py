@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from parallel.flat_collectives import reduce_scatter_single
+
 from ..param_and_grad_buffer import Bucket
 
 
@@ -100,7 +102,7 @@ def reduce_scatter_hook(process_group: dist.ProcessGroup | None, bucket: Bucket)
     rank = dist.get_rank(process_group)
     bucket.grad_data.div_(world_size)
     shard = bucket.grad_data.view(world_size, -1)[rank]
-    work = dist.reduce_scatter_single(shard, bucket.grad_data, op=dist.ReduceOp.SUM,
+    work = reduce_scatter_single(shard, bucket.grad_data, op=dist.ReduceOp.SUM,
                                       group=process_group, async_op=True)
     return CommHandle([work], reduce_scatter_wire_bytes(bucket.grad_data, world_size))
 
