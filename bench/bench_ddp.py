@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench.size_flags import bench_parser
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
@@ -113,10 +114,8 @@ def bench_rank(rank: int, world_size: int, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small model, few steps")
-    parser.add_argument("--smoke", action="store_true",
-                        help="seconds: tiny sizes, generated data; proves the bench runs")
+    parser = bench_parser(__doc__.split("\n")[0], quick="small model, few steps",
+                          smoke="seconds: tiny sizes, generated data; proves the bench runs")
     parser.add_argument("--world_size", type=int, default=2, help="local gloo ranks")
     parser.add_argument("--hidden", type=int, default=768, help="width of the square layers")
     parser.add_argument("--layers", type=int, default=8, help="number of Linear layers")

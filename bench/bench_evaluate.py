@@ -15,7 +15,6 @@ losses, which must agree.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -25,6 +24,7 @@ import torch
 from torch.utils.data import default_collate
 
 from bench.bench_preprocess import corpus_texts, tokenizer_dir
+from bench.size_flags import bench_parser
 from data_preprocess.build_pretrain_sample_index_map import build_sample_index
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from dataset.dataset_pretrain import PretokDatasetWithIndex
@@ -43,9 +43,8 @@ def timed(run) -> tuple[dict, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true",
-                        help="a small corpus and model: only checks that it runs")
+    parser = bench_parser(__doc__.split("\n\n")[0], quick="1000 documents instead of 3000",
+                          smoke="a small corpus and model: only checks that it runs")
     parser.add_argument("--preset", default="tiny", help="model preset (Z2allConfig.from_preset)")
     parser.add_argument("--seq_len", type=int, default=256)
     parser.add_argument("--batch_size", type=int, default=8)
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         args.seq_len = min(args.seq_len, 64)
     torch.set_num_threads(1)
     use_demo = not args.smoke  # the demo's corpus and tokenizer where built; --smoke never
-    texts = corpus_texts(use_demo, 100 if args.smoke else 3000)
+    texts = corpus_texts(use_demo, 100 if args.smoke else 1000 if args.quick else 3000)
     device = torch.device("cpu")
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)

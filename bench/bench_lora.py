@@ -14,13 +14,13 @@ optimizer step and the gradient all-reduce that no longer touch the frozen weigh
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
+from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.lora import LoraConfig, apply_lora
 from model.modeling_z2all import Z2allForCausalLM
@@ -89,9 +89,8 @@ def compare(size: str, params_dtype: str, lora_rank: int, steps: int) -> list[di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one model size, fewer steps")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it runs")
+    parser = bench_parser(__doc__.split("\n\n")[0], quick="one model size, fewer steps",
+                          smoke="tiny sizes: checks it runs")
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()

@@ -16,7 +16,6 @@ about NCCL on GPUs, where the all-gather overlaps compute; the memory column tra
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from bench.size_flags import bench_parser
 from optimizer import OptimizerConfig, get_optimizer
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
@@ -128,10 +128,8 @@ def bf16_state_bytes(width: int, depth: int, config: OptimizerConfig,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small model, few steps")
-    parser.add_argument("--smoke", action="store_true",
-                        help="seconds: tiny sizes, generated data; proves the bench runs")
+    parser = bench_parser(__doc__.split("\n")[0], quick="small model, few steps",
+                          smoke="seconds: tiny sizes, generated data; proves the bench runs")
     args = parser.parse_args()
     width, depth, steps = ((32, 2, 1) if args.smoke else (256, 4, 5) if args.quick
                            else (1024, 8, 10))

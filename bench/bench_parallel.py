@@ -23,6 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
 from parallel.distributed_data_parallel import (
@@ -93,8 +94,9 @@ def grids(world_size: int) -> list[tuple[str, int, int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="2 ranks, tiny model, 1 step")
+    parser = bench_parser(__doc__.split("\n")[0],
+                          quick="2 ranks (the single dimensions), 2 timed steps",
+                          smoke="2 ranks, tiny model, 1 step")
     parser.add_argument("--world_size", type=int, default=4, help="local gloo ranks")
     parser.add_argument("--hidden", type=int, default=256, help="model width")
     parser.add_argument("--layers", type=int, default=4, help="decoder blocks")
@@ -107,6 +109,8 @@ def main() -> None:
     if args.smoke:
         args.world_size, args.hidden, args.layers, args.seq_len = 2, 32, 2, 16
         args.micro_batches, args.steps, args.warmup = 2, 1, 0
+    if args.quick:
+        args.world_size, args.steps = 2, 2
     print(f"world size {args.world_size}, hidden {args.hidden}, {args.layers} layers, "
           f"{args.micro_batches} micro-batches of {args.micro_batch_size}x{args.seq_len}")
     print(f"{'grid':<9} {'params MiB/rank':>15} {'peak RSS MiB':>12} {'step s':>8} "

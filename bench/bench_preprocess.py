@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.size_flags import bench_parser
 from data.toy_corpus import multilingual_corpus
 from data_preprocess import worker_pool
 from data_preprocess.build_pretrain_sample_index_map import build_sample_index
@@ -122,10 +123,8 @@ def run(args: argparse.Namespace, scratch: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller corpus, fewer reads")
-    parser.add_argument("--smoke", action="store_true",
-                        help="seconds: tiny sizes, generated data; proves the bench runs")
+    parser = bench_parser(__doc__.split("\n\n")[0], quick="a smaller corpus, fewer reads",
+                          smoke="seconds: tiny sizes, generated data; proves the bench runs")
     parser.add_argument("--num_workers", type=int, default=2,
                         help="tokenizer worker processes, the same for both measurements")
     parser.add_argument("--max_seq_len", type=int, default=256,

@@ -16,7 +16,6 @@ instead of printing a ratio over failed requests.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
@@ -25,6 +24,7 @@ import time
 
 import torch
 
+from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
 from server.engine import Engine, Finished, GenerationRequest, SamplingParams
@@ -73,10 +73,8 @@ def run_requests(model: Z2allForCausalLM, max_batch_size: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="8 requests, 1 repeat")
-    parser.add_argument("--smoke", action="store_true",
-                        help="2 requests, batch 2, 1 repeat: only checks that it runs")
+    parser = bench_parser(__doc__.split("\n\n")[0], quick="8 requests, 1 repeat",
+                          smoke="2 requests, batch 2, 1 repeat: only checks that it runs")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max_batch_size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from bench.bench_preprocess import corpus_texts, tokenizer_dir
+from bench.size_flags import bench_parser
 from data_preprocess.build_pretrain_sample_index_map import build_sample_index
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from dataset.dataset_pretrain import PretokDatasetWithIndex
@@ -99,10 +100,8 @@ def training_rate(preset: str, args: argparse.Namespace, steps: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller corpus, fewer steps")
-    parser.add_argument("--smoke", action="store_true",
-                        help="10 batches, 1 step of the tiny model: only checks that it runs")
+    parser = bench_parser(__doc__.split("\n\n")[0], quick="smaller corpus, fewer steps",
+                          smoke="10 batches, 1 step of the tiny model: only checks that it runs")
     parser.add_argument("--seq_len", type=int, default=256)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--num_batches", type=int, default=None)

@@ -15,7 +15,6 @@ on the model our tokenizer.json was converted from (so it also measures the conv
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from pathlib import Path
 import sentencepiece
 import tokenizers
 
+from bench.size_flags import bench_parser
 from data.toy_corpus import multilingual_corpus
 from tokenizer import load_tokenizer
 from tokenizer.train_tokenizer import build_tokenizer
@@ -95,10 +95,8 @@ def encode_paths(kind: str, directory: Path, texts: list[str]) -> dict[str, Call
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer documents and repeats")
-    parser.add_argument("--smoke", action="store_true",
-                        help="seconds: tiny sizes, generated data; proves the bench runs")
+    parser = bench_parser(__doc__.split("\n")[0], quick="fewer documents and repeats",
+                          smoke="seconds: tiny sizes, generated data; proves the bench runs")
     args = parser.parse_args()
     limit, repeats = (20, 1) if args.smoke else (100, 2) if args.quick else (500, 5)
     texts, source = load_documents(limit, use_demo=not args.smoke)

@@ -23,6 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
@@ -113,8 +114,8 @@ def bench_rank(rank: int, world_size: int, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="seconds: tiny sizes")
+    parser = bench_parser(__doc__.split("\n")[0], quick="2 layers, 2 timed steps",
+                          smoke="seconds: tiny sizes")
     parser.add_argument("--world_size", type=int, default=2, help="local gloo ranks")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -125,6 +126,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.hidden, args.layers, args.vocab, args.seq_len, args.steps = 64, 2, 256, 16, 1
+    if args.quick:
+        args.layers, args.steps = 2, 2
     report = run_on_ranks(bench_rank, args, world_size=args.world_size, timeout=900)[0]
     params = Z2allForCausalLM(model_config(args)).num_parameters()
     print(f"z2all {args.layers} layers x hidden {args.hidden}, vocab {args.vocab}: "

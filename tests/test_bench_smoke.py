@@ -1,7 +1,8 @@
 """Every benchmark runs on a fresh clone: `python -m bench.bench_x --smoke` (tiny sizes,
 generated data instead of `make demo`'s corpus and tokenizers) must exit 0. The benches
 run side by side, one thread each, so the whole check costs about as long as the slowest one
-(~10-20 s)."""
+(~10-20 s). Every bench also takes `--quick` (`make bench BENCH_FLAGS=--quick`, README), which
+is too slow to run here: its parser is checked instead."""
 
 from __future__ import annotations
 
@@ -27,3 +28,19 @@ def test_every_bench_runs_its_smoke_mode():
         if process.returncode != 0 or not output.strip():
             failed[name] = output[-2000:]
     assert not failed, failed
+
+
+def test_every_bench_takes_the_flags_make_bench_passes():
+    """`make bench BENCH_FLAGS=--quick|--smoke` passes the flag to every script; one that does
+    not know it exits 2 and stops the loop. All parsers come from bench/size_flags.py."""
+    running = {path.stem: subprocess.Popen([sys.executable, "-m", f"bench.{path.stem}", "--help"],
+                                           cwd=REPO, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True)
+               for path in BENCHES}
+    missing = {}
+    for name, process in running.items():
+        output, _ = process.communicate(timeout=300)
+        lacking = [flag for flag in ("--quick", "--smoke") if flag not in output]
+        if process.returncode != 0 or lacking:
+            missing[name] = lacking or output[-1000:]
+    assert not missing, missing

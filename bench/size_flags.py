@@ -1,0 +1,23 @@
+"""The two size flags every benchmark takes, so `make bench BENCH_FLAGS=--quick` (or `--smoke`)
+reaches each script the same way:
+
+    --quick   the same measurement, shorter (smaller sizes or fewer repeats); figures still
+              worth reading, noisier
+    --smoke   seconds, tiny sizes: proves the script runs (tests/test_bench_smoke.py); its
+              figures mean nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def bench_parser(description: str, quick: str,
+                 smoke: str = "seconds: tiny sizes, only checks that it runs"
+                 ) -> argparse.ArgumentParser:
+    """A parser with --quick and --smoke (one or the other); `quick` says what it shortens."""
+    parser = argparse.ArgumentParser(description=description)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help=quick)
+    size.add_argument("--smoke", action="store_true", help=smoke)
+    return parser
