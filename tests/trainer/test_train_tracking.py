@@ -1,21 +1,29 @@
 """The trainer's own curves reach the trackers: a tiny run with --tracker=tensorboard,wandb
 (offline) is read back with each library's reader and equals metrics.jsonl, step for step;
-the trainer shows `step N/M` with the time left when its output is not a terminal; W&B goes
+the trainer shows `step N/M` with the time left when its output is not a terminal, an estimate
+that evaluations and checkpoints do not slow; W&B goes
 online after `wandb login`, and `WANDB_MODE=online` without a key is refused before any work."""
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train_my_ddp
+import trainer.loop_actions
+import trainer.setup
 from tests.train_helpers import TINY_ARGS, data_args, run_main, tiny_training_data
+from tests.utils.test_progress import FakeClock
 from tests.utils.test_trackers import _wandb_history, log_out_of_wandb, read_wandb_records
+from trainer.evaluation import Evaluator
 from trainer.metrics import read_metrics
 from utils.cli_errors import EXIT_BAD_INPUT
 from utils.cli_errors import run_main as cli_run_main
+from utils.progress import TrainingProgress, format_duration
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +112,30 @@ def test_wandb_login_in_netrc_goes_online_with_unset_options_as_none(data, tmp_p
     config = run.init_arguments["config"]
     assert "init_from" in config and config["init_from"] is None
     assert "null" not in config.values()
+
+
+def test_the_time_left_counts_steps_not_evaluations_or_checkpoints(data, tmp_path, monkeypatch,
+                                                                    capsys):
+    """On a fake clock a step takes 1 s, an evaluation 1000 s and a checkpoint 500 s: the time
+    left shown is 1 s per step left, whatever was evaluated or saved before."""
+    clock = FakeClock(0.0)
+
+    def taking(seconds: float, function):
+        def timed(*args, **kwargs):
+            clock.now += seconds
+            return function(*args, **kwargs)
+        return timed
+
+    monkeypatch.setattr(trainer.setup, "TrainingProgress",
+                        functools.partial(TrainingProgress, clock=clock, use_bar=False))
+    monkeypatch.setattr(train_my_ddp, "train_step", taking(1, train_my_ddp.train_step))
+    monkeypatch.setattr(Evaluator, "__call__", taking(1000, Evaluator.__call__))
+    monkeypatch.setattr(trainer.loop_actions, "save_training_checkpoint",
+                        taking(500, trainer.loop_actions.save_training_checkpoint))
+    args = [*TINY_ARGS, *data_args(data, "pretrain"), f"--out_dir={tmp_path / 'run'}",
+            "--max_iters=6", "--eval_interval=2", "--save_interval=3"]
+    assert run_main(args) == 0
+    shown = re.findall(r"\[progress\] step (\d)/6 .* left (\S+)", capsys.readouterr().out)
+    assert [int(step) for step, _ in shown] == [1, 3, 4, 5, 6]  # a line per 30 s of the clock
+    for step, left in shown:
+        assert left == format_duration(6 - int(step))
