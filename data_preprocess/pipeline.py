@@ -168,14 +168,16 @@ def process_file(task: PretokenizeTask, job: FileJob, pool: ProcessPoolExecutor 
         stale.unlink()  # temp files (".<final name>.<random>.tmp") of a killed earlier run
     stats, counts = ReadStats(), FileCounts()
     batches = batched(task.read(job, stats, counts), batch_size)
+    bytes_before = progress.n  # the bar counts input bytes: .jsonl/.txt as read, others whole
     with contextlib.ExitStack() as stack:
         writers = [stack.enter_context(IndexedDatasetWriter(output_prefix(job, suffix), dtype))
                    for suffix, dtype in task.outputs]
         for encoded in ordered_map(pool, task.work, batches, max_in_flight):
-            tokens_before = counts.num_tokens
             task.write(job, writers, encoded, counts)
-            progress.update(counts.num_tokens - tokens_before)
-            progress.set_postfix(docs=documents_before + counts.num_documents, refresh=False)
+            progress.set_postfix(docs=documents_before + counts.num_documents,
+                                 tokens=counts.num_tokens, refresh=False)
+            progress.update(bytes_before + stats.bytes_read - progress.n)
+    progress.update(bytes_before + identity["source_size"] - progress.n)
     counts.skipped.update(stats.skipped)
     sidecar = {**task.settings, "source": job.relative, **identity,
                "num_documents": counts.num_documents, "num_tokens": counts.num_tokens,
@@ -214,7 +216,9 @@ def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | 
             per_file.append({"source": job.relative, "reused": True, **summary_of(done)})
     if todo:
         pool = make_worker_pool(num_workers, tokenizer_dir, worker_settings)
-        progress = tqdm(unit="tok", unit_scale=True, dynamic_ncols=True)
+        # A total known without reading: the input's bytes, so the bar shows an ETA.
+        progress = tqdm(total=sum(job.source.stat().st_size for job in todo), unit="B",
+                        unit_scale=True, dynamic_ncols=True)
         try:
             for number, job in enumerate(todo, start=1):
                 progress.set_description(f"file {number}/{len(todo)} {job.relative}")

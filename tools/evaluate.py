@@ -9,8 +9,11 @@
 Language modelling (`--data`, files or folders of .jsonl/.json/.parquet/.txt, streamed):
 Step 1. each file's texts are tokenized and packed exactly as the trainer packs pretraining
         data (documents + EOS back to back, windows of L+1 tokens every L tokens, never across
-        files; dataset/stream_samples.py), L = the run's --max_seq_len;
-Step 2. the windows go through the model `--batch_size` at a time, behind a progress bar;
+        files; dataset/stream_samples.py), L = the run's --max_seq_len. A pretokenized data
+        dir instead gives the windows of its validation split (`valid_L<L>.ibin`), the very
+        windows the trainer's val_loss is computed on;
+Step 2. the first `--limit` windows go through the model `--batch_size` at a time, behind a
+        progress bar with a total (bytes of the files, or windows of the split) and an ETA;
 Step 3. the sums are turned into figures by the trainer's own `evaluate_language_model`
         (trainer/evaluation.py): loss (nats/token), perplexity = e^loss, and bits per byte =
         Σ nll / (ln 2 · UTF-8 bytes of the targets). Same data, same numbers as the trainer.
@@ -41,6 +44,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from dataset.dataset_pretrain import PretokDatasetWithIndex
 from dataset.stream_samples import Position, pretrain_samples
 from model.loading import add_model_arguments, load_for_inference, resolve_model_dir
 from tools.lm_eval_model import Z2allLM
@@ -51,7 +55,7 @@ from utils.atomic_io import atomic_write_json
 from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
-from utils.readers import find_data_files, iter_records
+from utils.readers import ReadStats, find_data_files, iter_records
 
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 SHIPPED_PREFIX = "z2all_"  # names of the tasks in TASKS_DIR
@@ -60,31 +64,78 @@ RESULTS_FILE = "evaluations.json"
 
 # ------------------------------------------------------------------ language modelling
 
-def language_model_batches(files: list[Path], tokenizer: Any, seq_len: int, batch_size: int,
-                           text_keys: list[str]) -> Iterator[dict[str, torch.Tensor]]:
-    """Batches of packed windows (Step 1), as the trainer's pretraining batches look:
-    {"input_ids": [B, L], "labels": [B, L]}; the last batch may be smaller."""
-    windows = (sample for path in files for sample, _ in pretrain_samples(
-        iter_records(path), Position(0, 0, {}), tokenizer=tokenizer, seq_len=seq_len,
-        text_keys=text_keys, skip_bad_records=False))
+def pretokenized_dir(data: list[str]) -> Path | None:
+    """The folder if `--data` names a pretokenized data dir (the trainer's `.bin`/`.idx` files),
+    else None (raw text). Such a folder is scored alone: mixing it with text files would mix
+    two packings."""
+    folders = [Path(path) for path in data
+               if Path(path).is_dir() and find_data_files(path, extensions=(".idx",))]
+    if folders and len(data) > 1:
+        raise ValueError(f"--data {' '.join(data)}: a pretokenized data dir ({folders[0]}) is "
+                         "scored alone; give it as the only --data")
+    return folders[0] if folders else None
+
+
+def packed_windows(files: list[Path], tokenizer: Any, seq_len: int, text_keys: list[str],
+                   progress: tqdm) -> Iterator[dict[str, np.ndarray]]:
+    """Step 1 on raw text: each file packed on its own; `progress` counts the bytes read."""
+    for path in files:
+        stats, start = ReadStats(), progress.n
+        records = iter_records(path, stats=stats)
+        for sample, _ in pretrain_samples(records, Position(0, 0, {}), tokenizer=tokenizer,
+                                          seq_len=seq_len, text_keys=text_keys,
+                                          skip_bad_records=False):
+            progress.update(start + stats.bytes_read - progress.n)
+            yield sample
+        progress.update(start + path.stat().st_size - progress.n)
+
+
+def validation_windows(data_dir: Path, tokenizer: Any, seq_len: int, limit: int | None
+                       ) -> tuple[Iterator[dict[str, torch.Tensor]], tqdm]:
+    """Step 1 on a pretokenized data dir: the windows of its validation split
+    (`valid_L<seq_len>.ibin`, the trainer's), in order, and a bar that counts them."""
+    split = PretokDatasetWithIndex(data_dir, seq_len, split="valid", vocab_size=len(tokenizer))
+    count = min(len(split), limit or len(split))
+    progress = tqdm(total=count, desc=f"evaluating {split.index_path.name}", unit="window")
+
+    def counted() -> Iterator[dict[str, torch.Tensor]]:
+        for index in range(count):
+            progress.update(1)
+            yield split[index]
+    return counted(), progress
+
+
+def batches_of(windows: Iterator[dict[str, Any]], batch_size: int
+               ) -> Iterator[dict[str, torch.Tensor]]:
+    """{"input_ids": [B, L], "labels": [B, L]}, as the trainer's pretraining batches look;
+    the last batch may be smaller."""
     while chunk := list(itertools.islice(windows, batch_size)):
-        yield {key: torch.from_numpy(np.stack([sample[key] for sample in chunk]))
+        yield {key: torch.stack([torch.as_tensor(window[key]) for window in chunk])
                for key in ("input_ids", "labels")}
 
 
 def language_model_metrics(model: torch.nn.Module, tokenizer: Any, data: list[str],
                            seq_len: int, batch_size: int, text_keys: list[str],
-                           device: torch.device, max_batches: int = 0) -> dict[str, float]:
-    """loss, perplexity, bits_per_byte and tokens over `data` (Steps 1-3)."""
-    files = find_data_files(data)
-    if not files:
-        raise ValueError(f"--data {' '.join(data)}: no .jsonl/.json/.parquet/.txt files there")
-    batches = language_model_batches(files, tokenizer, seq_len, batch_size, text_keys)
-    if max_batches:
-        batches = itertools.islice(batches, max_batches)
-    env = DistributedEnv(0, 1, 0, 1, device)
-    with tqdm(batches, desc="evaluating", unit="batch", total=max_batches or None) as bar:
-        figures = evaluate_language_model(model, bar, tokenizer, env)
+                           device: torch.device, max_batches: int = 0,
+                           limit: int | None = None) -> dict[str, float]:
+    """loss, perplexity, bits_per_byte and tokens over `data` (Steps 1-3), over at most
+    `limit` windows and `max_batches` batches."""
+    data_dir = pretokenized_dir(data)
+    if data_dir is not None:
+        windows, progress = validation_windows(data_dir, tokenizer, seq_len, limit)
+    else:
+        files = find_data_files(data)
+        if not files:
+            raise ValueError(f"--data {' '.join(data)}: no .jsonl/.json/.parquet/.txt files "
+                             "there (or a pretokenized data dir)")
+        progress = tqdm(total=sum(path.stat().st_size for path in files), desc="evaluating",
+                        unit="B", unit_scale=True)
+        windows = itertools.islice(packed_windows(files, tokenizer, seq_len, text_keys,
+                                                  progress), limit)
+    batches = itertools.islice(batches_of(windows, batch_size), max_batches or None)
+    with progress:
+        figures = evaluate_language_model(model, batches, tokenizer,
+                                          DistributedEnv(0, 1, 0, 1, device))
     if not figures["val_tokens"]:
         raise ValueError(f"--data {' '.join(data)}: no complete window of {seq_len + 1} tokens "
                          "(files are packed separately); give more text or a smaller --seq_len")
@@ -181,8 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--data", nargs="+", default=None,
-                        help="files/folders of .jsonl/.json/.parquet/.txt for loss, perplexity "
-                             "and bits per byte")
+                        help="files/folders of .jsonl/.json/.parquet/.txt, or a pretokenized "
+                             "data dir (its valid split), for loss, perplexity and bits per byte")
     parser.add_argument("--text_key", nargs="+", default=["text"],
                         help="field(s) holding the text in .jsonl/.json/.parquet records")
     parser.add_argument("--seq_len", type=int, default=None,
@@ -195,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma list of lm-eval tasks, e.g. z2all_demo_skills,"
                              "z2all_demo_choice (shipped in tools/lm_eval_tasks/)")
     parser.add_argument("--limit", type=int, default=None,
-                        help="at most this many items per lm-eval task")
+                        help="at most this many windows of --data, items per lm-eval task")
     parser.add_argument("--chat", choices=["auto", "yes", "no"], default="auto",
                         help="lm-eval prompts as a chat user turn (auto: yes for sft/dpo runs; "
                              "for an HF dir, yes if its tokenizer has a chat template)")
@@ -211,16 +262,20 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError("nothing to evaluate: give --data FILE_OR_DIR and/or --lm_eval TASKS")
     model, tokenizer = load_for_inference(args)
     report_dir = report_dir_of(args.ckpt, args.report_dir)
-    seq_len = (args.seq_len or run_config_value(args.ckpt, "max_seq_len")
-               or model.config.max_position_embeddings)
+    positions = model.config.max_position_embeddings
+    seq_len = args.seq_len or run_config_value(args.ckpt, "max_seq_len") or positions
+    if seq_len > positions:  # RoPE beyond its trained length scores untrained positions
+        raise ValueError(f"--seq_len {seq_len} is beyond the model's max_position_embeddings "
+                         f"({positions}): give --seq_len {positions} or less")
     settings = {"ckpt": args.ckpt, "seq_len": seq_len, "batch_size": args.batch_size}
     if args.data:
         figures = language_model_metrics(model, tokenizer, args.data, seq_len, args.batch_size,
                                          args.text_key, torch.device(args.device),
-                                         args.max_batches)
+                                         args.max_batches, args.limit)
         print("  ".join(f"{key} {_cell(value)}" for key, value in figures.items()))
         record_results(report_dir, "language modelling",
-                       {**settings, "data": " ".join(args.data)}, {"data": figures})
+                       {**settings, "data": " ".join(args.data), "limit": args.limit},
+                       {"data": figures})
     if args.lm_eval:
         chat = {"yes": True, "no": False}.get(args.chat)
         if chat is None:

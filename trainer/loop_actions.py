@@ -19,9 +19,10 @@ from utils.run_directory import checkpoints_dir
 
 def evaluate(run: Run) -> float:
     """Evaluate at the current step, log metrics and samples; return the validation loss
-    (`ckpt/best` follows the manifests' val_loss)."""
-    metrics, samples = run.evaluator(run.parallel.eval_model, run.model,
-                                     run.parallel.whole_model)
+    (`ckpt/best` follows the manifests' val_loss). Not counted as stepping by the ETA."""
+    with run.progress.paused():
+        metrics, samples = run.evaluator(run.parallel.eval_model, run.model,
+                                         run.parallel.whole_model)
     step = run.counters.step
     if samples:
         run.log.log("samples", step, quiet=True, samples=samples)
@@ -32,12 +33,13 @@ def evaluate(run: Run) -> float:
 
 
 def save_checkpoint(run: Run, val_loss: float | None) -> Path:
-    """Collective: every rank writes its part of `ckpt/step_N` (trainer/training_checkpoint.py)."""
+    """Collective: every rank writes its part of `ckpt/step_N` (trainer/training_checkpoint.py).
+    Not counted as stepping by the ETA."""
     run.optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
     # The last update may have made them NaN even from a finite loss (e.g. a huge LR): such
     # weights never become a checkpoint. All ranks vote (a grid's ranks hold different parts;
     # ZeRO-3's are gathered inside whole_model(), which rank 0 saves).
-    with run.parallel.whole_model() as whole_model:
+    with run.progress.paused(), run.parallel.whole_model() as whole_model:
         nonfinite = not all(torch.isfinite(param).all() for param in run.model.parameters())
         if all_reduce_sum([float(nonfinite)], run.env)[0]:
             stop_diverged(run, "the weights are not finite")

@@ -7,17 +7,22 @@ Two faces, one estimate:
 
       [progress] step 120/300 (40.0%)  tokens/s 12.3k  loss 2.4100  elapsed 1:02  left 1:33
 
-Time left = (seconds since the start or the resume) / (steps done since then) x (steps left).
-A resumed run counts from the resume point: the steps a previous process ran, and the time it
-took, say nothing about this process's speed (tqdm's `initial` does the same for the bar).
+Time left = (seconds spent stepping since the start or the resume) / (steps done since then)
+x (steps left). Evaluation, sample generation and checkpoints run inside `paused()` and are not
+stepping: early in a run one evaluation can take as long as many steps, and counting it made
+the estimate 2-3x too long. (So the estimate is the remaining steps' time; evaluations and
+checkpoints still to come add theirs.) A resumed run counts from the resume point: the steps a
+previous process ran, and the time it took, say nothing about this process's speed (tqdm's
+`initial` does the same for the bar).
 Only rank 0 shows progress; `enabled=False` gives an object that does nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 
@@ -48,6 +53,7 @@ class TrainingProgress:
         self.every_s, self.clock = every_s, clock
         self.stream = stream or sys.stdout
         self.started = clock()
+        self.paused_s = 0.0  # time inside `paused()`: not stepping
         self.last_line_at = -float("inf")
         self._bar: Any = None
         if enabled and (self.stream.isatty() if use_bar is None else use_bar):
@@ -60,7 +66,20 @@ class TrainingProgress:
         done = step - self.start_step
         if done <= 0:
             return None
-        return (self.clock() - self.started) / done * (self.total_steps - step)
+        stepping_s = self.clock() - self.started - self.paused_s
+        return stepping_s / done * (self.total_steps - step)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside (an evaluation, a checkpoint) does not count toward the step rate,
+        here or on the bar."""
+        began = self.clock()
+        try:
+            yield
+        finally:
+            self.paused_s += self.clock() - began
+            if self._bar is not None:
+                self._bar.unpause()
 
     def line(self, step: int, tokens_per_s: float, loss: float) -> str:
         left = self.seconds_left(step)

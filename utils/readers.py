@@ -86,6 +86,7 @@ class ReadStats:
     records_read: int = 0  # good records yielded
     skipped: collections.Counter[str] = field(default_factory=collections.Counter)  # by reason
     blank_lines: int = 0  # whitespace-only lines of .jsonl/.txt (not records, not errors)
+    bytes_read: int = 0  # of .jsonl/.txt files, for progress bars (others count 0)
 
 
 def find_data_files(
@@ -138,6 +139,7 @@ def _read_lines(path: Path, stats: ReadStats, parse_line: LineParser) -> Iterato
     """Decode each non-blank line of a line-based file and hand it to `parse_line`."""
     with open(path, "rb") as handle:  # binary: lines of any length, decoded one at a time
         for number, raw in enumerate(handle, start=1):
+            stats.bytes_read += len(raw)
             if number == 1 and raw.startswith(UTF8_BOM):
                 raw = raw[len(UTF8_BOM):]
             if not raw.strip():

@@ -20,19 +20,24 @@ Resuming continues the same curves:
   plotted against our own `step` field (`define_metric`), not W&B's internal counter, which
   refuses steps lower than ones it has seen (those a crash lost would come again).
 
-W&B never prompts and never waits on the network unless asked to: without `WANDB_API_KEY` (or
-an explicit `WANDB_MODE`) it runs offline, writing `<run>/wandb/offline-run-*`; upload such a
-run later with `wandb sync <that dir>`. The libraries are imported only when chosen.
+W&B never prompts and never waits on the network unless asked to. An explicit `WANDB_MODE`
+wins; otherwise W&B goes online when the user is logged in (`WANDB_API_KEY`, or the key that
+`wandb login` saved in ~/.netrc) and offline when not, writing `<run>/wandb/offline-run-*`
+(upload it later with `wandb sync <that dir>`). `WANDB_MODE=online` without a key is refused
+with the options, before any work, instead of failing inside `wandb.init`. The libraries are
+imported only when chosen.
 """
 
 from __future__ import annotations
 
 import json
+import netrc
 import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from utils.option_checks import option
 
@@ -47,14 +52,17 @@ class TrackerOptions:
     tracker: str = option("tensorboard", "where curves go besides metrics.jsonl: comma list "
                           "of tensorboard, wandb, none")
     wandb_project: str = option("z2all", "W&B project (offline, under <run>/wandb, when "
-                                "WANDB_API_KEY is not set)")
+                                "not logged in: no WANDB_API_KEY, no `wandb login`)")
     wandb_run_name: str = option("", "W&B run name (default: the run directory's name)")
 
     def problems(self) -> list[str]:
         try:
-            parse_tracker_list(self.tracker)
+            names = parse_tracker_list(self.tracker)
         except ValueError as error:
             return [str(error)]
+        if "wandb" in names and wandb_mode() == "online" and not wandb_logged_in():
+            return ["--tracker=wandb with WANDB_MODE=online needs a W&B API key: run "
+                    "`wandb login` or set WANDB_API_KEY (or WANDB_MODE=offline to log locally)"]
         return []
 
 
@@ -71,16 +79,40 @@ def parse_tracker_list(spec: str) -> list[str]:
     return [name for name in dict.fromkeys(names) if name != "none"]
 
 
+def wandb_logged_in() -> bool:
+    """Whether W&B has a key to go online with: `WANDB_API_KEY` (or an identity token file),
+    or the entry `wandb login` writes to the netrc file ($NETRC, else ~/.netrc) for the host
+    of `WANDB_BASE_URL` (api.wandb.ai by default)."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    try:
+        entry = netrc.netrc(os.environ.get("NETRC") or None).authenticators(host or "")
+    except (OSError, netrc.NetrcParseError):  # no netrc file, or one wandb could not read either
+        return False
+    return bool(entry and entry[2])
+
+
+def wandb_mode() -> str:
+    """`WANDB_MODE` if the user chose one, else online when logged in, offline when not (so
+    W&B neither prompts for a key nor waits on the network)."""
+    chosen = os.environ.get("WANDB_MODE", "").strip().lower()
+    if chosen:
+        return "online" if chosen == "run" else chosen  # "run" is W&B's old name for online
+    return "online" if wandb_logged_in() else "offline"
+
+
 def scalar_values(values: dict[str, Any]) -> dict[str, float]:
     """The numeric fields of a record (bools and texts are not curves)."""
     return {key: value for key, value in values.items()
             if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
-def hyperparameters(config: dict[str, Any]) -> dict[str, int | float | str | bool]:
-    """The config flattened to what both trackers accept: numbers, bools and strings."""
-    return {key: value if isinstance(value, (int, float, str, bool)) else json.dumps(value)
-            for key, value in config.items()}
+def hyperparameters(config: dict[str, Any]) -> dict[str, int | float | str | bool | None]:
+    """The config flattened to what both trackers accept: numbers, bools, strings and None
+    (an unset option stays None, not the text "null"; TensorBoard drops those)."""
+    return {key: value if value is None or isinstance(value, (int, float, str, bool))
+            else json.dumps(value) for key, value in config.items()}
 
 
 class Trackers:
@@ -134,15 +166,14 @@ def _write_hyperparameters(writer: Any, config: dict[str, Any]) -> None:
     """The config in TensorBoard's HPARAMS tab, in the same event files as the curves."""
     from torch.utils.tensorboard.summary import hparams
 
-    for summary in hparams(hyperparameters(config), metric_dict={}):
+    values = {key: value for key, value in hyperparameters(config).items() if value is not None}
+    for summary in hparams(values, metric_dict={}):
         writer.file_writer.add_summary(summary)
 
 
 def _open_wandb(options: TrackerOptions, run_dir: Path, config: dict[str, Any]) -> Any:
     import wandb
 
-    # No key (and no WANDB_MODE chosen by the user): offline, so no login prompt, no network.
-    mode = "offline" if not os.environ.get("WANDB_API_KEY") else None
     id_file = run_dir / WANDB_RUN_ID_FILE
     if not id_file.is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -151,7 +182,7 @@ def _open_wandb(options: TrackerOptions, run_dir: Path, config: dict[str, Any]) 
                      id=id_file.read_text(encoding="utf-8").strip(), resume="allow",
                      dir=str(run_dir), config=hyperparameters(config),
                      # console="off": the trainer's stdout stays ours (the monitor reads it).
-                     mode=os.environ.get("WANDB_MODE", mode),
+                     mode=wandb_mode(),
                      settings=wandb.Settings(silent=True, console="off"))
     run.define_metric("step")
     run.define_metric("*", step_metric="step")

@@ -17,7 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tqdm import tqdm
 
+from data_preprocess import pretokenize_pretrain_data as pretokenize_module
 from data_preprocess import worker_pool
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from tests.megatron_spec_reader import read_by_spec
@@ -95,6 +97,19 @@ def test_repeated_run_reuses_and_changed_source_is_redone(tmp_path, tiny_hf_toke
                                       num_workers=1)
     redone = [entry["source"] for entry in third["per_file"] if not entry["reused"]]
     assert redone == ["a.jsonl"]
+
+
+def test_the_bar_counts_input_bytes_to_a_total(tmp_path, tiny_hf_tokenizer_dir, capsys):
+    """The total is known before reading (the files' sizes), so the bar has a percentage and an
+    ETA; .json and .parquet count whole when done, .jsonl/.txt as their lines are read."""
+    write_corpus(tmp_path / "raw", random.Random(), docs_per_file=40)
+    total = sum(path.stat().st_size for path in (tmp_path / "raw").rglob("*.*"))
+    pretokenize_module.main(["--data_dir", str(tmp_path / "raw"), "--tokenizer_dir",
+                             str(tiny_hf_tokenizer_dir), "--out_dir", str(tmp_path / "out"),
+                             "--num_workers", "0", "--batch_size", "4"])
+    bar = capsys.readouterr().err.split("\r")[-1]
+    shown = tqdm.format_sizeof(total)  # as the bar writes it, e.g. "13.1k"
+    assert "100%|" in bar and f"{shown}/{shown}" in bar
 
 
 def test_sigkill_midway_then_rerun_matches_uninterrupted(tmp_path, tiny_hf_tokenizer_dir):

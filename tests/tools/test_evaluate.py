@@ -1,6 +1,7 @@
 """tools.evaluate: loss / perplexity / bits per byte equal to the trainer's eval on the same data
-(built by the offline pretokenizer + sample index, as a training run would), the CLI's
-report.md / evaluations.json, and its one-line refusals."""
+(built by the offline pretokenizer + sample index, as a training run would), a run's own data
+dir scored on its validation split equal to the run's val_loss, the CLI's report.md /
+evaluations.json, --limit, the progress bar's total, and its one-line refusals."""
 
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
+from tests.train_helpers import TINY_ARGS, data_args, run_main, tiny_training_data
 from tokenizer import load_tokenizer
 from tools import evaluate
 from trainer.distributed_env import DistributedEnv
 from trainer.evaluation import eval_loader, evaluate_language_model
+from trainer.metrics import read_metrics
+from utils.cli_errors import EXIT_BAD_INPUT
+from utils.cli_errors import run_main as cli_run_main
 
 SEQ_LEN = 24
 torch.set_num_threads(1)  # the test machine is small and shared
@@ -115,3 +120,54 @@ def test_data_without_files_is_refused(tmp_path, tiny_hf_tokenizer_dir):
         evaluate.language_model_metrics(tiny_model(tokenizer, 0), tokenizer,
                                         [str(tmp_path / "empty")], SEQ_LEN, 2, ["text"],
                                         torch.device("cpu"))
+
+
+def cli_argv(model_dir, tokenizer_dir, data, report_dir, *extra) -> list[str]:
+    return ["--ckpt", str(model_dir), "--tokenizer_dir", str(tokenizer_dir), "--data",
+            str(data), "--batch_size", "4", "--dtype", "fp32", "--device", "cpu",
+            "--report_dir", str(report_dir), *extra]
+
+
+def test_seq_len_beyond_the_models_positions_is_one_line(tmp_path, tiny_hf_tokenizer_dir,
+                                                         capsys):
+    write_raw_data(tmp_path / "raw", seed=3)
+    tiny_model(load_tokenizer(tiny_hf_tokenizer_dir), seed=3).save_pretrained(tmp_path / "model")
+    argv = cli_argv(tmp_path / "model", tiny_hf_tokenizer_dir, tmp_path / "raw",
+                    tmp_path / "report", "--seq_len", "65")  # the model has 64 positions
+    assert cli_run_main(evaluate.main, argv) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: --seq_len 65") and "max_position_embeddings (64)" in error
+    assert not (tmp_path / "report").exists()
+
+
+def test_limit_caps_the_windows_and_the_bar_has_a_total(tmp_path, tiny_hf_tokenizer_dir,
+                                                        capsys):
+    write_raw_data(tmp_path / "raw", seed=5)
+    tiny_model(load_tokenizer(tiny_hf_tokenizer_dir), seed=5).save_pretrained(tmp_path / "model")
+    argv = cli_argv(tmp_path / "model", tiny_hf_tokenizer_dir, tmp_path / "raw",
+                    tmp_path / "report", "--seq_len", str(SEQ_LEN))
+    evaluate.main(argv)
+    assert "100%" in capsys.readouterr().err  # a total is known (bytes), so a percentage
+    evaluate.main([*argv, "--limit", "3"])
+    whole, limited = json.loads((tmp_path / "report" / "evaluations.json").read_text())
+    assert whole["scores"]["data"]["tokens"] > 3 * SEQ_LEN
+    assert limited["scores"]["data"]["tokens"] == 3 * SEQ_LEN
+    assert limited["settings"]["limit"] == 3
+
+
+def test_a_runs_data_dir_scores_its_validation_split_as_the_trainer_does(
+        tmp_path, tmp_path_factory, tiny_hf_tokenizer_dir, capsys):
+    data = tiny_training_data(tmp_path_factory.getbasetemp(), tiny_hf_tokenizer_dir)
+    run_dir = tmp_path / "run"
+    # --eval_iters x --batch_size covers the whole valid split: the trainer scores all of it.
+    assert run_main([*TINY_ARGS, *data_args(data, "pretrain"), f"--out_dir={run_dir}",
+                     "--max_iters=2", "--eval_iters=1000"]) == 0
+    (last_eval,) = [r for r in read_metrics(run_dir) if r["kind"] == "eval" and r["step"] == 2]
+    capsys.readouterr()
+    evaluate.main(["--ckpt", str(run_dir), "--data", str(data["pretrain"]), "--dtype", "fp32",
+                   "--device", "cpu", "--batch_size", "5"])
+    assert "100%" in capsys.readouterr().err
+    (entry,) = json.loads((run_dir / "evaluations.json").read_text())
+    figures = entry["scores"]["data"]
+    assert figures["loss"] == pytest.approx(last_eval["val_loss"], rel=1e-5)
+    assert figures["bits_per_byte"] == pytest.approx(last_eval["val_bpb"], rel=1e-5)

@@ -77,3 +77,15 @@ def test_disabled_progress_prints_nothing():
     progress.update(10, 1.0, 1.0)
     progress.close()
     assert out.getvalue() == ""
+
+
+def test_time_inside_paused_does_not_count_toward_the_step_rate():
+    clock = FakeClock(100.0)
+    progress = TrainingProgress(10, stream=io.StringIO(), use_bar=False, clock=clock)
+    for step in (1, 2):
+        clock.now += 3.0  # a step
+        with progress.paused():
+            clock.now += 1000.0  # an evaluation or a checkpoint
+        progress.update(step, tokens_per_s=1.0, loss=1.0)
+    assert progress.seconds_left(2) == pytest.approx(3.0 * 8)
+    assert progress.line(2, 1.0, 1.0).endswith(f"elapsed {format_duration(2006)}  left 0:24")

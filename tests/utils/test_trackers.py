@@ -20,6 +20,14 @@ CONFIG = {"learning_rate": 6e-4, "max_iters": 30, "task_type": "pretrain",
           "betas": [0.9, 0.95], "compile": False}
 
 
+def log_out_of_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No W&B key anywhere: neither in the environment nor in a netrc file (the developer's own
+    `wandb login` must not send a test online)."""
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no_netrc"))
+
+
 def _log_run(trackers: Trackers, steps: range, rng: random.Random) -> dict[str, dict[int, float]]:
     """Log a train record every step and an eval record every 5th, like the trainer; return
     what was logged as {tag: {step: value}}."""
@@ -121,8 +129,7 @@ def _wandb_history(records) -> dict[str, dict[int, float]]:
 
 
 def test_wandb_offline_gets_the_same_curves_and_a_resume_reuses_the_run(tmp_path, monkeypatch):
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("WANDB_MODE", raising=False)
+    log_out_of_wandb(monkeypatch, tmp_path)
     rng = random.Random(4)
     options = TrackerOptions("wandb", wandb_project="proj", wandb_run_name="tiny")
     first = _log_run(Trackers(options, tmp_path, CONFIG), range(0, 12), rng)
