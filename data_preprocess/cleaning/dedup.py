@@ -69,6 +69,8 @@ class UnionFind:
 def union_bucket_members(union_find: UnionFind, docs: np.ndarray, keys: np.ndarray) -> None:
     """Join the documents that share a key (one band): sort by key, and every run of equal
     keys is one bucket, whose members are all joined to its first."""
+    listed = docs >= 0  # -1: a row whose document was already dropped (an exact copy)
+    docs, keys = docs[listed], keys[listed]
     order = np.lexsort((docs, keys))
     sorted_keys, sorted_docs = keys[order], docs[order]
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
@@ -83,7 +85,7 @@ def near_duplicates(band_files: Sequence[tuple[np.ndarray, Path]], bands: int) -
     """{document: the first of its cluster} for every document that is not first.
 
     band_files: per input file, (the document numbers of its rows, the .npy of their band
-    keys, shape (rows, bands)); documents already dropped are simply not listed.
+    keys, shape (rows, bands)); a document number of -1 marks a row to ignore.
     """
     union_find = UnionFind()
     for band in range(bands):
