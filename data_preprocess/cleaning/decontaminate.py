@@ -1,0 +1,80 @@
+"""Decontamination: drop training documents that contain an evaluation item, so a benchmark
+measures what a model can do rather than what it has read (GPT-3 paper, appendix C).
+
+A document is contaminated if it shares a 13-word n-gram with any item (the GPT-3
+convention: 13 words are long enough never to be shared by chance, short enough to catch a
+copied question inside a longer page). Words are compared after normal_words (lower case,
+no punctuation). An item shorter than 13 words is matched as a whole (all its words in a
+row), if it has at least `min_words` (8, as GPT-3's shortest n-gram): shorter ones ("yes",
+"Paris") would match innocent text, so they are counted and left out.
+
+Items: every string field of every record of the given .jsonl/.json/.parquet files (or of
+every such file under a given folder), nested fields included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data_preprocess.cleaning.text import normal_words
+from utils.readers import find_data_files, iter_records
+
+EVAL_EXTENSIONS = (".jsonl", ".json", ".parquet")
+
+
+@dataclass
+class EvalIndex:
+    """The n-grams of every evaluation item, and the whole word runs of the short ones."""
+
+    ngram: int = 13
+    min_words: int = 8
+    grams: set[str] = field(default_factory=set)
+    short_items: dict[int, set[str]] = field(default_factory=dict)  # by length in words
+    items: int = 0
+    too_short: int = 0
+
+    def add(self, text: str) -> None:
+        words = normal_words(text)
+        self.items += 1
+        if len(words) >= self.ngram:
+            self.grams.update(" ".join(words[i:i + self.ngram])
+                              for i in range(len(words) - self.ngram + 1))
+        elif len(words) >= self.min_words:
+            self.short_items.setdefault(len(words), set()).add(" ".join(words))
+        else:
+            self.too_short += 1
+
+    def first_match(self, words: list[str]) -> str | None:
+        """The first n-gram (or whole short item) of `words` that an eval item contains."""
+        lengths = ([self.ngram] if self.grams else []) + sorted(self.short_items)
+        for length in lengths:
+            wanted = self.grams if length == self.ngram else self.short_items[length]
+            for i in range(len(words) - length + 1):
+                if (gram := " ".join(words[i:i + length])) in wanted:
+                    return gram
+        return None
+
+
+def string_fields(value: Any) -> Iterator[str]:
+    """Every string inside a record, however deeply nested in lists and objects."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from string_fields(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from string_fields(item)
+
+
+def build_eval_index(paths: Sequence[str | Path], ngram: int, min_words: int) -> EvalIndex:
+    """Read every eval file under `paths` (a bad record stops with its file:line)."""
+    index = EvalIndex(ngram=ngram, min_words=min_words)
+    for path in find_data_files(paths, extensions=EVAL_EXTENSIONS):
+        for record in iter_records(path):
+            for text in string_fields(record.data):
+                index.add(text)
+    return index

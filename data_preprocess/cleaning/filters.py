@@ -1,0 +1,264 @@
+"""Quality and repetition rules from Gopher (Rae et al. 2021, "Scaling Language Models",
+appendix A1.1.2), each a small named function with its thresholds as options.
+
+A rule returns None when the document passes, or the measured value that failed, so the
+report can show *why* ("mean_word_length = 2.1"). The rules run in the order listed in
+`QUALITY_RULES` and `REPETITION_RULES`; a document is dropped by the first rule it fails.
+
+Words are whitespace-separated (cleaning/text.py); a "content word" has a letter or digit.
+Conventions that decide borderline documents (chosen to match the widely used datatrove
+implementation of the same rules, so given the same words both keep the same documents;
+tests/data_preprocess/cleaning/test_filters.py checks it): ratios per word count *all*
+words, punctuation-only ones included; the mean word
+length counts content words only; stop words are matched as written (case-sensitive); a
+character fraction divides by the length of the whole text.
+
+Worked example (repetition): the text "a b\\na b\\nc" (11 chars) has lines [a b, a b, c]:
+one duplicate line of 3 chars -> duplicate_lines = 1/3 (> 0.30: dropped), and
+duplicate_line_chars = 3/11 = 0.27 (> 0.20: would be dropped too).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from data_preprocess.cleaning.text import is_symbol_only, split_lines, split_paragraphs, split_words
+from utils.option_checks import option
+
+STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+
+
+@dataclass(frozen=True)
+class FilterOptions:
+    """Thresholds of every rule (Gopher's values are the defaults); each is a CLI option."""
+
+    min_doc_words: int = option(50, "drop documents with fewer content words")
+    max_doc_words: int = option(100_000, "drop documents with more content words")
+    min_mean_word_length: float = option(3, "drop if the mean content-word length is below")
+    max_mean_word_length: float = option(10, "drop if the mean content-word length is above")
+    max_symbol_word_ratio: float = option(0.1, "max '#' and max '...' per word")
+    max_bullet_lines: float = option(0.9, "max fraction of lines starting with a bullet")
+    max_ellipsis_lines: float = option(0.3, "max fraction of lines ending in an ellipsis")
+    min_alpha_words: float = option(0.8, "min fraction of words holding a letter")
+    min_stop_words: int = option(2, f"min distinct stop words present ({' '.join(STOP_WORDS)})")
+    max_duplicate_lines: float = option(0.3, "max fraction of lines that repeat an earlier one")
+    max_duplicate_paragraphs: float = option(0.3, "max fraction of repeated paragraphs")
+    max_duplicate_line_chars: float = option(0.2, "max fraction of characters in repeated lines")
+    max_duplicate_paragraph_chars: float = option(0.2, "max fraction of chars in repeated paras")
+    max_top_2gram_chars: float = option(0.2, "max char fraction of the most frequent 2-gram")
+    max_top_3gram_chars: float = option(0.18, "max char fraction of the most frequent 3-gram")
+    max_top_4gram_chars: float = option(0.16, "max char fraction of the most frequent 4-gram")
+    max_duplicate_ngram_chars: str = option(
+        "5:0.15,6:0.14,7:0.13,8:0.12,9:0.11,10:0.10",
+        "n:fraction pairs: max char fraction covered by repeated n-grams")
+
+
+def duplicate_ngram_limits(options: FilterOptions) -> list[tuple[int, float]]:
+    """"5:0.15,6:0.14" -> [(5, 0.15), (6, 0.14)] (raises ValueError on a malformed list)."""
+    limits = []
+    for pair in options.max_duplicate_ngram_chars.split(","):
+        n, _, fraction = pair.partition(":")
+        try:
+            limits.append((int(n), float(fraction)))
+        except ValueError:
+            raise ValueError(f"--max_duplicate_ngram_chars: expected n:fraction pairs like "
+                             f"5:0.15, got {pair!r}") from None
+    return limits
+
+
+class Document:
+    """One text and its units, each cut once and only when a rule first asks for it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    @functools.cached_property
+    def words(self) -> list[str]:
+        return split_words(self.text)
+
+    @functools.cached_property
+    def content_words(self) -> list[str]:
+        return [word for word in self.words if not is_symbol_only(word)]
+
+    @functools.cached_property
+    def lines(self) -> list[str]:
+        return split_lines(self.text)
+
+    @functools.cached_property
+    def paragraphs(self) -> list[str]:
+        return split_paragraphs(self.text)
+
+
+Measure = float | int | None  # None: the document passes; a number: the value that failed
+Rule = Callable[[Document, FilterOptions], Measure]
+
+
+# --- Gopher quality: text that is not prose (tables, lists, link farms, code dumps) ---------
+
+def too_few_words(doc: Document, o: FilterOptions) -> Measure:
+    """Very short pages are navigation, error pages or stubs, not language to learn from."""
+    n = len(doc.content_words)
+    return n if n < o.min_doc_words else None
+
+
+def too_many_words(doc: Document, o: FilterOptions) -> Measure:
+    """Gigantic single documents are mostly logs and dumps, and dominate a batch."""
+    n = len(doc.content_words)
+    return n if n > o.max_doc_words else None
+
+
+def mean_word_length_out_of_range(doc: Document, o: FilterOptions) -> Measure:
+    """Mean word length outside 3..10 characters marks gibberish, hashes or run-together text."""
+    if not doc.content_words:
+        return 0.0
+    mean = sum(map(len, doc.content_words)) / len(doc.content_words)
+    return mean if not o.min_mean_word_length <= mean <= o.max_mean_word_length else None
+
+
+def too_many_hashes(doc: Document, o: FilterOptions) -> Measure:
+    """More than one '#' per ten words: hashtag spam and markup, not prose."""
+    ratio = doc.text.count("#") / max(len(doc.words), 1)
+    return ratio if ratio > o.max_symbol_word_ratio else None
+
+
+def too_many_ellipses(doc: Document, o: FilterOptions) -> Measure:
+    """Many '...' mark truncated snippets (search results, teasers), not whole text."""
+    ratio = (doc.text.count("...") + doc.text.count("…")) / max(len(doc.words), 1)
+    return ratio if ratio > o.max_symbol_word_ratio else None
+
+
+def mostly_bullet_lines(doc: Document, o: FilterOptions) -> Measure:
+    """A page that is >90% bullet lines is a menu or a list of links."""
+    lines = doc.text.splitlines() or [""]
+    share = sum(line.lstrip().startswith(("•", "-")) for line in lines) / len(lines)
+    return share if share > o.max_bullet_lines else None
+
+
+def mostly_ellipsis_lines(doc: Document, o: FilterOptions) -> Measure:
+    """Lines cut off with '...' (>30% of them) are excerpts of text found elsewhere."""
+    lines = doc.text.splitlines() or [""]
+    share = sum(line.rstrip().endswith(("...", "…")) for line in lines) / len(lines)
+    return share if share > o.max_ellipsis_lines else None
+
+
+def too_few_alpha_words(doc: Document, o: FilterOptions) -> Measure:
+    """Under 80% of words with a letter: tables of numbers, code, symbol soup."""
+    share = sum(any(char.isalpha() for char in word) for word in doc.words) / max(len(doc.words), 1)
+    return share if share < o.min_alpha_words else None
+
+
+def too_few_stop_words(doc: Document, o: FilterOptions) -> Measure:
+    """Real English sentences use "the", "of", "and"...: text with <2 of them is not prose."""
+    present = len(set(STOP_WORDS).intersection(doc.words))
+    return present if present < o.min_stop_words else None
+
+
+# --- Gopher repetition: repeated content is boilerplate, and models learn to loop from it ---
+
+def repeated(items: list[str]) -> tuple[int, int]:
+    """(how many items repeat an earlier one, how many characters those repeats hold)."""
+    seen: set[str] = set()
+    count = chars = 0
+    for item in items:
+        if item in seen:
+            count, chars = count + 1, chars + len(item)
+        seen.add(item)
+    return count, chars
+
+
+def duplicate_paragraphs(doc: Document, o: FilterOptions) -> Measure:
+    """Repeated paragraphs (>30%) are templates: headers, footers, cookie notices."""
+    share = repeated(doc.paragraphs)[0] / len(doc.paragraphs)
+    return share if share > o.max_duplicate_paragraphs else None
+
+
+def duplicate_paragraph_chars(doc: Document, o: FilterOptions) -> Measure:
+    """...also by characters, so a few long repeated paragraphs count (>20%)."""
+    share = repeated(doc.paragraphs)[1] / max(len(doc.text), 1)
+    return share if share > o.max_duplicate_paragraph_chars else None
+
+
+def duplicate_lines(doc: Document, o: FilterOptions) -> Measure:
+    """Repeated lines (>30%): menus, timestamps, "Reply" buttons."""
+    share = repeated(doc.lines)[0] / len(doc.lines)
+    return share if share > o.max_duplicate_lines else None
+
+
+def duplicate_line_chars(doc: Document, o: FilterOptions) -> Measure:
+    """...and the characters in them (>20%)."""
+    share = repeated(doc.lines)[1] / max(len(doc.text), 1)
+    return share if share > o.max_duplicate_line_chars else None
+
+
+def top_ngram_chars(doc: Document, n: int) -> float:
+    """Characters of the most frequent word n-gram times its count, over the text's length
+    (ties: the n-gram seen first). "ha ha ha ha" has top 2-gram "ha ha" x3 -> 15/11."""
+    grams = [" ".join(doc.words[i:i + n]) for i in range(len(doc.words) - n + 1)]
+    if not grams:
+        return 0.0
+    gram, count = collections.Counter(grams).most_common(1)[0]
+    return len(gram) * count / max(len(doc.text), 1)
+
+
+def make_top_ngram_rule(n: int, field_name: str) -> Rule:
+    def top_ngram(doc: Document, o: FilterOptions) -> Measure:
+        share = top_ngram_chars(doc, n)
+        return share if share > getattr(o, field_name) else None
+    top_ngram.__name__ = f"top_{n}gram_chars"
+    top_ngram.__doc__ = f"One {n}-gram dominating the text (spam, SEO phrases)."
+    return top_ngram
+
+
+def duplicate_ngram_chars(doc: Document, n: int) -> float:
+    """Share of the text's characters (words only, no spaces) in n-grams that repeat an
+    earlier n-gram; after a repeat the scan jumps past it so overlapping repeats count once."""
+    seen: set[tuple[str, ...]] = set()
+    chars, i, words = 0, 0, doc.words
+    while i <= len(words) - n:
+        gram = tuple(words[i:i + n])
+        if gram in seen:
+            chars += sum(map(len, gram))
+            i += n
+        else:
+            seen.add(gram)
+            i += 1
+    return chars / max(len(doc.text), 1)
+
+
+def duplicate_ngrams(doc: Document, o: FilterOptions) -> Measure:
+    """Long n-grams (5..10 words) repeated across the text: copy-pasted blocks, loops."""
+    for n, limit in duplicate_ngram_limits(o):
+        share = duplicate_ngram_chars(doc, n)
+        if share > limit:
+            return share
+    return None
+
+
+QUALITY_RULES: tuple[Rule, ...] = (
+    too_few_words, too_many_words, mean_word_length_out_of_range, too_many_hashes,
+    too_many_ellipses, mostly_bullet_lines, mostly_ellipsis_lines, too_few_alpha_words,
+    too_few_stop_words)
+REPETITION_RULES: tuple[Rule, ...] = (
+    duplicate_paragraphs, duplicate_paragraph_chars, duplicate_lines, duplicate_line_chars,
+    make_top_ngram_rule(2, "max_top_2gram_chars"), make_top_ngram_rule(3, "max_top_3gram_chars"),
+    make_top_ngram_rule(4, "max_top_4gram_chars"), duplicate_ngrams)
+RULE_GROUPS = {"gopher_quality": QUALITY_RULES, "gopher_repetition": REPETITION_RULES}
+
+
+def first_failure(text: str, groups: list[str], options: FilterOptions) -> tuple[str, float] | None:
+    """(rule name, measured value) of the first rule the text fails, or None if it passes."""
+    doc = Document(text)
+    for group in groups:
+        for rule in RULE_GROUPS[group]:
+            value = rule(doc, options)
+            if value is not None:
+                return rule.__name__, round(float(value), 4)
+    return None
+
+
+def option_fields() -> list[tuple[str, object, str]]:
+    """(name, default, help) of every threshold, for the command line."""
+    return [(f.name, f.default, f.metadata["help"]) for f in fields(FilterOptions)]

@@ -1,0 +1,110 @@
+"""MinHash signatures and LSH banding: find near-duplicate documents without comparing every
+pair (Broder 1997; Leskovec, Rajaraman & Ullman, "Mining of Massive Datasets", ch. 3).
+
+1. Shingles: a document becomes the *set* of its word n-grams (5 words by default, after
+   normal_words: lower case, no punctuation). Two documents' similarity is the Jaccard index
+   of their sets, J = |A ∩ B| / |A ∪ B|.
+2. MinHash: apply a random hash h_i to every shingle and keep the minimum. The minimum is
+   equally likely to be any shingle of A ∪ B, so P[min h_i(A) = min h_i(B)] = J exactly.
+   With k independent hashes (here h_i(x) = (a_i x + b_i) mod p, p = 2^61 - 1, seeded) the
+   fraction of equal signature entries estimates J with standard error sqrt(J(1-J)/k).
+3. LSH banding: cut the k entries into b bands of r rows. Two documents become a
+   *candidate pair* if they agree on all r rows of at least one band:
+       P(candidate | J = s) = 1 - (1 - s^r)^b        (an S-shaped curve in s)
+   Worked example, b = 9 bands x r = 13 rows (117 of 128 hashes; what a threshold of 0.8 picks):
+       s = 0.70 -> 1 - (1 - 0.70^13)^9 = 0.08     s = 0.80 -> 0.40     s = 0.90 -> 0.93
+   and the curve crosses 50% at s = (1 - 0.5^(1/b))^(1/r) = 0.82. (A threshold of 0.7
+   picks 14 x 9, 50% point 0.71.) More rows per band move
+   the curve right (stricter); more bands move it left (more recall).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+MERSENNE_PRIME = (1 << 61) - 1  # p: a prime larger than every 32-bit shingle hash
+MAX_HASH = (1 << 32) - 1  # signatures keep 32 bits: half the memory, collisions still rare
+
+
+def shingles(words: list[str], n: int) -> set[str]:
+    """The set of word n-grams; a document shorter than n words is one shingle of all of it."""
+    if len(words) <= n:
+        return {" ".join(words)}
+    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def shingle_hashes(shingle_set: set[str]) -> np.ndarray:
+    """Each shingle -> a 32-bit value (CRC-32: fast, in C, and the same in every process,
+    unlike Python's salted hash()). Sorted, so the result does not depend on set order."""
+    return np.array(sorted(zlib.crc32(s.encode("utf-8")) for s in shingle_set), dtype=np.uint64)
+
+
+@dataclass(frozen=True)
+class Permutations:
+    """k seeded hash functions h_i(x) = (a_i x + b_i) mod p, as two arrays."""
+
+    a: np.ndarray  # (k, 1) uint64 in [1, 2^32): a_i * x < 2^64, so no overflow before mod p
+    b: np.ndarray  # (k, 1) uint64 in [0, 2^32)
+
+    @classmethod
+    def make(cls, num_perm: int, seed: int) -> Permutations:
+        rng = np.random.default_rng(seed)
+        a = rng.integers(1, MAX_HASH, size=(num_perm, 1), dtype=np.uint64)
+        b = rng.integers(0, MAX_HASH, size=(num_perm, 1), dtype=np.uint64)
+        return cls(a, b)
+
+    @property
+    def num_perm(self) -> int:
+        return len(self.a)
+
+
+def signature(hashes: np.ndarray, perms: Permutations) -> np.ndarray:
+    """The k minimums over all shingles: a (k,) uint32 array (all MAX_HASH if no shingles)."""
+    if hashes.size == 0:
+        return np.full(perms.num_perm, MAX_HASH, dtype=np.uint32)
+    permuted = (perms.a * hashes[None, :] + perms.b) % np.uint64(MERSENNE_PRIME)
+    return (permuted & np.uint64(MAX_HASH)).min(axis=1).astype(np.uint32)
+
+
+def estimate_jaccard(first: np.ndarray, second: np.ndarray) -> float:
+    """The fraction of equal entries: an unbiased estimate of the two sets' Jaccard index."""
+    return float(np.mean(first == second))
+
+
+def candidate_probability(similarity: np.ndarray | float, bands: int, rows: int) -> np.ndarray:
+    """The S-curve: chance that two documents of Jaccard `similarity` share a band bucket."""
+    return 1.0 - (1.0 - np.asarray(similarity, dtype=float) ** rows) ** bands
+
+
+def s_curve_midpoint(bands: int, rows: int) -> float:
+    """The similarity at which a pair becomes a candidate with probability 1/2."""
+    return float((1.0 - 0.5 ** (1.0 / bands)) ** (1.0 / rows))
+
+
+def choose_bands(threshold: float, num_perm: int) -> tuple[int, int]:
+    """(bands, rows), bands x rows <= num_perm, minimising the area of false positives
+    (pairs below `threshold` that become candidates) plus false negatives (pairs above it
+    that do not), both integrated over similarity on a fine grid."""
+    below = np.linspace(0.0, threshold, 200)
+    above = np.linspace(threshold, 1.0, 200)
+    best, best_error = (1, 1), float("inf")
+    for bands in range(1, num_perm + 1):
+        for rows in range(1, num_perm // bands + 1):
+            false_pos = np.trapezoid(candidate_probability(below, bands, rows), below)
+            false_neg = np.trapezoid(1 - candidate_probability(above, bands, rows), above)
+            if false_pos + false_neg < best_error:
+                best, best_error = (bands, rows), false_pos + false_neg
+    return best
+
+
+def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """One 64-bit bucket key per band: a hash of that band's r signature entries."""
+    keys = np.empty(bands, dtype=np.uint64)
+    for band in range(bands):
+        chunk = sig[band * rows:(band + 1) * rows].tobytes()
+        keys[band] = int.from_bytes(hashlib.blake2b(chunk, digest_size=8).digest(), "little")
+    return keys
