@@ -18,7 +18,6 @@ If datatrove / datasketch are not importable, that is printed and only our side 
 
 from __future__ import annotations
 
-import argparse
 import random
 import resource
 import subprocess
@@ -27,10 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.size_flags import bench_parser
+from data.dirty_corpus import junk, near_copy, shakespeare_scenes
 from data_preprocess.clean_pretrain_data import build_parser, clean_pretrain_data
 from data_preprocess.cleaning import filters, minhash
 from data_preprocess.cleaning.text import normal_words
-from tests.data_preprocess.cleaning.corpus import junk, near_copy, shakespeare_scenes
 
 
 def corpus(documents: int) -> list[str]:
@@ -134,9 +134,8 @@ def peak_memory(sizes: list[int], scratch: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller corpus")
-    parser.add_argument("--smoke", action="store_true", help="tiny: checks that it runs")
+    parser = bench_parser(__doc__.split("\n\n")[0], quick="a smaller corpus",
+                          smoke="tiny: checks that it runs")
     args = parser.parse_args()
     documents = 30 if args.smoke else 600 if args.quick else 3000
     texts = corpus(documents)

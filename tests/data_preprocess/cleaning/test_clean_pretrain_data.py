@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from data.dirty_corpus import near_copy, shakespeare_scenes
 from data_preprocess.clean_pretrain_data import build_parser, clean_pretrain_data
 from data_preprocess.cleaning.filters import FilterOptions, first_failure
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
-from tests.data_preprocess.cleaning.corpus import near_copy, shakespeare_scenes
 
 REPO = Path(__file__).resolve().parents[3]
 LEAK = ("Which planet in our solar system has the largest number of known moons orbiting "

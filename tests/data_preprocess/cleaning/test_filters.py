@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from data.dirty_corpus import junk, shakespeare_scenes
 from data_preprocess.cleaning import filters
 from data_preprocess.cleaning.text import split_words
-from tests.data_preprocess.cleaning.corpus import junk, shakespeare_scenes
 
 datatrove_quality = pytest.importorskip("datatrove.pipeline.filters.gopher_quality_filter")
 datatrove_repetition = pytest.importorskip("datatrove.pipeline.filters.gopher_repetition_filter")

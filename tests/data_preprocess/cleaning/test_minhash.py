@@ -10,9 +10,9 @@ import random
 import numpy as np
 import pytest
 
+from data.dirty_corpus import distinct_documents, near_copy
 from data_preprocess.cleaning import dedup, minhash
 from data_preprocess.cleaning.text import normal_words
-from tests.data_preprocess.cleaning.corpus import distinct_documents, near_copy
 
 datasketch = pytest.importorskip("datasketch")
 

@@ -1,5 +1,5 @@
-"""Test documents for the cleaning stage: real prose (Shakespeare scenes from the demo's
-corpus builder) plus generated junk built to trip each rule, and planted near-duplicates."""
+"""Documents for the cleaning stage's tests and bench: real prose (Shakespeare scenes from the
+demo's corpus builder) plus generated junk built to trip each rule, and planted near-duplicates."""
 
 from __future__ import annotations
 
