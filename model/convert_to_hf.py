@@ -4,17 +4,18 @@
     python -m model.convert_to_hf --ckpt out/<lora run> --out adapter/ --adapter
 
 `--ckpt` takes a run dir (its newest valid checkpoint), one checkpoint dir, any
-`save_pretrained` dir or an HF Llama dir. The result is a standard HF Llama directory that loads
-offline, with no remote code: `config.json` + `model.safetensors` (weights keep their dtype) for
-`LlamaForCausalLM.from_pretrained("hf_model/")`, and the model's own tokenizer (found as
-model/run_tokenizer.py says; an explicit --tokenizer_dir must match it) for `AutoTokenizer`.
-A model fine-tuned from an HF directory gets that directory's config.json back unchanged and
-its tokenizer files as they were (template, generation_config.json). A z2all tokenizer is
-written as `tokenizer.json` + `tokenizer_config.json` with the ChatML chat_template, and a
-`generation_config.json` (stop at <|endoftext|> or <|im_end|>, pad with <|endoftext|>, as
-generate.py does). No BOS on either side: HF's greedy output equals generate.py's. The mapping
-(and why no RoPE permutation is needed) is in `model/hf_llama_mapping.py`; the reverse direction
-is `Z2allForCausalLM.from_hf(dir)`.
+`save_pretrained` dir or an HF Llama dir. `--out` must be a new or empty directory outside the
+source (and outside a LoRA run's base): nothing is ever overwritten. The result is a standard HF
+Llama directory that loads offline, with no remote code: `config.json` + `model.safetensors`
+(weights keep their dtype) for `LlamaForCausalLM.from_pretrained("hf_model/")`, and the model's
+own tokenizer (found as model/run_tokenizer.py says; an explicit --tokenizer_dir must match it)
+for `AutoTokenizer`. A model fine-tuned from an HF directory gets that directory's config.json
+back unchanged and its tokenizer files as they were (template, generation_config.json). A z2all
+tokenizer is written as `tokenizer.json` + `tokenizer_config.json` with the ChatML
+chat_template, and a `generation_config.json` (stop at <|endoftext|> or <|im_end|>, pad with
+<|endoftext|>, as generate.py does). No BOS on either side: HF's greedy output equals
+generate.py's. The mapping (and why no RoPE permutation is needed) is in
+`model/hf_llama_mapping.py`; the reverse direction is `Z2allForCausalLM.from_hf(dir)`.
 
 A LoRA run (`model/lora_checkpoint.py`) exports by default as the merged model, the same
 stock `LlamaForCausalLM` directory. With `--adapter` it becomes a peft adapter directory
@@ -37,12 +38,13 @@ from safetensors.torch import save
 from model.hf_llama_mapping import config_to_hf, state_dict_to_hf
 from model.loading import is_hf_model_dir, load_lora_checkpoint, load_model, resolve_model_dir
 from model.lora import LoraConfig, lora_state_dict
-from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint
+from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint, read_lora_checkpoint
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from model.run_tokenizer import model_tokenizer
 from tokenizer import PretrainedTokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
 from utils.atomic_io import atomic_write_bytes, atomic_write_json
+from utils.checkpoint import is_step_dir
 from utils.cli_errors import run_main
 from utils.conversation import IM_END
 from utils.log_setup import configure_logging
@@ -112,6 +114,32 @@ def export_lora_run_as_adapter(model_dir: Path, out_dir: str | os.PathLike,
     return str(base_dir)
 
 
+def _model_places(path: str | os.PathLike) -> list[Path]:
+    """A model directory and, for a run's checkpoint, the run that holds it."""
+    path = Path(path).resolve()
+    return [path, path.parent.parent] if is_step_dir(path) else [path]
+
+
+def check_out_dir(out: str | os.PathLike, ckpt: str, model_dir: Path) -> None:
+    """Refuse (ValueError, one line) an `--out` that an export would damage: the source (the
+    run, its checkpoint, or inside them), a LoRA run's base, or any directory that is not
+    empty: an export replaces what it finds, and an earlier export cannot be told apart from a
+    downloaded model, so nothing is overwritten."""
+    out = Path(out).resolve()
+    protected = [("the source", place) for place in [*_model_places(ckpt),
+                                                     *_model_places(model_dir)]]
+    if is_lora_checkpoint(model_dir):
+        base = read_lora_checkpoint(model_dir)[1]["path"]
+        protected += [("the LoRA base", place) for place in _model_places(base)]
+    for role, place in protected:
+        if out == place or place in out.parents:
+            raise ValueError(f"--out {out}: would write into {role} {place}; export into a "
+                             "new or empty directory outside it")
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        raise ValueError(f"--out {out}: exists and is not an empty directory, and an export "
+                         "replaces what it finds; export into a new or empty directory")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt", required=True,
@@ -129,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.adapter and not is_lora_checkpoint(model_dir):
         raise ValueError(f"--adapter: {model_dir} is not a LoRA checkpoint (no {LORA_FILE}); "
                          "drop --adapter to export the model")
+    check_out_dir(args.out, args.ckpt, model_dir)
     model, _ = load_model(model_dir)
     tokenizer = model_tokenizer(args.ckpt, model.config, model_dir, args.tokenizer_dir)
     export_tokenizer(tokenizer, args.out)

@@ -126,3 +126,21 @@ def test_generate_runs_a_lora_run_as_its_merged_export(tmp_path, tiny_hf_tokeniz
                                         "--temperature", "0", "--dtype", "fp32"]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0].strip() and outputs[0] == outputs[1]
+
+
+def test_an_export_never_writes_into_its_source_its_base_or_a_foreign_directory(
+        tmp_path, tiny_hf_tokenizer_dir, capsys):
+    _, base_path, run = make_lora_run(tmp_path, "hf",
+                                      vocab_size=len(load_tokenizer(tiny_hf_tokenizer_dir)))
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("keep me")
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    step_dir = next((run / "ckpt").glob("step_*"))
+    for out, reason in ((base_path, "LoRA base"), (run, "source"), (step_dir, "source"),
+                        (step_dir / "hf", "source"), (foreign, "not an empty directory")):
+        assert run_main(convert_to_hf.main, ["--ckpt", str(run), "--out", str(out), "--adapter",
+                                             "--tokenizer_dir", str(tiny_hf_tokenizer_dir)]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "--out" in error and reason in error, error
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
