@@ -22,7 +22,9 @@ stock `LlamaForCausalLM` directory. With `--adapter` it becomes a peft adapter d
 instead: `adapter_config.json` + `adapter_model.safetensors`, for
 `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "adapter/")`, whose
 `base_model_name_or_path` is the run's base when that is an HF Llama dir, else the base
-exported beside it into `adapter/base_model/`.
+exported beside it into `adapter/base_model/`: an absolute path, or with `--base_path_relative`
+one relative to the adapter directory (then adapter and base move together; join it to the
+adapter directory before loading: `AutoPeftModelForCausalLM` reads it from the working one).
 """
 
 from __future__ import annotations
@@ -102,16 +104,19 @@ def export_peft_adapter(model: Z2allForCausalLM, config: LoraConfig, base_dir: s
 
 
 def export_lora_run_as_adapter(model_dir: Path, out_dir: str | os.PathLike,
-                               eos_token_id: int | None) -> str:
-    """The peft adapter directory of a LoRA checkpoint; returns the base it names."""
+                               eos_token_id: int | None, base_path_relative: bool = False) -> str:
+    """The peft adapter directory of a LoRA checkpoint; returns the base it names: absolute,
+    or relative to the adapter directory (so both can move together)."""
     model, config, base = load_lora_checkpoint(model_dir)
     base_dir = Path(base["path"])
     if not is_hf_model_dir(base_dir):  # a z2all base: peft needs it as an HF model too
         base_model, _ = load_model(base_dir)
         base_dir = Path(out_dir).resolve() / BASE_SUBDIR
         export_hf(base_model, base_dir, eos_token_id)
-    export_peft_adapter(model, config, str(base_dir), out_dir)
-    return str(base_dir)
+    named = (os.path.relpath(base_dir, Path(out_dir).resolve()) if base_path_relative
+             else str(base_dir))
+    export_peft_adapter(model, config, named, out_dir)
+    return named
 
 
 def _model_places(path: str | os.PathLike) -> list[Path]:
@@ -151,7 +156,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--adapter", action="store_true",
                         help="LoRA runs only: write a peft adapter directory instead of the "
                              "merged model")
+    parser.add_argument("--base_path_relative", action="store_true",
+                        help="with --adapter: write base_model_name_or_path relative to the "
+                             "adapter directory, to move adapter and base together (default: "
+                             "absolute)")
     args = parser.parse_args(argv)
+    if args.base_path_relative and not args.adapter:
+        raise ValueError("--base_path_relative applies to --adapter exports only; add "
+                         "--adapter or drop it")
     configure_logging()
     model_dir = resolve_model_dir(args.ckpt)
     if args.adapter and not is_lora_checkpoint(model_dir):
@@ -162,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = model_tokenizer(args.ckpt, model.config, model_dir, args.tokenizer_dir)
     export_tokenizer(tokenizer, args.out)
     if args.adapter:
-        base_dir = export_lora_run_as_adapter(model_dir, args.out, tokenizer.eos_token_id)
+        base_dir = export_lora_run_as_adapter(model_dir, args.out, tokenizer.eos_token_id,
+                                              args.base_path_relative)
         print(f"exported the adapters of {model_dir} to {args.out} (base: {base_dir})")
         return
     export_hf(model, args.out, tokenizer.eos_token_id)

@@ -5,6 +5,7 @@ live LoRA model; reloading is bitwise; a changed base is refused."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -199,3 +200,25 @@ def test_a_version_1_lora_checkpoint_still_loads_with_its_weights_verified(tmp_p
     export_hf(small_model("gqa", seed=4), base_path)
     with pytest.raises(CheckpointError, match="weights fingerprint"):
         load_model(old)
+
+
+@pytest.mark.parametrize("base_kind", ["hf", "z2all"])
+def test_base_path_relative_lets_adapter_and_base_move_together(tmp_path, base_kind,
+                                                                tiny_hf_tokenizer_dir):
+    vocab_size = len(load_tokenizer(tiny_hf_tokenizer_dir))
+    lora_model, _, run = make_lora_run(tmp_path / "work", base_kind, vocab_size=vocab_size)
+    assert run_main(convert_to_hf.main, [
+        "--ckpt", str(run), "--out", str(tmp_path / "work" / "adapter"), "--adapter",
+        "--base_path_relative", "--tokenizer_dir", str(tiny_hf_tokenizer_dir)]) == 0
+    shutil.move(tmp_path / "work", tmp_path / "moved")  # the base travels with the adapter
+    adapter_dir = tmp_path / "moved" / "adapter"
+    relative = json.loads((adapter_dir / "adapter_config.json").read_text()
+                          )["base_model_name_or_path"]
+    assert relative == ("../base" if base_kind == "hf" else "base_model")
+    peft_model = PeftModel.from_pretrained(
+        LlamaForCausalLM.from_pretrained(adapter_dir / relative), adapter_dir)
+    input_ids = torch.randint(0, vocab_size, (2, 10))
+    torch.testing.assert_close(hf_logits(peft_model, input_ids), hf_logits(lora_model, input_ids),
+                               rtol=1e-5, atol=1e-5)
+    assert run_main(convert_to_hf.main, ["--ckpt", str(tmp_path / "moved" / "run"), "--out",
+                                         str(tmp_path / "merged"), "--base_path_relative"]) == 2
