@@ -105,6 +105,13 @@ class Z2allConfig:
         if self.activation_checkpointing_every < 1:
             raise ValueError("activation_checkpointing_every must be >= 1")
 
+    def function_fields(self) -> dict[str, Any]:
+        """The fields that decide what the model computes from its weights (`FUNCTION_FIELDS`),
+        not bookkeeping such as the init or the recorded tokenizer: a LoRA checkpoint records
+        them of its base (model/lora_checkpoint.py), as the weights alone would not notice a
+        changed `rope_theta`."""
+        return {name: getattr(self, name) for name in FUNCTION_FIELDS}
+
     # ---- presets ----------------------------------------------------------------------------
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> Z2allConfig:
@@ -140,6 +147,10 @@ class Z2allConfig:
                              "(for a Hugging Face Llama directory use Z2allForCausalLM.from_hf)")
         return cls.from_dict(values, source=str(path))
 
+
+FUNCTION_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                   "head_dim", "num_key_value_heads", "intermediate_size", "rope_theta",
+                   "rope_scaling", "rms_norm_eps", "tie_word_embeddings", "dropout")
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=4096, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,

@@ -4,24 +4,27 @@
     python -m model.convert_to_hf --ckpt out/<lora run> --out adapter/ --adapter
 
 `--ckpt` takes a run dir (its newest valid checkpoint), one checkpoint dir, any
-`save_pretrained` dir or an HF Llama dir. The result is a standard HF Llama directory that loads
-offline, with no remote code: `config.json` + `model.safetensors` (weights keep their dtype) for
-`LlamaForCausalLM.from_pretrained("hf_model/")`, and the model's own tokenizer (found as
-model/run_tokenizer.py says; an explicit --tokenizer_dir must match it) for `AutoTokenizer`.
-A model fine-tuned from an HF directory gets that directory's config.json back unchanged and
-its tokenizer files as they were (template, generation_config.json). A z2all tokenizer is
-written as `tokenizer.json` + `tokenizer_config.json` with the ChatML chat_template, and a
-`generation_config.json` (stop at <|endoftext|> or <|im_end|>, pad with <|endoftext|>, as
-generate.py does). No BOS on either side: HF's greedy output equals generate.py's. The mapping
-(and why no RoPE permutation is needed) is in `model/hf_llama_mapping.py`; the reverse direction
-is `Z2allForCausalLM.from_hf(dir)`.
+`save_pretrained` dir or an HF Llama dir. `--out` must be a new or empty directory outside the
+source (and outside a LoRA run's base): nothing is ever overwritten. The result is a standard HF
+Llama directory that loads offline, with no remote code: `config.json` + `model.safetensors`
+(weights keep their dtype) for `LlamaForCausalLM.from_pretrained("hf_model/")`, and the model's
+own tokenizer (found as model/run_tokenizer.py says; an explicit --tokenizer_dir must match it)
+for `AutoTokenizer`. A model fine-tuned from an HF directory gets that directory's config.json
+back unchanged and its tokenizer files as they were (template, generation_config.json). A z2all
+tokenizer is written as `tokenizer.json` + `tokenizer_config.json` with the ChatML
+chat_template, and a `generation_config.json` (stop at <|endoftext|> or <|im_end|>, pad with
+<|endoftext|>, as generate.py does). No BOS on either side: HF's greedy output equals
+generate.py's. The mapping (and why no RoPE permutation is needed) is in
+`model/hf_llama_mapping.py`; the reverse direction is `Z2allForCausalLM.from_hf(dir)`.
 
 A LoRA run (`model/lora_checkpoint.py`) exports by default as the merged model, the same
 stock `LlamaForCausalLM` directory. With `--adapter` it becomes a peft adapter directory
 instead: `adapter_config.json` + `adapter_model.safetensors`, for
 `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "adapter/")`, whose
 `base_model_name_or_path` is the run's base when that is an HF Llama dir, else the base
-exported beside it into `adapter/base_model/`.
+exported beside it into `adapter/base_model/`: an absolute path, or with `--base_path_relative`
+one relative to the adapter directory (then adapter and base move together; join it to the
+adapter directory before loading: `AutoPeftModelForCausalLM` reads it from the working one).
 """
 
 from __future__ import annotations
@@ -37,12 +40,13 @@ from safetensors.torch import save
 from model.hf_llama_mapping import config_to_hf, state_dict_to_hf
 from model.loading import is_hf_model_dir, load_lora_checkpoint, load_model, resolve_model_dir
 from model.lora import LoraConfig, lora_state_dict
-from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint
+from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint, read_lora_checkpoint
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from model.run_tokenizer import model_tokenizer
 from tokenizer import PretrainedTokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
 from utils.atomic_io import atomic_write_bytes, atomic_write_json
+from utils.checkpoint import is_step_dir
 from utils.cli_errors import run_main
 from utils.conversation import IM_END
 from utils.log_setup import configure_logging
@@ -100,16 +104,45 @@ def export_peft_adapter(model: Z2allForCausalLM, config: LoraConfig, base_dir: s
 
 
 def export_lora_run_as_adapter(model_dir: Path, out_dir: str | os.PathLike,
-                               eos_token_id: int | None) -> str:
-    """The peft adapter directory of a LoRA checkpoint; returns the base it names."""
+                               eos_token_id: int | None, base_path_relative: bool = False) -> str:
+    """The peft adapter directory of a LoRA checkpoint; returns the base it names: absolute,
+    or relative to the adapter directory (so both can move together)."""
     model, config, base = load_lora_checkpoint(model_dir)
     base_dir = Path(base["path"])
     if not is_hf_model_dir(base_dir):  # a z2all base: peft needs it as an HF model too
         base_model, _ = load_model(base_dir)
         base_dir = Path(out_dir).resolve() / BASE_SUBDIR
         export_hf(base_model, base_dir, eos_token_id)
-    export_peft_adapter(model, config, str(base_dir), out_dir)
-    return str(base_dir)
+    named = (os.path.relpath(base_dir, Path(out_dir).resolve()) if base_path_relative
+             else str(base_dir))
+    export_peft_adapter(model, config, named, out_dir)
+    return named
+
+
+def _model_places(path: str | os.PathLike) -> list[Path]:
+    """A model directory and, for a run's checkpoint, the run that holds it."""
+    path = Path(path).resolve()
+    return [path, path.parent.parent] if is_step_dir(path) else [path]
+
+
+def check_out_dir(out: str | os.PathLike, ckpt: str, model_dir: Path) -> None:
+    """Refuse (ValueError, one line) an `--out` that an export would damage: the source (the
+    run, its checkpoint, or inside them), a LoRA run's base, or any directory that is not
+    empty: an export replaces what it finds, and an earlier export cannot be told apart from a
+    downloaded model, so nothing is overwritten."""
+    out = Path(out).resolve()
+    protected = [("the source", place) for place in [*_model_places(ckpt),
+                                                     *_model_places(model_dir)]]
+    if is_lora_checkpoint(model_dir):
+        base = read_lora_checkpoint(model_dir)[1]["path"]
+        protected += [("the LoRA base", place) for place in _model_places(base)]
+    for role, place in protected:
+        if out == place or place in out.parents:
+            raise ValueError(f"--out {out}: would write into {role} {place}; export into a "
+                             "new or empty directory outside it")
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        raise ValueError(f"--out {out}: exists and is not an empty directory, and an export "
+                         "replaces what it finds; export into a new or empty directory")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,17 +156,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--adapter", action="store_true",
                         help="LoRA runs only: write a peft adapter directory instead of the "
                              "merged model")
+    parser.add_argument("--base_path_relative", action="store_true",
+                        help="with --adapter: write base_model_name_or_path relative to the "
+                             "adapter directory, to move adapter and base together (default: "
+                             "absolute)")
     args = parser.parse_args(argv)
+    if args.base_path_relative and not args.adapter:
+        raise ValueError("--base_path_relative applies to --adapter exports only; add "
+                         "--adapter or drop it")
     configure_logging()
     model_dir = resolve_model_dir(args.ckpt)
     if args.adapter and not is_lora_checkpoint(model_dir):
         raise ValueError(f"--adapter: {model_dir} is not a LoRA checkpoint (no {LORA_FILE}); "
                          "drop --adapter to export the model")
+    check_out_dir(args.out, args.ckpt, model_dir)
     model, _ = load_model(model_dir)
     tokenizer = model_tokenizer(args.ckpt, model.config, model_dir, args.tokenizer_dir)
     export_tokenizer(tokenizer, args.out)
     if args.adapter:
-        base_dir = export_lora_run_as_adapter(model_dir, args.out, tokenizer.eos_token_id)
+        base_dir = export_lora_run_as_adapter(model_dir, args.out, tokenizer.eos_token_id,
+                                              args.base_path_relative)
         print(f"exported the adapters of {model_dir} to {args.out} (base: {base_dir})")
         return
     export_hf(model, args.out, tokenizer.eos_token_id)

@@ -6,7 +6,8 @@
     one checkpoint dir (has manifest.json / step_N)    that checkpoint, after its manifest verifies
     a run dir or its ckpt/ dir                         the newest checkpoint whose manifest verifies
     a bare `save_pretrained` dir (no manifest)         as it is: nothing to verify it against
-    a LoRA checkpoint (lora.json, any of the above)    its base (verified by fingerprint) with
+    a LoRA checkpoint (lora.json, any of the above)    its base (verified: weights, config,
+                                                       tokenizer; model/lora_checkpoint.py) with
                                                        the adapters merged in (for inference;
                                                        `load_lora_checkpoint` keeps them apart)
                                                        (never a run's ckpt/step_N or ckpt/best:
@@ -23,7 +24,9 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,8 +39,8 @@ from model.lora import (
 )
 from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint, read_lora_checkpoint
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
-from model.run_tokenizer import model_tokenizer
-from tokenizer import PretrainedTokenizer
+from model.run_tokenizer import default_tokenizer_dir, model_tokenizer
+from tokenizer import PretrainedTokenizer, load_tokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
 from utils.checkpoint import MANIFEST, CheckpointError, is_step_dir, resolve_checkpoint
 from utils.precision import DTYPES, resolve_dtype
@@ -75,26 +78,53 @@ def load_model(path: str | os.PathLike) -> tuple[Z2allForCausalLM, Path]:
     return Z2allForCausalLM.from_pretrained(model_dir), model_dir
 
 
-def lora_base_reference(model: Z2allForCausalLM, model_dir: Path) -> dict[str, str]:
-    """What a LoRA checkpoint records about its base (`model/lora_checkpoint.py`): call it on
-    `load_model(--init_from)`'s result before any dtype change or `apply_lora`."""
-    return {"path": str(Path(model_dir).resolve()), "fingerprint": weights_fingerprint(model)}
+def lora_base_reference(model: Z2allForCausalLM, model_dir: Path) -> dict[str, Any]:
+    """What a LoRA checkpoint records about its base (`model/lora_checkpoint.py`): its path,
+    weights fingerprint, the config fields that decide its function and its own tokenizer's
+    fingerprint (None if it has none). Call it on `load_model(--init_from)`'s result before any
+    dtype change or `apply_lora`."""
+    own_tokenizer = default_tokenizer_dir(model_dir, model_dir)
+    return {"path": str(Path(model_dir).resolve()), "fingerprint": weights_fingerprint(model),
+            "config": model.config.function_fields(),
+            "tokenizer_fingerprint": (None if own_tokenizer is None
+                                      else load_tokenizer(own_tokenizer).fingerprint)}
+
+
+def base_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """How a LoRA base differs from its record, as "what: now X, recorded Y"; what an older
+    record lacks is not compared."""
+    compared = [("weights fingerprint", current["fingerprint"], recorded["fingerprint"])]
+    if "tokenizer_fingerprint" in recorded:
+        compared.append(("tokenizer fingerprint", current["tokenizer_fingerprint"],
+                         recorded["tokenizer_fingerprint"]))
+    recorded_config = recorded.get("config", {})
+    compared += [(name, value, recorded_config[name])
+                 for name, value in current["config"].items() if name in recorded_config]
+    return [f"{what}: now {now!r}, recorded {then!r}" for what, now, then in compared
+            if now != then]
 
 
 def load_lora_checkpoint(model_dir: str | os.PathLike
-                         ) -> tuple[Z2allForCausalLM, LoraConfig, dict[str, str]]:
+                         ) -> tuple[Z2allForCausalLM, LoraConfig, dict[str, Any]]:
     """(the base with live adapters holding the saved values, their config, the base
-    reference) of a LoRA checkpoint: to resume training, or to export a peft adapter."""
-    config, base, adapters = read_lora_checkpoint(model_dir)
-    model, _ = load_model(base["path"])
-    if weights_fingerprint(model) != base["fingerprint"]:
-        raise CheckpointError(
-            f"{Path(model_dir) / LORA_FILE}: its base {base['path']} has changed since the "
-            f"LoRA run (fingerprint {weights_fingerprint(model)}, recorded "
-            f"{base['fingerprint']}); restore that base or retrain the adapters")
+    reference as it is now) of a LoRA checkpoint: to resume training, or to export a peft
+    adapter. A base that changed since is refused in one line naming what changed."""
+    config, recorded, adapters = read_lora_checkpoint(model_dir)
+    record_file = Path(model_dir) / LORA_FILE
+    model, base_dir = load_model(recorded["path"])
+    current = lora_base_reference(model, base_dir)
+    changes = base_changes(recorded, current)
+    if changes:
+        raise CheckpointError(f"{record_file}: its base {recorded['path']} has changed since "
+                              f"the LoRA run ({'; '.join(changes)}); restore that base or "
+                              "retrain the adapters")
+    if "config" not in recorded:
+        warnings.warn(f"{record_file} records only its base's weights (an older z2all): the "
+                      "base's config and tokenizer are not verified; a resumed run records "
+                      "them from now on", stacklevel=2)
     apply_lora(model, config)
     load_lora_state_dict(model, adapters, source=str(model_dir))
-    return model, config, base
+    return model, config, current
 
 
 # ------------------------------------------------------------------ model runners' shared CLI

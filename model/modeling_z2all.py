@@ -246,17 +246,9 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
         directory = Path(directory)
         with open(directory / CONFIG_FILE, encoding="utf-8") as handle:
             config = config_from_hf(json.load(handle), source=str(directory / CONFIG_FILE))
-        index_file = directory / HF_INDEX_FILE  # sharded: the index names every shard
-        if index_file.is_file():
-            with open(index_file, encoding="utf-8") as handle:
-                weight_files = sorted(set(json.load(handle)["weight_map"].values()))
-        else:
-            weight_files = sorted(path.name for path in directory.glob("*.safetensors"))
         hf_state = {}
-        for weights_file in weight_files:
+        for weights_file in hf_weight_files(directory):
             hf_state.update(load_file(directory / weights_file))
-        if not hf_state:
-            raise FileNotFoundError(f"{directory}: no *.safetensors weights found")
         return cls._from_state_dict(config, state_dict_from_hf(hf_state, config), dtype)
 
     @classmethod
@@ -269,6 +261,32 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
         model.load_state_dict(state, strict=True, assign=True)
         model.tie_weights()  # `assign` made two Parameters of the one tensor; make them one
         return model.to(dtype) if dtype is not None else model
+
+
+def hf_weight_files(directory: Path) -> list[str]:
+    """The weight files of an HF directory, exactly those transformers reads: `model.safetensors`,
+    or the shards `model.safetensors.index.json` names. Any other `*.safetensors` (a backup, a
+    leftover) is ignored, as transformers ignores it; a directory with both names (transformers
+    would read one, an index-reader the other) or with neither is refused in one line."""
+    has_single = (directory / WEIGHTS_FILE).is_file()
+    has_index = (directory / HF_INDEX_FILE).is_file()
+    if has_single and has_index:
+        raise ValueError(f"{directory}: has both {WEIGHTS_FILE} and {HF_INDEX_FILE}, so which "
+                         "weights are the model is ambiguous; remove the one that is stale")
+    if has_single:
+        return [WEIGHTS_FILE]
+    if not has_index:
+        found = sorted(path.name for path in directory.glob("*.safetensors"))
+        raise FileNotFoundError(f"{directory}: neither {WEIGHTS_FILE} nor {HF_INDEX_FILE} "
+                                f"(found {found or 'no *.safetensors'}); name the weights "
+                                f"{WEIGHTS_FILE}, or add the index that lists the shards")
+    with open(directory / HF_INDEX_FILE, encoding="utf-8") as handle:
+        shards = sorted(set(json.load(handle)["weight_map"].values()))
+    for shard in shards:
+        if Path(shard).name != shard or not (directory / shard).is_file():
+            raise FileNotFoundError(f"{directory / HF_INDEX_FILE}: names {shard!r}, which is "
+                                    f"not a file in {directory}")
+    return shards
 
 
 def _key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -87,8 +87,9 @@ def build_model(options: ModelOptions, max_seq_len: int, tokenizer: Any,
                 lora: LoraConfig | None, resume_dir: Path | None
                 ) -> tuple[Z2allForCausalLM, dict[str, str] | None]:
     """(the model to train, the LoRA base reference or None): resumed > init_from > a fresh
-    `model_preset` sized for the tokenizer. With LoRA the base is recorded (path and weights
-    fingerprint, model/lora_checkpoint.py) before adapters go on."""
+    `model_preset` sized for the tokenizer. With LoRA the base is recorded (path, weights and
+    tokenizer fingerprints, the config fields that decide its function:
+    model/lora_checkpoint.py) before adapters go on; a resume records it as verified now."""
     base_reference = None
     if resume_dir is not None and is_lora_checkpoint(resume_dir):
         model, saved_lora, base_reference = load_lora_checkpoint(resume_dir)

@@ -6,13 +6,16 @@ in one line naming the field."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from model import convert_to_hf
 from model.convert_to_hf import export_hf
 from model.loading import load_model
+from utils.cli_errors import run_main
 
 TOLERANCE = 1e-5
 VOCAB = 300
@@ -87,3 +90,29 @@ def test_unrepresentable_fields_are_refused_in_one_line(field, value, tmp_path):
     with pytest.raises(ValueError, match=field) as error:
         load_model(hf_dir)
     assert "\n" not in str(error.value)
+
+
+def test_only_the_files_transformers_reads_are_loaded(tmp_path, capsys):
+    """A stray `model_backup.safetensors` (another model's weights) beside `model.safetensors`
+    is ignored, as transformers ignores it; a directory where transformers and an index would
+    disagree, or with weights under neither name, is refused in one line."""
+    hf_model, hf_dir = random_hf_dir(tmp_path, "llama2", seed=0)
+    _, other_dir = random_hf_dir(tmp_path / "other", "llama2", seed=1)
+    shutil.copy(other_dir / "model.safetensors", hf_dir / "model_backup.safetensors")
+    model, _ = load_model(hf_dir)
+    input_ids = torch.randint(0, VOCAB, (1, 20))
+    with torch.no_grad():
+        assert (model.eval()(input_ids).logits
+                - hf_model(input_ids).logits).abs().max() <= TOLERANCE
+
+    _, sharded_dir = random_hf_dir(tmp_path / "sharded", "llama2", max_shard_size="100KB")
+    shutil.copy(other_dir / "model.safetensors", sharded_dir / "model.safetensors")
+    (hf_dir / "model.safetensors").rename(hf_dir / "weights.safetensors")
+    capsys.readouterr()  # transformers' progress bars
+    for directory, reason in ((sharded_dir, "both"), (hf_dir, "neither")):
+        assert run_main(convert_to_hf.main, ["--ckpt", str(directory),
+                                             "--out", str(tmp_path / "out")]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "model.safetensors.index.json" in error, error
+        assert reason in error
+    assert not (tmp_path / "out").exists()
