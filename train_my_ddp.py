@@ -63,8 +63,9 @@ from utils.parent_death import die_with_parent
 from utils.run_directory import (
     RunDirHoldsARun,
     RunDirInUse,
+    RunDirMoved,
     RunLock,
-    claim_for_fresh_run,
+    claim_run_dir,
     write_heartbeat,
 )
 
@@ -81,9 +82,10 @@ def train_step(run: Run, micro_batches: list[dict[str, torch.Tensor]]
     return run.parallel.forward_backward(run.forward_step, micro_batches)
 
 
-def train(run: Run, stop_signal: StopSignal) -> int:
+def train(run: Run, stop_signal: StopSignal, claim: RunDirClaim) -> int:
     """The loop: step, log, evaluate, checkpoint, until --max_iters, --stop_at_iter or a stop
-    signal. Returns the exit code."""
+    signal. Returns the exit code. Stops (`RunDirMoved`) before writing anything once the run
+    dir has been moved: it writes by path, and the path may now name another run."""
     options, counters = run.options, run.counters
     accumulation = options.optimization.gradient_accumulation_steps
     batches = iter(run.data)
@@ -104,10 +106,14 @@ def train(run: Run, stop_signal: StopSignal) -> int:
         counters.step += 1
         counters.consumed_samples += run.global_batch
         # One small all-reduce per step: did any rank get a stop signal or a non-finite loss,
-        # and the step's tokens.
-        stop_votes, nonfinite_votes, step_tokens = all_reduce_sum(
+        # was the run dir moved, and the step's tokens.
+        stop_votes, nonfinite_votes, moved_votes, step_tokens = all_reduce_sum(
             [float(stop_signal.received is not None), float(not torch.isfinite(loss_sum)),
-             run.meter.local_step_tokens], run.env)
+             float(claim.moved()), run.meter.local_step_tokens], run.env)
+        if moved_votes:
+            raise RunDirMoved(f"run dir {run.run_dir} was moved or replaced during step "
+                              f"{counters.step}: stopped without writing into what now has "
+                              "its name; continue the run with --resume where it was moved")
         stop_requested = stop_votes > 0
         diverged = is_diverged(run, nonfinite_votes, grad_norm)
         counters.tokens_seen += int(step_tokens)
@@ -136,36 +142,38 @@ def train(run: Run, stop_signal: StopSignal) -> int:
 
 @dataclass
 class RunDirClaim:
-    notes: list[str]        # to print at start
-    started: bool = False   # the loop began: from then on the run dir is the run's record
+    notes: list[str]               # to print at start
+    lock: RunLock | None = None    # rank 0's
+    started: bool = False          # the loop began: from then on the run dir is the run's record
+
+    def moved(self) -> bool:
+        """Rank 0: the run dir was moved or replaced since it was locked (other ranks: False)."""
+        return self.lock is not None and not self.lock.in_place()
 
 
 @contextlib.contextmanager
 def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[RunDirClaim]:
-    """Rank 0 claims the run dir: a fresh run refuses one holding another run (or moves it
-    aside with --overwrite), then holds its lock (utils/run_directory.py) while the run lasts;
-    every rank exits at once on a problem. A start that fails before the loop removes the
-    directory it created, so nothing that looks like a run is left behind."""
+    """Rank 0 claims the run dir (`claim_run_dir`: its lock first, then a fresh run refuses one
+    holding another run or moves it aside with --overwrite) and holds the lock while the run
+    lasts; every rank exits at once on a problem. A start that fails before the loop removes
+    the directory it created, so nothing that looks like a run is left behind."""
     run_dir = Path(run_options.out_dir)
     created = env.is_main and not run_dir.exists()
-    lock = RunLock(run_dir) if env.is_main else None
-    notes, problem = [], None
-    if lock is not None:
+    claim, problem = RunDirClaim([]), None
+    if env.is_main:
         try:  # every rank must hear of a problem, or they wait
-            if not run_options.resume:
-                notes.append(claim_for_fresh_run(run_dir, run_options.overwrite))
-            notes.append(lock.acquire())
+            claim.lock, claim.notes = claim_run_dir(run_dir, run_options.resume,
+                                                    run_options.overwrite)
         except (RunDirInUse, RunDirHoldsARun, OSError) as error:
             problem = str(error)
     problem = broadcast_from_main(problem, env)
     if problem:
         raise ValueError(problem)  # bad input: exit code 2
-    claim = RunDirClaim([note for note in notes if note])
     try:
         yield claim
     finally:
-        if lock is not None:
-            lock.release()
+        if claim.lock is not None:
+            claim.lock.release()
             if created and not claim.started:
                 shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -182,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         with exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal:
             run = build_run(options, env, notes + claim.notes)
             claim.started = True
-            return train(run, stop_signal)
+            return train(run, stop_signal, claim)
     finally:
         shutdown_distributed(env)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from model.configuration_z2all import Z2allConfig
 from tokenizer import load_tokenizer
+from utils.run_directory import RUN_MARKER
 
 RUN_TOKENIZER_DIR = "tokenizer"
 RUN_CONFIG_FILE = "config.json"
@@ -37,12 +38,17 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
 def save_run_tokenizer(tokenizer_or_dir: Any, run_dir: str | os.PathLike) -> Path:
     """Keep a copy of the run's tokenizer in `<run_dir>/tokenizer/` (written to a temporary
-    directory, then renamed into place: a crash leaves the old copy or the new one)."""
+    directory, then renamed into place: a crash leaves the old copy or the new one). An earlier
+    copy is replaced only in a directory marked as a z2all run (utils/run_directory.py): a
+    `tokenizer/` anywhere else is not the run's to delete (it may be code)."""
     tokenizer = (load_tokenizer(tokenizer_or_dir)
                  if isinstance(tokenizer_or_dir, (str, os.PathLike)) else tokenizer_or_dir)
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir / RUN_TOKENIZER_DIR
+    if target.exists() and not (run_dir / RUN_MARKER).is_file():
+        raise ValueError(f"{target} exists but {run_dir} is not a z2all run (no {RUN_MARKER}): "
+                         "not replacing what the run did not write")
+    run_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=run_dir))
     tokenizer.save_pretrained(staging)
     if target.exists():

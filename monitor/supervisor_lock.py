@@ -15,9 +15,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from utils.run_directory import RunDirInUse, RunLock
-
-SUPERVISOR_LOCK_FILE = ".monitor.lock"
+from utils.run_directory import SUPERVISOR_LOCK_FILE, RunDirInUse, RunLock
 
 
 class SupervisedElsewhere(ValueError):

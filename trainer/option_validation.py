@@ -12,6 +12,7 @@ from trainer.model_setup import preset_model_config
 from trainer.options import TrainingOptions
 from trainer.parallelize import effective_zero_stage
 from utils.option_checks import raise_problems, range_problem
+from utils.run_directory import out_dir_problem
 
 # Lower bounds of the options that only have one (unset optional options are not checked).
 LOWER_BOUNDS: dict[str, int] = {
@@ -65,15 +66,19 @@ def check_options(options: TrainingOptions) -> None:
 
 
 def check_paths(options: TrainingOptions) -> None:
-    """Every path an option names exists: checked by the entry point right after the options,
-    before anything is written or any data work starts (kept apart from `check_options`, which
-    judges values alone, so that a config can be checked on another machine)."""
+    """Every path an option names exists, and --out_dir is a directory the run may own:
+    checked by the entry point right after the options, before anything is written or any
+    data work starts (kept apart from `check_options`, which judges values alone, so that a
+    config can be checked on another machine)."""
     paths = {"--data_dir": options.data.data_dir, "--tokenizer_dir": options.data.tokenizer_dir,
              "--init_from": options.model.init_from}
     problems = [f"{flag}={path}: no such file or directory" for flag, path in paths.items()
                 if path is not None and not Path(path).exists()]
-    if not options.run.out_dir.strip():
+    run = options.run
+    if not run.out_dir.strip():
         problems.append("--out_dir is empty: name the run directory, e.g. --out_dir=out/run1")
+    else:  # a directory of the run's own (utils/run_directory.py)
+        problems.append(out_dir_problem(run.out_dir, run.resume, run.overwrite, reads=paths))
     raise_problems(problems)
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from trainer.metrics import read_metrics
 from utils.checkpoint import list_checkpoints
 from utils.cli_errors import EXIT_BAD_INPUT
 from utils.cli_errors import run_main as cli_run_main
+from utils.run_directory import RunLock
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,3 +110,121 @@ def _heartbeat_step(run_dir: Path) -> int:
         return json.loads((run_dir / "heartbeat").read_text())["step"]
     except (OSError, ValueError):
         return 0
+
+
+# ---- a run directory only ever holds its run (issue 29, items 1-3 and 14) ----------------------
+
+def _files(root: Path) -> dict[str, bytes | None]:
+    """Every path under `root` with its bytes (None for a directory): to compare before/after."""
+    return {str(path.relative_to(root)): None if path.is_dir() else path.read_bytes()
+            for path in sorted(root.rglob("*"))}
+
+
+def _refused(argv: list[str], capsys) -> str:
+    """The trainer's one-line error for `argv` (it must exit 2, before any work)."""
+    assert cli_run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def test_out_dir_dot_never_deletes_the_tokenizer_code_beside_it(data, tmp_path, monkeypatch,
+                                                                capsys):
+    """The red-team command: --out_dir=. from a checkout removed tokenizer/ (code and all)."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(data["tokenizer"], checkout / "tokenizer" / "demo_hf")
+    (checkout / "tokenizer" / "__init__.py").write_text("# code\n")
+    before = _files(checkout)
+    monkeypatch.chdir(checkout)
+    args = [a for a in _args(data) if not a.startswith("--tokenizer_dir")]
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        err = _refused([*args, "--tokenizer_dir=tokenizer/demo_hf", "--out_dir=.", *extra],
+                       capsys)
+        assert "--out_dir=." in err or extra == ["--resume"]  # (no config.json to resume)
+        assert _files(checkout) == before
+
+
+@pytest.mark.parametrize("kind", ["hf_model", "tokenizer", "file"])
+def test_a_fresh_run_refuses_a_directory_that_is_not_a_run(data, tmp_path, capsys, kind):
+    if kind == "file":  # item 14: was "[Errno 17] File exists", exit 1
+        target = tmp_path / "notes.txt"
+        target.write_text("mine\n")
+    else:
+        target = tmp_path / kind
+        target.mkdir()
+        (target / "config.json").write_text('{"model_type": "llama"}')
+        if kind == "tokenizer":
+            shutil.copytree(data["tokenizer"], target, dirs_exist_ok=True)
+    before = _files(tmp_path)
+    for extra in ([], ["--overwrite"]):
+        err = _refused(_args(data, f"--out_dir={target}", *extra), capsys)
+        assert f"--out_dir={target}" in err and "new or empty directory" in err
+        assert _files(tmp_path) == before
+
+
+def test_overwrite_never_moves_a_directory_the_run_reads_or_a_home(data, tmp_path, capsys,
+                                                                   monkeypatch):
+    """Directories that look like an old run (a metrics.jsonl) but hold what the run reads."""
+    project = tmp_path / "project"
+    shutil.copytree(data["pretrain"], project / "data")
+    home = tmp_path / "home"
+    for directory in (project, home):
+        directory.mkdir(exist_ok=True)
+        (directory / "metrics.jsonl").write_text('{"kind": "train"}\n')
+    monkeypatch.setenv("HOME", str(home))
+    before = _files(tmp_path)
+    args = [a for a in _args(data) if not a.startswith("--data_dir")]
+    for out_dir, data_dir in ((project, project / "data"), (project / "data", project / "data"),
+                              (home, data["pretrain"])):
+        err = _refused([*args, f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--overwrite"],
+                       capsys)
+        assert f"--out_dir={out_dir}" in err
+        assert _files(tmp_path) == before
+
+
+def test_a_run_is_marked_and_an_older_unmarked_run_still_resumes(data, tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_main(_args(data, f"--out_dir={run_dir}", "--max_iters=2")) == 0
+    marker = json.loads((run_dir / "z2all_run.json").read_text())
+    assert marker["format"] == "z2all run directory" and marker["version"] == 1
+    (run_dir / "z2all_run.json").unlink()  # a run made before the marker existed
+    assert run_main(_args(data, f"--out_dir={run_dir}", "--resume", "--max_iters=3")) == 0
+    assert (run_dir / "z2all_run.json").is_file()  # adopted
+    assert _steps(run_dir) == [2, 3]
+
+
+def test_overwrite_refuses_a_live_run_naming_its_holder(data, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run_main(_args(data, f"--out_dir={run_dir}", "--max_iters=2")) == 0
+    live = RunLock(run_dir)  # the run, still training (another open file: flock conflicts)
+    live.acquire()
+    try:
+        before = _files(tmp_path)
+        err = _refused(_args(data, f"--out_dir={run_dir}", "--max_iters=2", "--overwrite"),
+                       capsys)
+        assert f"in use by PID {os.getpid()} (host {socket.gethostname()})" in err
+        assert _files(tmp_path) == before  # not moved aside
+    finally:
+        live.release()
+
+
+def test_a_trainer_whose_run_dir_is_moved_stops_before_writing_into_the_new_one(
+        data, tmp_path, capsys, monkeypatch):
+    """Someone renames the live run's directory and a new run's takes the name, between two
+    steps (made deterministic here by doing it from the step itself)."""
+    run_dir, moved = tmp_path / "run", tmp_path / "moved"
+    real_step, steps = train_my_ddp.train_step, []
+
+    def step_then_move_at_the_third(run, micro_batches):
+        steps.append(len(steps) + 1)
+        if len(steps) == 3:
+            os.rename(run_dir, moved)
+            run_dir.mkdir()  # another run's directory now has the name
+        return real_step(run, micro_batches)
+
+    monkeypatch.setattr(train_my_ddp, "train_step", step_then_move_at_the_third)
+    code = cli_run_main(train_my_ddp.main, _args(data, f"--out_dir={run_dir}", "--max_iters=6"))
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and "was moved or replaced during step 3" in err and "\n" not in err, err
+    assert list(run_dir.iterdir()) == []  # nothing written into the new directory
+    assert _heartbeat_step(moved) == 2  # the run stopped where it was moved

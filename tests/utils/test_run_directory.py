@@ -61,12 +61,13 @@ def test_the_lock_of_a_dead_run_is_taken_over_with_a_note(tmp_path):
 
 def test_a_second_trainer_on_a_run_dir_in_use_exits_before_any_work(tmp_path):
     run_dir = tmp_path / "run"
+    (tmp_path / "data").mkdir()
     lock = RunLock(run_dir)
     lock.acquire()
     try:
         with pytest.raises(ValueError, match=f"run dir {run_dir} is in use by PID "
                                              f"{os.getpid()}"):
-            run_main([f"--data_dir={tmp_path}", f"--tokenizer_dir={tmp_path}",
+            run_main([f"--data_dir={tmp_path / 'data'}", f"--tokenizer_dir={tmp_path / 'data'}",
                       f"--out_dir={run_dir}"])
     finally:
         lock.release()
