@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
+from model.loading import resolve_model_dir
 from parallel.parallel_dims import check_parallel_shapes
-from trainer.model_setup import preset_model_config
+from trainer.model_setup import model_config_at, preset_model_config
 from trainer.options import TrainingOptions
 from trainer.parallelize import effective_zero_stage
 from utils.option_checks import raise_problems, range_problem
@@ -75,6 +76,15 @@ def check_paths(options: TrainingOptions) -> None:
     if not options.run.out_dir.strip():
         problems.append("--out_dir is empty: name the run directory, e.g. --out_dir=out/run1")
     raise_problems(problems)
+
+
+def check_lora_fits(options: TrainingOptions) -> None:
+    """--lora_rank against the shape of the --init_from model, read from its config alone
+    (the weights are loaded much later): a fresh LoRA run is refused before any work. On
+    --resume the LoRA options and the base are fixed (config_files.py), so they fit."""
+    lora = options.lora.config()
+    if lora is not None and not options.run.resume:
+        lora.check_fits(model_config_at(resolve_model_dir(options.model.init_from)))
 
 
 def _combination_problems(options: TrainingOptions) -> list[str]:

@@ -251,3 +251,21 @@ def test_a_second_stop_signal_ends_the_process_at_once():
                             text=True, timeout=120)
     assert result.returncode == -signal.SIGTERM, result.stderr
     assert result.stdout == "first signal noted\n"
+
+
+def test_resume_says_each_change_once_and_a_relative_path_is_no_change(data, tmp_path,
+                                                                       monkeypatch, capsys):
+    """config.json records the tokenizer directory absolute: the same directory given
+    relative on --resume is no change; a real change is said once (a warning, not also a
+    note)."""
+    args = [*TINY_ARGS, "--task_type=pretrain", f"--data_dir={data['pretrain']}",
+            "--eval_prompts=[]", f"--out_dir={tmp_path / 'run'}"]
+    assert run_main([*args, f"--tokenizer_dir={data['tokenizer']}", "--max_iters=1"]) == 0
+    monkeypatch.chdir(data["tokenizer"].parent)
+    capsys.readouterr()
+    with pytest.warns(UserWarning) as caught:
+        assert run_main([*args, f"--tokenizer_dir={data['tokenizer'].name}", "--resume",
+                         "--max_iters=2"]) == 0
+    said = [str(warning.message) for warning in caught] + capsys.readouterr().out.splitlines()
+    assert [line for line in said if "changed" in line] == [
+        "resume: max_iters changed 1 -> 2 (breaks bitwise reproducibility)"], said
