@@ -119,7 +119,7 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
             problems.append(f"--lora_rank with --zero_stage={zero_stage} is not supported yet "
                             "(the frozen base gets no gradient to shard): use --zero_stage 0 or "
                             "1; the adapters are small")
-    problems += _grid_problems(options)
+    problems += _grid_problems(options) + _fp16_problems(options)
     device = options.system.device
     if device not in ("auto", "cpu", "cuda"):
         problems.append(f"--device must be auto, cpu or cuda, got {device!r}")
@@ -127,6 +127,22 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
         problems.append("--device=cuda but CUDA is not available here: use --device=cpu "
                         "(or auto)")
     return problems
+
+
+def _fp16_problems(options: TrainingOptions) -> list[str]:
+    """The one rule for --dtype=fp16, on any device: its dynamic loss scale must skip a whole
+    step when any gradient overflows, which the overlapped optimizer step cannot (it updates
+    each bucket before the others are reduced) and the tensor/pipeline grid does not do yet.
+    (`--dtype=auto` picks fp16 only on a CUDA GPU without bf16; the optimizers refuse it there.)
+    """
+    parallel = options.parallel
+    if options.system.dtype != "fp16":
+        return []
+    refused = {"--comm_hook=overlap_optim": parallel.comm_hook == "overlap_optim",
+               "--tensor_parallel/--pipeline_parallel > 1":
+                   parallel.tensor_parallel * parallel.pipeline_parallel > 1}
+    return [f"--dtype=fp16 cannot be combined with {name} (its loss scale must skip whole "
+            "steps): use --dtype=bf16 or fp32" for name, on in refused.items() if on]
 
 
 def _grid_problems(options: TrainingOptions) -> list[str]:
@@ -147,7 +163,6 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
         f"--comm_hook={parallel.comm_hook}": parallel.comm_hook != "allreduce",
         "--cpu_offload": parallel.cpu_offload,
         "--compile": options.system.compile,
-        f"--dtype={options.system.dtype}": options.system.dtype == "fp16",
         f"--lora_rank={options.lora.lora_rank}": options.lora.lora_rank > 0,
     }
     problems += [f"{name} with {flag} is not supported yet: use --tensor_parallel=1 "
