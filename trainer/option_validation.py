@@ -133,8 +133,8 @@ def _fp16_problems(options: TrainingOptions) -> list[str]:
     """The one rule for --dtype=fp16, on any device: its dynamic loss scale must skip a whole
     step when any gradient overflows, which the overlapped optimizer step cannot (it updates
     each bucket before the others are reduced) and the tensor/pipeline grid does not do yet.
-    (`--dtype=auto` picks fp16 only on a CUDA GPU without bf16; the optimizers refuse it there.)
-    """
+    (`--dtype=auto` becomes fp16 only on a CUDA GPU without bf16, once the run starts: there
+    OverlappedAdamW's own check refuses it.)"""
     parallel = options.parallel
     if options.system.dtype != "fp16":
         return []
