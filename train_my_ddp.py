@@ -53,7 +53,7 @@ from trainer.loop_actions import (
     save_checkpoint,
     stop_diverged,
 )
-from trainer.option_validation import check_paths
+from trainer.option_validation import check_lora_fits, check_paths
 from trainer.options import RunOptions
 from trainer.setup import Run, build_run
 from trainer.stop_signal import StopSignal
@@ -181,6 +181,7 @@ def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[
 def main(argv: list[str] | None = None) -> int:
     options, notes = options_from_argv(argv)
     check_paths(options)
+    check_lora_fits(options)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
         die_with_parent(signal.SIGKILL)
     env = init_distributed(options.system.device, options.system.num_threads,

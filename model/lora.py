@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.configuration_z2all import Z2allConfig
 from model.hf_llama_mapping import hf_projection_rows
 from model.modeling_z2all import Z2allForCausalLM
 
@@ -63,6 +64,8 @@ class LoraConfig:
     def __post_init__(self) -> None:
         if self.rank < 0:
             raise ValueError(f"--lora_rank must be >= 0 (0 = off), got {self.rank}")
+        if not (math.isfinite(self.alpha) and self.alpha > 0):  # nan would fail only later
+            raise ValueError(f"--lora_alpha must be a finite number > 0, got {self.alpha}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--lora_dropout must be in [0, 1), got {self.dropout}")
         unknown = [name for name in self.target_names if name not in ALL_TARGETS]
@@ -80,6 +83,22 @@ class LoraConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def check_fits(self, model_config: Z2allConfig) -> None:
+        """Refuse a rank above min(in, out) of a targeted projection: B A can have no higher
+        rank, so the extra rows only cost memory (a huge --lora_rank is killed for it)."""
+        hidden = model_config.hidden_size
+        in_features = {"qkv_proj": hidden, "gate_up_proj": hidden,
+                       "o_proj": model_config.num_attention_heads * model_config.head_dim,
+                       "down_proj": model_config.intermediate_size}
+        limits = {name: min(rows, in_features[layer])
+                  for layer, row_slices in hf_projection_rows(model_config).items()
+                  for name, rows in row_slices if name in self.target_names}
+        smallest = min(limits, key=limits.get)
+        if self.rank > limits[smallest]:
+            raise ValueError(f"--lora_rank={self.rank} exceeds min(in, out) = "
+                             f"{limits[smallest]} of {smallest}, the smallest of "
+                             f"--lora_targets: use --lora_rank <= {limits[smallest]}")
 
 
 class LoraLinear(nn.Module):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from monitor.event_log import EventLog
 from monitor.process_tree import RunProcesses
+from monitor.stderr_relay import StderrRelay
 from utils.parent_death import die_with_parent
 from utils.run_directory import HeartbeatWatch, ResumeLines, heartbeat_step, newest_checkpoint_step
 
@@ -102,11 +103,22 @@ class AttemptWatch:
         heartbeat = HeartbeatWatch(self.run_dir, self.startup_timeout, self.heartbeat_timeout)
         resumes = ResumeLines(self.run_dir)
         process = subprocess.Popen(command, start_new_session=True,
+                                   stderr=subprocess.PIPE,  # through monitor/stderr_relay.py
                                    preexec_fn=self.die_with_supervisor)
+        relay = StderrRelay(process.stderr, lambda: bool(self.stop.received), self.log)
         processes = RunProcesses(process)
         self.stop.run = processes
         self.log.event("START", f"attempt={number} pid={process.pid} "
                                 f"command={shlex.join(command)}")
+        try:
+            return self.outcome(number, processes, heartbeat, resumes)
+        finally:
+            relay.join(timeout=self.kill_grace)  # its last lines, before the next attempt's
+
+    def outcome(self, number: int, processes: RunProcesses, heartbeat: HeartbeatWatch,
+                resumes: ResumeLines) -> Attempt:
+        """Watch the attempt to its end; kill what is left of it unless it succeeded."""
+        process = processes.leader
         hang_seconds = self.watch(number, processes, heartbeat, resumes)
         step = progress_step(self.run_dir)
         if hang_seconds is not None:

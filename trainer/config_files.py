@@ -22,13 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from trainer.command_line import check_value, format_help, parse_command_line
+from trainer.distributed_env import is_main_process
 from trainer.option_validation import check_options
 from trainer.options import (
+    FIXED_ON_LORA_RESUME,
     FIXED_ON_RESUME,
     GROUPS,
+    PATH_OPTIONS,
     PER_INVOCATION,
     RESUME_SAFE,
     TrainingOptions,
+    default_value,
 )
 from utils.atomic_io import atomic_write_json, atomic_write_text
 
@@ -101,27 +105,50 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
         notes = _resume_changes(saved, explicit)
     options = TrainingOptions.from_dict(merged)
     check_options(options)
+    _warn_ignored_lora_options(explicit, options)
     return options, notes
 
 
 def _resume_changes(saved: dict[str, Any], explicit: dict[str, Any]) -> list[str]:
-    """A note per option changed on --resume (warned about where it breaks bitwise identity);
-    a change of the model's shape or the data's sample length cannot be honoured (the
-    checkpoint holds that model and that data position) and is refused."""
+    """A note per option changed on --resume, or a warning where the change breaks bitwise
+    identity (said once, by rank 0); a change of the model's shape, the data's sample length
+    or a LoRA run's base cannot be honoured (the checkpoint holds that model and that data
+    position) and is refused."""
+    changed = {name: value for name, value in explicit.items()
+               if name in saved and not _same_value(name, saved[name], value)}
+    fixed_names = FIXED_ON_LORA_RESUME if saved.get("lora_rank") else FIXED_ON_RESUME
     fixed = [f"--{name}={value!r} (the run has {saved[name]!r})"
-             for name, value in explicit.items()
-             if name in FIXED_ON_RESUME and name in saved and saved[name] != value]
+             for name, value in changed.items() if name in fixed_names]
     if fixed:
         raise ValueError(f"--resume cannot change {', '.join(fixed)}: the checkpoint holds "
                          "that model and data position; start a new run (--out_dir) instead")
     notes = []
-    for name, value in explicit.items():
-        if name in saved and saved[name] != value:
-            breaks = "" if name in RESUME_SAFE else " (breaks bitwise reproducibility)"
-            notes.append(f"resume: {name} changed {saved[name]!r} -> {value!r}{breaks}")
-            if breaks:
-                warnings.warn(notes[-1], stacklevel=3)
+    for name, value in changed.items():
+        line = f"resume: {name} changed {saved[name]!r} -> {value!r}"
+        if name in RESUME_SAFE:
+            notes.append(line)
+        elif is_main_process():
+            warnings.warn(f"{line} (breaks bitwise reproducibility)", stacklevel=3)
     return notes
+
+
+def _same_value(name: str, saved: Any, value: Any) -> bool:
+    """A path is the same where it names the same place: the run records its tokenizer_dir
+    absolute, and a command line may give it relative."""
+    if name in PATH_OPTIONS and saved is not None and value is not None:
+        return Path(saved).resolve() == Path(value).resolve()
+    return saved == value
+
+
+def _warn_ignored_lora_options(explicit: dict[str, Any], options: TrainingOptions) -> None:
+    """--lora_alpha & co. do nothing with --lora_rank=0 (LoRA off): said once, not silently
+    dropped (a value equal to the default is what every saved config lists, so not said)."""
+    ignored = [f"--{name}={value!r}" for name, value in explicit.items()
+               if name.startswith("lora_") and name != "lora_rank"
+               and value != default_value(name)]
+    if ignored and options.lora.lora_rank == 0 and is_main_process():
+        warnings.warn(f"{', '.join(ignored)} ignored: --lora_rank=0 means LoRA off (set "
+                      "--lora_rank to train adapters)", stacklevel=3)
 
 
 def options_from_argv(argv: list[str] | None = None) -> tuple[TrainingOptions, list[str]]:

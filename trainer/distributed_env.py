@@ -46,6 +46,12 @@ def cpu_threads_per_rank(local_world_size: int, requested: int | None) -> int:
     return max(1, (cores or 1) // local_world_size)
 
 
+def is_main_process() -> bool:
+    """Rank 0, known before the process group exists (torchrun's RANK): every rank reads the
+    options, and what they have to say about them is said once."""
+    return int(os.environ.get("RANK", 0)) == 0
+
+
 def init_distributed(device: str = "auto", num_threads: int | None = None,
                      timeout_s: float = 600.0) -> DistributedEnv:
     rank = int(os.environ.get("RANK", 0))

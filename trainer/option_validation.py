@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
+from model.loading import resolve_model_dir
 from parallel.parallel_dims import check_parallel_shapes
-from trainer.model_setup import preset_model_config
+from trainer.model_setup import model_config_at, preset_model_config
 from trainer.options import TrainingOptions
 from trainer.parallelize import effective_zero_stage
 from utils.option_checks import raise_problems, range_problem
@@ -82,6 +83,15 @@ def check_paths(options: TrainingOptions) -> None:
     raise_problems(problems)
 
 
+def check_lora_fits(options: TrainingOptions) -> None:
+    """--lora_rank against the shape of the --init_from model, read from its config alone
+    (the weights are loaded much later): a fresh LoRA run is refused before any work. On
+    --resume the LoRA options and the base are fixed (config_files.py), so they fit."""
+    lora = options.lora.config()
+    if lora is not None and not options.run.resume:
+        lora.check_fits(model_config_at(resolve_model_dir(options.model.init_from)))
+
+
 def _combination_problems(options: TrainingOptions) -> list[str]:
     """Options that are fine alone but cannot work together."""
     problems = options.data.problems() + options.tracking.problems() + options.lora.problems()
@@ -114,7 +124,7 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
             problems.append(f"--lora_rank with --zero_stage={zero_stage} is not supported yet "
                             "(the frozen base gets no gradient to shard): use --zero_stage 0 or "
                             "1; the adapters are small")
-    problems += _grid_problems(options)
+    problems += _grid_problems(options) + _fp16_problems(options)
     device = options.system.device
     if device not in ("auto", "cpu", "cuda"):
         problems.append(f"--device must be auto, cpu or cuda, got {device!r}")
@@ -122,6 +132,22 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
         problems.append("--device=cuda but CUDA is not available here: use --device=cpu "
                         "(or auto)")
     return problems
+
+
+def _fp16_problems(options: TrainingOptions) -> list[str]:
+    """The one rule for --dtype=fp16, on any device: its dynamic loss scale must skip a whole
+    step when any gradient overflows, which the overlapped optimizer step cannot (it updates
+    each bucket before the others are reduced) and the tensor/pipeline grid does not do yet.
+    (`--dtype=auto` becomes fp16 only on a CUDA GPU without bf16, once the run starts: there
+    OverlappedAdamW's own check refuses it.)"""
+    parallel = options.parallel
+    if options.system.dtype != "fp16":
+        return []
+    refused = {"--comm_hook=overlap_optim": parallel.comm_hook == "overlap_optim",
+               "--tensor_parallel/--pipeline_parallel > 1":
+                   parallel.tensor_parallel * parallel.pipeline_parallel > 1}
+    return [f"--dtype=fp16 cannot be combined with {name} (its loss scale must skip whole "
+            "steps): use --dtype=bf16 or fp32" for name, on in refused.items() if on]
 
 
 def _grid_problems(options: TrainingOptions) -> list[str]:
@@ -142,7 +168,6 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
         f"--comm_hook={parallel.comm_hook}": parallel.comm_hook != "allreduce",
         "--cpu_offload": parallel.cpu_offload,
         "--compile": options.system.compile,
-        f"--dtype={options.system.dtype}": options.system.dtype == "fp16",
         f"--lora_rank={options.lora.lora_rank}": options.lora.lora_rank > 0,
     }
     problems += [f"{name} with {flag} is not supported yet: use --tensor_parallel=1 "

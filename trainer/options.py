@@ -214,6 +214,10 @@ FIXED_ON_RESUME = {"task_type", "max_seq_len", "model_preset", "hidden_size",
                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "intermediate_size", "dropout", "lora_rank", "lora_alpha", "lora_dropout",
                    "lora_targets"}
+# A LoRA run's adapters belong to its base: on --resume that is fixed too.
+FIXED_ON_LORA_RESUME = FIXED_ON_RESUME | {"init_from"}
+# Options naming a file or directory: equal when they name the same place, however spelled.
+PATH_OPTIONS = {"data_dir", "tokenizer_dir", "init_from", "out_dir"}
 
 OPTION_GROUP: dict[str, str] = {f.name: group for group, cls in GROUPS.items()
                                 for f in fields(cls)}

@@ -90,6 +90,15 @@ def effective_zero_stage(parallel: ParallelOptions) -> int:
                               parallel.overlap_param_gather)
 
 
+def optimizer_layout(parallel: ParallelOptions) -> str:
+    """How this run's optimizer state is saved: a key of training_checkpoint's
+    OPTIMIZER_LAYOUTS (what a resume can read is checked before any work)."""
+    grid = parallel.tensor_parallel * parallel.pipeline_parallel
+    if effective_zero_stage(parallel) > 0 or grid > 1:
+        return "sharded"
+    return "overlapped" if parallel.comm_hook == "overlap_optim" else "replicated"
+
+
 @dataclass
 class Parallelized:
     """What the loop steps: the wrapped model, its optimizer, the comm-hook state a checkpoint

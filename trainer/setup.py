@@ -8,7 +8,8 @@ The order of the build, and why:
    ranks that measured alike on a busy machine could still disagree, and then their gradients
    would not mix;
 2. the resume point: rank 0 verifies the run's checkpoints, newest first, and names one to every
-   rank; then the tokenizer, refused if it is not the model's (trainer/model_setup.py): only
+   rank (refused at once if its optimizer state is of a layout this run cannot read); then the
+   tokenizer, refused if it is not the model's (trainer/model_setup.py): only
    then are the run's config and its tokenizer copy written (a failed start must not
    overwrite them);
 3. data (dataset/train_data.py: one interface for both --data_format), the task's forward step,
@@ -51,10 +52,10 @@ from trainer.metrics import MetricsLogger
 from trainer.model_parallel import DataShare, data_share, saved_data_leader_ranks
 from trainer.model_setup import build_model, run_tokenizer
 from trainer.options import TrainingOptions
-from trainer.parallelize import Parallelized, parallelize
+from trainer.parallelize import Parallelized, optimizer_layout, parallelize
 from trainer.rng_state import seed_everything
 from trainer.throughput import ThroughputMeter
-from trainer.training_checkpoint import restore_training_checkpoint
+from trainer.training_checkpoint import check_optimizer_layout, restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
 from utils.precision import DTYPES, PrecisionChoice, resolve_dtype
 from utils.progress import TrainingProgress
@@ -125,6 +126,8 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
     resume_candidates = (valid_checkpoints(run_dir) if options.run.resume and env.is_main
                          else iter(()))
     resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
+    if resume_dir is not None:
+        check_optimizer_layout(resume_dir, optimizer_layout(options.parallel))
     tokenizer = run_tokenizer(data_options, options.model.init_from, run_dir, resume_dir)
     trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
     log = MetricsLogger(run_dir, enabled=env.is_main, trackers=trackers)

@@ -37,6 +37,8 @@ from model.lora import LoraConfig
 from model.lora_checkpoint import ADAPTERS_FILE, LORA_FILE, save_lora_checkpoint
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE
 from optimizer import TrainingOptimizer
+from optimizer.optimizer import REPLICATED_CHECKPOINT_FILE
+from optimizer.overlapped_adamw import CHECKPOINT_FILE as OVERLAPPED_CHECKPOINT_FILE
 from trainer.distributed_env import DistributedEnv, writing_together
 from trainer.rng_state import capture_rng_state, restore_rng_state, seed_everything
 from utils.atomic_io import atomic_open
@@ -55,6 +57,15 @@ OPTIM_DIR = "optim"
 TRAINER_STATE_FORMAT = "z2all-trainer-state"
 # (the saved trainer state) -> the ranks whose data states differ (default: every rank)
 DataRanks = Callable[[dict[str, Any]], Iterable[int]]
+# The layouts of the optimizer state in optim/: its files, the runs that write it, and the
+# options that read it (ZeRO stages 1-3 and a tensor/pipeline grid share ZeRO-1's shard files).
+OPTIMIZER_LAYOUTS = {
+    "replicated": (REPLICATED_CHECKPOINT_FILE, "plain DDP", "--zero_stage=0"),
+    "overlapped": (OVERLAPPED_CHECKPOINT_FILE, "DDP with --comm_hook=overlap_optim",
+                   "--zero_stage=0 --comm_hook=overlap_optim"),
+    "sharded": ("zero1_rank*.pt", "ZeRO or a tensor/pipeline grid",
+                "--zero_stage=1 (or 2, 3, or a --tensor_parallel/--pipeline_parallel grid)"),
+}
 
 
 def _rank_file(ckpt_dir: Path, rank: int) -> Path:
@@ -130,6 +141,19 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
                                   required=required_files(optimizer, env.world_size,
                                                           lora=lora is not None))
     return ckpt_root / step_dir_name(step)
+
+
+def check_optimizer_layout(ckpt_dir: Path, layout: str) -> None:
+    """A run whose optimizer `layout` (a key of OPTIMIZER_LAYOUTS) cannot read the checkpoint's
+    is refused in one line naming the options that can, before any checkpoint is tried: every
+    older checkpoint of the run would fail alike, and none of them is damaged."""
+    saved = next((name for name, (pattern, _, _) in OPTIMIZER_LAYOUTS.items()
+                  if any((ckpt_dir / OPTIM_DIR).glob(pattern))), None)
+    if saved not in (None, layout):
+        files, writer, options = OPTIMIZER_LAYOUTS[saved]
+        raise ValueError(f"--resume: {ckpt_dir} holds the optimizer state of {writer} "
+                         f"({OPTIM_DIR}/{files}), which this run ({OPTIMIZER_LAYOUTS[layout][1]}) "
+                         f"cannot read: resume with {options}, or start a new run (--out_dir)")
 
 
 def _load_trainer_state(ckpt_dir: Path) -> dict[str, Any]:

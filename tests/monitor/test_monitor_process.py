@@ -303,3 +303,23 @@ def test_kill9_of_the_supervisor_takes_its_run_down(tmp_path):
         for pid in started_pids(run_dir):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_torchruns_own_traceback_after_a_stop_is_one_line(tmp_path):
+    """torchrun answers the forwarded Ctrl-C by stopping its rank and re-raising its
+    SignalException (~30 lines of its own traceback): the monitor shows one line for it."""
+    run_dir = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node=1", "-m", "tests.monitor.fake_trainer"]
+    monitor = subprocess.Popen(
+        [sys.executable, "monitor_process.py", *FAST, "--max_restarts", "0", "--", *torchrun,
+         "--out_dir", str(run_dir), "--max_iters", "1000", "--step_time", "0.03"],
+        cwd=REPO, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: heartbeat(run_dir) >= 3)
+    monitor.send_signal(signal.SIGINT)
+    stderr = finish(monitor)
+    assert monitor.returncode == 128 + signal.SIGINT
+    assert "Traceback" not in stderr, stderr
+    said = [line for line in stderr.splitlines() if "SignalException" in line]
+    assert len(said) == 1 and "TORCHRUN_STOPPED signal=SIGINT" in said[0], stderr
+    assert events(run_dir, "TORCHRUN_STOPPED")

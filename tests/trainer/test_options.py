@@ -9,9 +9,13 @@ import random
 import pytest
 import torch
 
+import train_my_ddp
+from tests.train_helpers import TINY_ARGS, data_args
 from trainer.command_line import format_help, parse_command_line
 from trainer.config_files import load_config_file, resolve_options, save_config
 from trainer.options import TrainingOptions
+from utils.cli_errors import EXIT_BAD_INPUT
+from utils.cli_errors import run_main as cli_run_main
 
 
 def test_values_are_parsed_by_the_field_type():
@@ -134,7 +138,7 @@ def test_resume_uses_saved_config_plus_explicit_overrides(tmp_path):
     resumed_optimization = resumed.optimization
     assert resumed_optimization.lr == 0.002 and resumed_optimization.max_iters == 50
     assert resumed_optimization.stop_at_iter == 30
-    assert any("max_iters" in n for n in notes)
+    assert not any("max_iters" in n for n in notes)  # warned once, not noted again
     again, _ = resolve_options([f"--out_dir={run}", "--resume"])
     assert again.optimization.stop_at_iter is None  # per-invocation: not inherited
     assert again.optimization.max_iters == 40
@@ -149,3 +153,16 @@ def test_help_lists_every_option_grouped():
 
 def test_flag_without_value_only_for_booleans():
     assert parse_command_line(["--resume"])[1] == {"resume": True}
+
+
+@pytest.mark.parametrize("layout", [["--comm_hook=overlap_optim", "--grad_clip=0"],
+                                    ["--tensor_parallel=2"]], ids=["overlap_optim", "grid"])
+def test_fp16_is_one_rule_checked_before_any_work(data, tmp_path, capsys, layout):
+    """Where fp16's loss scale cannot skip whole steps, --dtype=fp16 is refused by the option
+    check, in one line (the overlapped step used to refuse it only once data was built)."""
+    argv = [*TINY_ARGS, *data_args(data, "pretrain"), f"--out_dir={tmp_path / 'run'}",
+            "--dtype=fp16", *layout]
+    assert cli_run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing was built
+    assert captured.err.count("\n") == 1 and "--dtype=fp16 cannot be combined with" in captured.err

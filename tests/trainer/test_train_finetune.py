@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -165,3 +166,43 @@ def test_lora_with_zero1_matches_plain_ddp_on_two_ranks(data, hf_base, tmp_path)
     adapters = [load_file(run / "ckpt" / "step_000003" / ADAPTERS_FILE) for run in (ddp, zero1)]
     for name, tensor in adapters[0].items():
         torch.testing.assert_close(adapters[1][name], tensor, rtol=1e-4, atol=1e-6)
+
+
+def test_lora_options_out_of_range_are_refused_before_any_work(data, hf_base, tmp_path,
+                                                                capsys):
+    """A rank above min(in, out) of the smallest targeted projection only costs memory (B A
+    cannot have a higher rank); alpha scales every update, so nan, 0 or < 0 is no training."""
+    hf = json.loads((hf_base / "config.json").read_text())
+    smallest = min(hf["hidden_size"], hf["num_key_value_heads"] * hf["head_dim"])  # v_proj
+    run_dir = tmp_path / "refused"
+    for bad, named in ((f"--lora_rank={smallest + 1}", f"--lora_rank <= {smallest}"),
+                       ("--lora_alpha=nan", "--lora_alpha"), ("--lora_alpha=0", "--lora_alpha"),
+                       ("--lora_alpha=-8", "--lora_alpha")):
+        assert finetune("sft", data, run_dir, f"--init_from={hf_base}", *LORA_ARGS, bad,
+                        "--max_iters=1") == 2, bad
+        error = error_lines(capsys)
+        assert len(error) == 1 and named in error[0], error
+        assert not run_dir.exists()
+
+
+def test_lora_alpha_without_lora_is_said_to_be_ignored(data, hf_base, tmp_path, capsys):
+    with pytest.warns(UserWarning, match="--lora_alpha.* ignored.*--lora_rank=0") as caught:
+        assert finetune("sft", data, tmp_path / "full", f"--init_from={hf_base}",
+                        "--lora_alpha=32", "--max_iters=1", "--eval_prompts=[]") == 0
+    assert len([w for w in caught if "lora" in str(w.message)]) == 1
+
+
+def test_a_lora_resume_cannot_change_its_base(data, hf_base, tmp_path, capsys):
+    """The adapters were trained on the base their checkpoint names: another --init_from on
+    --resume is refused in one line, and the run's config still names its own base."""
+    run_dir, other_base = tmp_path / "lora", tmp_path / "other_base"
+    shutil.copytree(hf_base, other_base)
+    common = [*LORA_ARGS, "--eval_prompts=[]"]
+    assert finetune("sft", data, run_dir, f"--init_from={hf_base}", *common,
+                    "--max_iters=1") == 0
+    capsys.readouterr()
+    assert finetune("sft", data, run_dir, f"--init_from={other_base}", *common, "--resume",
+                    "--max_iters=2") == 2
+    error = error_lines(capsys)
+    assert len(error) == 1 and "--init_from" in error[0] and "cannot change" in error[0], error
+    assert json.loads((run_dir / "config.json").read_text())["init_from"] == str(hf_base)

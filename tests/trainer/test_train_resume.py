@@ -251,3 +251,39 @@ def test_a_second_stop_signal_ends_the_process_at_once():
                             text=True, timeout=120)
     assert result.returncode == -signal.SIGTERM, result.stderr
     assert result.stdout == "first signal noted\n"
+
+
+def test_resume_says_each_change_once_and_a_relative_path_is_no_change(data, tmp_path,
+                                                                       monkeypatch, capsys):
+    """config.json records the tokenizer directory absolute: the same directory given
+    relative on --resume is no change; a real change is said once (a warning, not also a
+    note)."""
+    args = [*TINY_ARGS, "--task_type=pretrain", f"--data_dir={data['pretrain']}",
+            "--eval_prompts=[]", f"--out_dir={tmp_path / 'run'}"]
+    assert run_main([*args, f"--tokenizer_dir={data['tokenizer']}", "--max_iters=1"]) == 0
+    monkeypatch.chdir(data["tokenizer"].parent)
+    capsys.readouterr()
+    with pytest.warns(UserWarning) as caught:
+        assert run_main([*args, f"--tokenizer_dir={data['tokenizer'].name}", "--resume",
+                         "--max_iters=2"]) == 0
+    said = [str(warning.message) for warning in caught] + capsys.readouterr().out.splitlines()
+    assert [line for line in said if "changed" in line] == [
+        "resume: max_iters changed 1 -> 2 (breaks bitwise reproducibility)"], said
+
+
+@pytest.mark.parametrize(("saved", "resumed", "advice"), [
+    ("--zero_stage=0", "--zero_stage=3", "--zero_stage=0"),
+    ("--zero_stage=1", "--zero_stage=0", "--zero_stage=1"),  # a grid's file is ZeRO-1's
+], ids=["ddp-to-zero3", "zero1-to-ddp"])
+def test_a_layout_that_cannot_read_the_optimizer_state_is_named_in_one_line(
+        data, tmp_path, capsys, saved, resumed, advice):
+    """Not "damaged checkpoint" for every checkpoint: which layouts read it, what to pass."""
+    args = [*_pretrain_args(data, "--max_iters=4", "--save_interval=1", "--keep_last=0"),
+            f"--out_dir={tmp_path / 'run'}"]
+    assert run_main([*args, saved, "--stop_at_iter=2"]) == 0
+    capsys.readouterr()
+    assert cli_run_main(train_my_ddp.main, [*args, resumed, "--resume"]) == EXIT_BAD_INPUT
+    captured = capsys.readouterr()
+    error = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(error) == 1 and advice in error[0] and "step_000002" in error[0], captured.err
+    assert "DamagedCheckpointWarning" not in captured.err
