@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,8 @@ import torch
 from trainer.command_line import format_help, parse_command_line
 from trainer.config_files import load_config_file, resolve_options, save_config
 from trainer.options import TrainingOptions
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_values_are_parsed_by_the_field_type():
@@ -37,7 +42,12 @@ def test_values_are_parsed_by_the_field_type():
     ("--batch_size=three", "--batch_size: expects int"),
     ("--resume=maybe", "--resume: expects bool"),
     ("--task_type=rlhf", "expects pretrain | sft | dpo"),
-    ("--lr", "--lr needs a value"),
+    ("--lr", r"^--lr needs a value: --lr <float> or --lr=<float>$"),
+    ("--learning_rate=1e-3", r"did you mean --lr\? \(z2all's name for HF's --learning_rate\)"),
+    ("--num_train_epochs=3", "did you mean --max_iters.*not epochs"),
+    ("--per_device_train_batch_size=4", "did you mean --batch_size"),
+    ("--output_dir=o", "did you mean --out_dir"),
+    ("--no_lr", "unknown option 'no_lr'"),
     ("--task_type=dpo", "needs --init_from"),
     ("--comm_hook=overlap_optim", "add --grad_clip=0"),
     ("--stop_at_iter=5000", "beyond --max_iters"),
@@ -149,3 +159,38 @@ def test_help_lists_every_option_grouped():
 
 def test_flag_without_value_only_for_booleans():
     assert parse_command_line(["--resume"])[1] == {"resume": True}
+
+
+def test_values_may_follow_the_key_after_a_space():
+    spaced, _ = resolve_options(["--lr", "0.002", "--zero_stage", "1", "--comm_hook", "bf16",
+                                 "--eval_prompts", '["a b"]', "--init_from", "none",
+                                 "--max_iters", "1e3"])
+    joined, _ = resolve_options(["--lr=0.002", "--zero_stage=1", "--comm_hook=bf16",
+                                 '--eval_prompts=["a b"]', "--init_from=none", "--max_iters=1e3"])
+    assert spaced.to_dict() == joined.to_dict()
+    with pytest.raises(ValueError, match="--batch_size needs a value"):
+        parse_command_line(["--batch_size", "--lr=1"])
+
+
+def test_boolean_flag_forms():
+    parsed = parse_command_line(["--resume", "false", "--verbose", "--compile", "TRUE",
+                                 "--no_eval_at_start", "--no-overlap_grad_reduce",
+                                 "--sequence_parallel=no", "--overwrite", "cfg.yaml"])
+    assert parsed == ("cfg.yaml", {"resume": False, "verbose": True, "compile": True,
+                                   "eval_at_start": False, "overlap_grad_reduce": False,
+                                   "sequence_parallel": False, "overwrite": True})
+
+
+def test_the_trainer_takes_spaced_values_and_points_at_hf_names(tmp_path):
+    """Through the real entry point: `--key value` gets as far as the path checks; an HF name
+    ends in one line with z2all's name, exit 2, before any work."""
+    def trainer(*args):
+        return subprocess.run([sys.executable, "train_my_ddp.py", *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    done = trainer("--data_dir", str(tmp_path / "nowhere"), "--max_iters", "5",
+                   "--out_dir", str(tmp_path / "run"))
+    assert done.returncode == 2
+    assert done.stderr == f"error: --data_dir={tmp_path / 'nowhere'}: no such file or directory\n"
+    done = trainer("--learning_rate", "1e-3")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "did you mean --lr?" in done.stderr and not (tmp_path / "run").exists()
