@@ -193,7 +193,7 @@ def record_results(report_dir: Path, title: str, settings: dict[str, Any],
                    scores: dict[str, dict[str, float]]) -> None:
     """Append one evaluation to `evaluations.json` and its table to `report.md`."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     json_path = report_dir / RESULTS_FILE
     history = json.loads(json_path.read_text(encoding="utf-8")) if json_path.is_file() else []
     history.append({"title": title, "time": when, "settings": settings, "scores": scores})

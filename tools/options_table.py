@@ -52,7 +52,9 @@ def options_table() -> str:
              "inherited.", "",
              "Each option is given as `--key value` or `--key=value`; a boolean as `--flag`, "
              "`--flag true|false` or `--no_flag` (`--no-flag`); an optional cleared with "
-             "`--key none`. Hugging Face `TrainingArguments` names are not accepted but "
+             "`--key none`. A config file (`.py`, `.json`, `.yaml`/`.yml`, `.toml`; "
+             "trainer/config_formats.py) uses the same names, flat or nested under the group "
+             "column's name. Hugging Face `TrainingArguments` names are not accepted but "
              "answered with z2all's: " + ", ".join(f"`{hf}` → `{ours}`"
                                                   for hf, (ours, _) in HF_NAMES.items()) + ".",
              "",

@@ -2,6 +2,7 @@
 `--help`, which is generated from the option groups (trainer/options.py).
 
     python train_my_ddp.py [config.py|.json|.yaml|.toml] --key=value --key value ...
+    python train_my_ddp.py config.yaml --lr 1e-3 --print_config toml   # resolved, as TOML
 
 Every option takes its value as `--key=value` or `--key value` (as HF `TrainingArguments`,
 litgpt and torchtitan do). A boolean is `--flag` (true), `--flag true|false` or `--no_flag`
@@ -179,6 +180,7 @@ def format_help() -> str:
     lines = ["usage: [torchrun ...] train_my_ddp.py [config.py|.json|.yaml|.toml] "
              "[--option value | --option=value ...]",
              "booleans: --flag, --flag true|false, --no_flag; optionals: --x none",
+             "--print_config [yaml|toml|json|py]: print the resolved config and exit",
              "precedence: defaults < config file < command line (on --resume: the run's "
              "saved config.json < explicit options)"]
     for group, cls in GROUPS.items():

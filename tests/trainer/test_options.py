@@ -7,13 +7,19 @@ import json
 import random
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
 from trainer.command_line import format_help, parse_command_line
-from trainer.config_files import load_config_file, resolve_options, save_config
+from trainer.config_files import (
+    load_config_file,
+    options_from_argv,
+    resolve_options,
+    save_config,
+)
 from trainer.options import TrainingOptions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,3 +200,71 @@ def test_the_trainer_takes_spaced_values_and_points_at_hf_names(tmp_path):
     done = trainer("--learning_rate", "1e-3")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "did you mean --lr?" in done.stderr and not (tmp_path / "run").exists()
+
+
+def test_yaml_and_toml_configs_flat_or_nested_with_the_command_line_on_top(tmp_path):
+    (tmp_path / "flat.yml").write_text("lr: 3e-4\nzero_stage: 1\ncompile: true\n"
+                                       "eval_prompts: [a, b]\ninit_from: null\n")
+    (tmp_path / "nested.yaml").write_text("optimization:\n  lr: 3.0e-4\nparallel:\n"
+                                          "  zero_stage: 1\nsystem: {compile: true}\n"
+                                          "eval_prompts: [a, b]\n")
+    (tmp_path / "nested.toml").write_text('eval_prompts = ["a", "b"]\n[optimization]\n'
+                                          'lr = 3e-4\n[parallel]\nzero_stage = 1\n'
+                                          '[system]\ncompile = true\n')
+    (tmp_path / "flat.toml").write_text('lr = 0.0003\nzero_stage = 1\ncompile = true\n'
+                                        'eval_prompts = ["a", "b"]\nbucket_size = "none"\n')
+    expected, _ = resolve_options(["--lr=3e-4", "--zero_stage=1", "--compile",
+                                   '--eval_prompts=["a", "b"]'])
+    for name in ("flat.yml", "nested.yaml", "nested.toml"):
+        assert resolve_options([str(tmp_path / name)])[0] == expected, name
+    from_toml, _ = resolve_options([str(tmp_path / "flat.toml"), "--lr", "1e-3"])
+    assert from_toml.optimization.lr == 1e-3 and from_toml.parallel.bucket_size is None
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("c.yaml", "optimization:\n  learning_rate: 1e-3\n", r"c.yaml: .*did you mean --lr\?"),
+    ("c.yaml", "lrr: 1e-3\n", r"c.yaml: unknown option 'lrr'; did you mean --lr"),
+    ("c.yaml", "model:\n  lr: 1e-3\n", "c.yaml: option 'lr' belongs under 'optimization'"),
+    ("c.yaml", "lr: 1e-3\noptimization: {lr: 2e-3}\n", "c.yaml: option 'lr' is given twice"),
+    ("c.yaml", "lr: 1e-3\nbatch_size: [\n", r"c.yaml:3: invalid YAML"),
+    ("c.yaml", "- lr\n", "c.yaml: expected a mapping of options"),
+    ("c.yaml", "batch_size: big\n", "c.yaml: option 'batch_size' expects int, got 'big'"),
+    ("c.toml", "[optimization]\nlrr = 1.0\n", "c.toml: unknown option 'lrr'; did you mean --lr"),
+    ("c.toml", "lr = \n", r"c.toml: invalid TOML: .*line 1"),
+    ("c.ini", "lr=1\n", r"c.ini: a config file must be .py, .json, .yaml, .yml or .toml"),
+])
+def test_bad_yaml_and_toml_configs_name_file_and_fix(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        resolve_options([str(tmp_path / name)])
+
+
+def test_a_yaml_config_cannot_run_code(tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "evil.yaml").write_text(
+        f"lr: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ValueError, match="evil.yaml:1: invalid YAML"):
+        resolve_options([str(tmp_path / "evil.yaml")])
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("fmt", ["py", "json", "yaml", "toml"])
+def test_print_config_reads_back_to_the_same_options(tmp_path, capsys, fmt):
+    argv = ["--lr", "0.00123", "--bucket_size", "none", "--adam_eps=1e-8", "--dropout=0.1",
+            '--eval_prompts=["a \\"quoted\\" prompt", "é"]', "--init_from", "none"]
+    with pytest.raises(SystemExit) as done:
+        options_from_argv([*argv, "--print_config", fmt])
+    assert done.value.code == 0
+    (tmp_path / f"c.{fmt}").write_text(capsys.readouterr().out)
+    assert resolve_options([str(tmp_path / f"c.{fmt}")])[0] == resolve_options(argv)[0]
+
+
+def test_the_trainer_prints_its_config_as_asked(tmp_path):
+    (tmp_path / "c.yaml").write_text("optimization:\n  lr: 1e-3\n  max_iters: 50\n")
+    done = subprocess.run([sys.executable, "train_my_ddp.py", str(tmp_path / "c.yaml"),
+                           "--max_iters", "60", "--print_config", "toml"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    printed = tomllib.loads(done.stdout)
+    assert printed["optimization"]["lr"] == 1e-3 and printed["optimization"]["max_iters"] == 60
+    assert set(printed) == set(TrainingOptions().__dataclass_fields__)
