@@ -9,7 +9,8 @@ The config file may be `.py`, `.json`, `.yaml`/`.yml` or `.toml` (trainer/config
 and `--print_config [py|json|yaml|toml]` prints the resolved options in that format and exits
 (a file you can start from). A run saves the resolved options twice: `config.json`
 (machine-readable) and `exp_config.py` (one `name = value` per line, accepted back as the
-config file). Both also
+config file). A Hub id given for `--init_from` / `--tokenizer_dir` is saved as its snapshot
+directory in the HF cache (utils/hub.py), which names the commit. Both files also
 record what an `auto` option resolved to on this run (config.json's "resolved" entry, a
 comment in exp_config.py); reading the file back ignores it, so `auto` decides afresh.
 """
@@ -31,6 +32,9 @@ from trainer.options import (
     TrainingOptions,
 )
 from utils.atomic_io import atomic_write_text
+from utils.hub import local_dir, snapshot_of
+
+HUB_OPTIONS = ("init_from", "tokenizer_dir")  # may name a Hugging Face Hub id (utils/hub.py)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -57,6 +61,9 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
     config_file, overrides = parse_command_line(argv)
     explicit = load_config_file(config_file) if config_file else {}
     explicit.update(overrides)
+    for name in HUB_OPTIONS:  # a Hub id -> its snapshot dir, whose name is the commit
+        if explicit.get(name):
+            explicit[name] = local_dir(explicit[name], f"--{name}", explicit.get("revision"))
     merged = TrainingOptions.from_dict(explicit).to_dict()
     notes: list[str] = []
     saved_path = Path(merged["out_dir"]) / "config.json"
@@ -67,10 +74,23 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
         saved = {k: v for k, v in load_config_file(saved_path).items()
                  if k not in PER_INVOCATION}
         merged = {**TrainingOptions.from_dict(saved).to_dict(), **explicit}
+        _check_same_snapshots(saved, explicit)
         notes = _resume_changes(saved, explicit)
     options = TrainingOptions.from_dict(merged)
     check_options(options)
     return options, notes
+
+
+def _check_same_snapshots(saved: dict[str, Any], explicit: dict[str, Any]) -> None:
+    """A resumed run refuses a Hub model or tokenizer other than the snapshot it started from
+    (the id's branch may have moved on since)."""
+    for name in HUB_OPTIONS:
+        was, now = snapshot_of(saved.get(name)), snapshot_of(explicit.get(name))
+        if was and now and was != now:
+            raise ValueError(
+                f"--resume: --{name} {now['id']} is snapshot {now['snapshot']}, but the run "
+                f"started from {was['id']} snapshot {was['snapshot']}: add --revision "
+                f"{was['snapshot']} (or leave --{name} out) to continue it")
 
 
 def _resume_changes(saved: dict[str, Any], explicit: dict[str, Any]) -> list[str]:
