@@ -3,6 +3,7 @@
     python generate.py --ckpt out/<run> --prompt "Once upon a time"
     python generate.py --ckpt out/<run> --chat --prompt "What is 2 + 3?" --temperature 0
     python generate.py --ckpt hf_model/ --tokenizer_dir tokenizer/demo_hf --prompt "..."
+    HF_HUB_OFFLINE=1 python generate.py --ckpt HuggingFaceTB/SmolLM2-135M --prompt "..."
 
 `--ckpt` is a run dir (its newest valid checkpoint), a checkpoint dir, a `save_pretrained`
 dir, or a Hugging Face Llama dir. The tokenizer defaults to the one the run trained with
@@ -21,7 +22,12 @@ from collections.abc import Iterable
 
 import torch
 
-from model.loading import add_model_arguments, check_device, load_for_inference
+from model.loading import (
+    add_model_arguments,
+    check_device,
+    load_for_inference,
+    resolve_model_arguments,
+)
 from utils.cli_errors import run_main
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.log_setup import configure_logging
@@ -79,6 +85,7 @@ def print_streaming(tokenizer, new_tokens: Iterable[int], stop: list[int]) -> li
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    resolve_model_arguments(args)
     configure_logging()
     model, tokenizer = load_for_inference(args)
     device = torch.device(args.device)

@@ -17,7 +17,12 @@ import socket
 import sys
 from pathlib import Path
 
-from model.loading import add_model_arguments, check_device, load_for_inference
+from model.loading import (
+    add_model_arguments,
+    check_device,
+    load_for_inference,
+    resolve_model_arguments,
+)
 from server.app import ServedModel, create_app
 from server.engine import Engine
 from server.slow_clients import SlowClientTimeout
@@ -43,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--port {args.port}: choose a port in 0..65535")
     if args.max_batch_size < 1 or args.max_waiting < 1:
         parser.error("--max_batch_size and --max_waiting must be at least 1")
+    resolve_model_arguments(args)
     if not Path(args.ckpt).exists():
         parser.error(f"--ckpt {args.ckpt}: no such file or directory")
     if args.api_key is not None and not (args.api_key.isascii() and args.api_key.isprintable()

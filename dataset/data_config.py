@@ -27,8 +27,9 @@ class DataConfig:
     task_type: Literal["pretrain", "sft", "dpo"] = option("pretrain", "what to train")
     data_dir: str = option("data/demo/pretrain_pretok", "pretokenized data (pretrain) or "
                            "raw/pretok sft/dpo data, as dataset.build.build_datasets expects")
-    tokenizer_dir: str | None = option(None, "tokenizer dir (default: --init_from's own, "
-                                       "else tokenizer/demo_hf; recorded absolute)")
+    tokenizer_dir: str | None = option(None, "tokenizer dir or Hub id (default: "
+                                       "--init_from's own, else tokenizer/demo_hf; recorded "
+                                       "absolute)")
     max_seq_len: int = option(256, "tokens per sample")
     pack_samples: bool = option(False, "sft: pack each batch's samples end to end into rows "
                                 "of max_seq_len, attention kept within each sample "

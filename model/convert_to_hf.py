@@ -38,7 +38,13 @@ from pathlib import Path
 from safetensors.torch import save
 
 from model.hf_llama_mapping import config_to_hf, state_dict_to_hf
-from model.loading import is_hf_model_dir, load_lora_checkpoint, load_model, resolve_model_dir
+from model.loading import (
+    is_hf_model_dir,
+    load_lora_checkpoint,
+    load_model,
+    resolve_model_arguments,
+    resolve_model_dir,
+)
 from model.lora import LoraConfig, lora_state_dict
 from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint, read_lora_checkpoint
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
@@ -148,7 +154,9 @@ def check_out_dir(out: str | os.PathLike, ckpt: str, model_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt", required=True,
-                        help="run dir, checkpoint dir, save_pretrained dir or HF Llama dir")
+                        help="run dir, checkpoint dir, save_pretrained dir, HF Llama dir or "
+                             "its Hub id org/name")
+    parser.add_argument("--revision", default=None, help="Hub revision of a Hub id --ckpt")
     parser.add_argument("--out", required=True, help="output directory for the HF model")
     parser.add_argument("--tokenizer_dir", default=None,
                         help="default: the model's own (model/run_tokenizer.py); another one "
@@ -165,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError("--base_path_relative applies to --adapter exports only; add "
                          "--adapter or drop it")
     configure_logging()
+    resolve_model_arguments(args)
     model_dir = resolve_model_dir(args.ckpt)
     if args.adapter and not is_lora_checkpoint(model_dir):
         raise ValueError(f"--adapter: {model_dir} is not a LoRA checkpoint (no {LORA_FILE}); "

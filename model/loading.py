@@ -43,6 +43,7 @@ from model.run_tokenizer import default_tokenizer_dir, model_tokenizer
 from tokenizer import PretrainedTokenizer, load_tokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
 from utils.checkpoint import MANIFEST, CheckpointError, is_step_dir, resolve_checkpoint
+from utils.hub import local_dir
 from utils.precision import DTYPES, resolve_dtype
 
 
@@ -133,14 +134,25 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """`--ckpt`, `--tokenizer_dir`, `--device`, `--dtype`: how every model runner (generate.py,
     serve.py) is told which model to run and how."""
     parser.add_argument("--ckpt", required=True,
-                        help="run dir, checkpoint dir, save_pretrained dir or HF Llama dir")
+                        help="run dir, checkpoint dir, save_pretrained dir, HF Llama dir or "
+                             "its Hub id org/name (utils/hub.py)")
     parser.add_argument("--tokenizer_dir", default=None,
                         help="default: the model's own (model/run_tokenizer.py); another one "
                              "is refused")
+    parser.add_argument("--revision", default=None,
+                        help="Hub branch, tag or commit of a Hub id --ckpt / --tokenizer_dir")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                         help="auto: as the trainer decides (utils/precision.py: measured on "
                              "CPU, bf16 on CUDA where supported)")
+
+
+def resolve_model_arguments(args: argparse.Namespace) -> None:
+    """`--ckpt` / `--tokenizer_dir` given as Hub ids become their snapshot dirs in the HF
+    cache (a local directory of the same spelling wins)."""
+    args.ckpt = local_dir(args.ckpt, "--ckpt", args.revision)
+    if args.tokenizer_dir:
+        args.tokenizer_dir = local_dir(args.tokenizer_dir, "--tokenizer_dir", args.revision)
 
 
 def load_for_inference(args: argparse.Namespace

@@ -9,7 +9,7 @@ echoed to stderr with a `[monitor]` prefix.
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -21,7 +21,7 @@ class EventLog:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def event(self, name: str, details: str) -> None:
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         line = f"{now} {name} {details}"
         with open(self.path, "a") as handle:
             handle.write(line + "\n")

@@ -6,11 +6,13 @@ and random conversations to render with them."""
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 from tools.tiny_hf_model import STYLES, write_pretrained_tokenizer
 
-__all__ = ["STYLES", "make_pretrained_tokenizer_dir", "random_conversation", "random_text"]
+__all__ = ["STYLES", "make_pretrained_tokenizer_dir", "put_in_hf_cache", "random_conversation",
+           "random_text"]
 
 
 def make_pretrained_tokenizer_dir(base_dir: Path, out: Path, style: str) -> Path:
@@ -40,3 +42,16 @@ def random_conversation(rng: random.Random, injected: list[str] = ()) -> list[di
         messages += [{"role": "user", "content": content()},
                      {"role": "assistant", "content": content()}]
     return messages
+
+
+def put_in_hf_cache(model_dir: Path, hub_cache: Path, repo_id: str, commit: str,
+                    ref: str = "main") -> Path:
+    """`model_dir`'s files as snapshot `commit` of model `repo_id` in a Hugging Face hub cache
+    (huggingface_hub's layout: models--org--name/{snapshots/<commit>/..., refs/<ref>}), with
+    `ref` pointing at it; the snapshot directory."""
+    repo = hub_cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(model_dir, snapshot)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / ref).write_text(commit)
+    return snapshot

@@ -46,13 +46,19 @@ from tqdm import tqdm
 
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from dataset.stream_samples import Position, pretrain_samples
-from model.loading import add_model_arguments, load_for_inference, resolve_model_dir
+from model.loading import (
+    add_model_arguments,
+    load_for_inference,
+    resolve_model_arguments,
+    resolve_model_dir,
+)
 from tools.lm_eval_model import Z2allLM
 from trainer.distributed_env import DistributedEnv
 from trainer.evaluation import evaluate_language_model
 from trainer.report import EVALUATIONS_MARKER
 from utils.atomic_io import atomic_write_json
 from utils.cli_errors import run_main
+from utils.hub import snapshot_of
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import ReadStats, find_data_files, iter_records
@@ -193,7 +199,7 @@ def record_results(report_dir: Path, title: str, settings: dict[str, Any],
                    scores: dict[str, dict[str, float]]) -> None:
     """Append one evaluation to `evaluations.json` and its table to `report.md`."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     json_path = report_dir / RESULTS_FILE
     history = json.loads(json_path.read_text(encoding="utf-8")) if json_path.is_file() else []
     history.append({"title": title, "time": when, "settings": settings, "scores": scores})
@@ -260,6 +266,10 @@ def main(argv: list[str] | None = None) -> None:
                     range_problem("--limit", args.limit, 1)])
     if not args.data and not args.lm_eval:
         raise ValueError("nothing to evaluate: give --data FILE_OR_DIR and/or --lm_eval TASKS")
+    resolve_model_arguments(args)
+    if snapshot_of(args.ckpt) and not args.report_dir:  # never write into the HF cache
+        raise ValueError(f"--ckpt {args.ckpt} is a Hugging Face Hub snapshot: give "
+                         "--report_dir DIR for the results")
     model, tokenizer = load_for_inference(args)
     report_dir = report_dir_of(args.ckpt, args.report_dir)
     positions = model.config.max_position_embeddings

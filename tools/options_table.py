@@ -19,7 +19,7 @@ from pathlib import Path
 from optimizer import OptimizerConfig
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import PowerSGDState
-from trainer.command_line import type_name
+from trainer.command_line import HF_NAMES, type_name
 from trainer.options import (
     GROUPS,
     OPTION_TYPES,
@@ -50,6 +50,14 @@ def options_table() -> str:
     lines = [f"{len(OPTION_TYPES)} options in {len(GROUPS)} groups. ◦: may change on "
              "`--resume` without breaking bitwise identity; †: describes one invocation, never "
              "inherited.", "",
+             "Each option is given as `--key value` or `--key=value`; a boolean as `--flag`, "
+             "`--flag true|false` or `--no_flag` (`--no-flag`); an optional cleared with "
+             "`--key none`. A config file (`.py`, `.json`, `.yaml`/`.yml`, `.toml`; "
+             "trainer/config_formats.py) uses the same names, flat or nested under the group "
+             "column's name. Hugging Face `TrainingArguments` names are not accepted but "
+             "answered with z2all's: " + ", ".join(f"`{hf}` → `{ours}`"
+                                                  for hf, (ours, _) in HF_NAMES.items()) + ".",
+             "",
              "| group | option | type | default | meaning | defined in | sets |",
              "|---|---|---|---|---|---|---|"]
     for group, cls in GROUPS.items():

@@ -1,7 +1,14 @@
 """From the command line's strings (and config files' literals) to typed option values, and
 `--help`, which is generated from the option groups (trainer/options.py).
 
-    python train_my_ddp.py [exp_config.py | config.json] --key=value --flag --flag=false ...
+    python train_my_ddp.py [config.py|.json|.yaml|.toml] --key=value --key value ...
+    python train_my_ddp.py config.yaml --lr 1e-3 --print_config toml   # resolved, as TOML
+
+Every option takes its value as `--key=value` or `--key value` (as HF `TrainingArguments`,
+litgpt and torchtitan do). A boolean is `--flag` (true), `--flag true|false` or `--no_flag`
+(also spelled `--no-flag`). An unknown name suggests the closest ones; the common Hugging Face
+names (`--learning_rate`, `--output_dir`, ...) are not aliases but point at z2all's own name,
+so a run's saved config has one spelling per option.
 """
 
 from __future__ import annotations
@@ -15,13 +22,49 @@ from typing import Any, Literal
 
 from trainer.options import GROUPS, OPTION_GROUP, OPTION_TYPES, default_value
 
+# Hugging Face `TrainingArguments` / TRL names -> z2all's option (and what differs).
+HF_NAMES: dict[str, tuple[str, str]] = {
+    "learning_rate": ("lr", ""),
+    "per_device_train_batch_size": ("batch_size", ""),
+    "per_device_eval_batch_size": ("batch_size", "evaluation uses the training batch size"),
+    "num_train_epochs": ("max_iters", "z2all counts optimizer steps, not epochs"),
+    "max_steps": ("max_iters", ""),
+    "output_dir": ("out_dir", ""),
+    "model_name_or_path": ("init_from", ""),
+    "resume_from_checkpoint": ("resume", "it continues the run in --out_dir"),
+    "warmup_steps": ("warmup_iters", ""),
+    "lr_scheduler_type": ("lr_schedule", ""),
+    "max_grad_norm": ("grad_clip", ""),
+    "adam_epsilon": ("adam_eps", ""),
+    "gradient_checkpointing": ("activation_checkpointing", ""),
+    "logging_steps": ("log_interval", ""),
+    "save_steps": ("save_interval", ""),
+    "eval_steps": ("eval_interval", ""),
+    "save_total_limit": ("keep_last", ""),
+    "max_seq_length": ("max_seq_len", ""),
+    "max_length": ("max_seq_len", ""),
+    "bf16": ("dtype", "--dtype bf16"),
+    "fp16": ("dtype", "--dtype fp16"),
+    "report_to": ("tracker", ""),
+    "run_name": ("wandb_run_name", ""),
+    "dataloader_num_workers": ("num_workers", ""),
+    "beta": ("dpo_beta", ""),
+    "lora_r": ("lora_rank", ""),
+}
+
 
 def check_name(name: str, source: str) -> None:
-    """An error suggesting the closest names when `name` is not an option."""
+    """An error suggesting the closest names when `name` is not an option (for a Hugging Face
+    name: z2all's option for it)."""
     if name in OPTION_GROUP:
         return
-    close = difflib.get_close_matches(name, OPTION_GROUP, n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
+    if name in HF_NAMES:
+        option, note = HF_NAMES[name]
+        hint = f"; did you mean --{option}? (z2all's name for HF's --{name}" + \
+            (f"; {note})" if note else ")")
+    else:
+        close = difflib.get_close_matches(name, OPTION_GROUP, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
     raise ValueError(f"{source}: unknown option {name!r}{hint} (--help lists all options)")
 
 
@@ -92,29 +135,52 @@ def parse_value(name: str, text: str) -> Any:
         raise ValueError(f"--{name}: expects {type_name(hint)}, got {text!r}") from None
 
 
+BOOL_WORDS = ("true", "false", "1", "0", "yes", "no")
+
+
+def _negated_flag(name: str) -> str | None:
+    """`no_flag` / `no-flag` -> `flag` where that is a boolean option."""
+    for prefix in ("no_", "no-"):
+        if name.startswith(prefix) and OPTION_TYPES.get(name[len(prefix):]) is bool:
+            return name[len(prefix):]
+    return None
+
+
 def parse_command_line(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
-    """`[config_file] --k=v --flag ...` -> (config file or None, {option: parsed value})."""
+    """`[config_file] --k=v --k v --flag --no_flag ...` -> (config file or None,
+    {option: parsed value})."""
     config_file, overrides = None, {}
-    for arg in argv:
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
         if not arg.startswith("--"):
             if config_file is not None:
                 raise ValueError(f"only one config file may be given ({config_file!r}, {arg!r})")
             config_file = arg
             continue
         name, has_value, text = arg[2:].partition("=")
+        if not has_value and name not in OPTION_GROUP and _negated_flag(name):
+            overrides[_negated_flag(name)] = False
+            continue
         check_name(name, "command line")
         if not has_value:
-            if OPTION_TYPES[name] is not bool:
-                raise ValueError(f"--{name} needs a value: "
-                                 f"--{name}=<{type_name(OPTION_TYPES[name])}>")
-            text = "true"
+            if OPTION_TYPES[name] is bool:  # --flag, or --flag true|false
+                text = args.pop(0) if args and args[0].lower() in BOOL_WORDS else "true"
+            elif args and not args[0].startswith("--"):
+                text = args.pop(0)
+            else:
+                hint = type_name(OPTION_TYPES[name])
+                raise ValueError(f"--{name} needs a value: --{name} <{hint}> or "
+                                 f"--{name}=<{hint}>")
         overrides[name] = parse_value(name, text)
     return config_file, overrides
 
 
 def format_help() -> str:
-    lines = ["usage: [torchrun ...] train_my_ddp.py [config.py|config.json] [--option=value ...]",
-             "booleans: --flag or --flag=true|false; optionals: --x=none",
+    lines = ["usage: [torchrun ...] train_my_ddp.py [config.py|.json|.yaml|.toml] "
+             "[--option value | --option=value ...]",
+             "booleans: --flag, --flag true|false, --no_flag; optionals: --x none",
+             "--print_config [yaml|toml|json|py]: print the resolved config and exit",
              "precedence: defaults < config file < command line (on --resume: the run's "
              "saved config.json < explicit options)"]
     for group, cls in GROUPS.items():

@@ -5,67 +5,46 @@ Precedence, lowest first: defaults < config file < command line. With `--resume`
 saved `config.json` takes the place of the defaults (less `resume` and `stop_at_iter`, which
 describe one invocation), so a resumed run continues with what it was started with, plus
 whatever you pass explicitly (changes that break bitwise reproducibility are warned about).
-A run saves the resolved options twice: `config.json` (machine-readable) and
-`exp_config.py` (one `name = value` per line, accepted back as the config file). Both also
+The config file may be `.py`, `.json`, `.yaml`/`.yml` or `.toml` (trainer/config_formats.py),
+and `--print_config [py|json|yaml|toml]` prints the resolved options in that format and exits
+(a file you can start from). A run saves the resolved options twice: `config.json`
+(machine-readable) and `exp_config.py` (one `name = value` per line, accepted back as the
+config file). A Hub id given for `--init_from` / `--tokenizer_dir` is saved as its snapshot
+directory in the HF cache (utils/hub.py), which names the commit. Both files also
 record what an `auto` option resolved to on this run (config.json's "resolved" entry, a
 comment in exp_config.py); reading the file back ignores it, so `auto` decides afresh.
 """
 
 from __future__ import annotations
 
-import ast
-import json
 import sys
 import warnings
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from trainer.command_line import check_value, format_help, parse_command_line
+from trainer.config_formats import FORMATS, format_config, read_config_file
 from trainer.distributed_env import is_main_process
 from trainer.option_validation import check_options
 from trainer.options import (
     FIXED_ON_LORA_RESUME,
     FIXED_ON_RESUME,
-    GROUPS,
     PATH_OPTIONS,
     PER_INVOCATION,
     RESUME_SAFE,
     TrainingOptions,
     default_value,
 )
-from utils.atomic_io import atomic_write_json, atomic_write_text
+from utils.atomic_io import atomic_write_text
+from utils.hub import local_dir, snapshot_of
 
-RESOLVED_KEY = "resolved"  # config.json: what `auto` options resolved to (not an option)
+HUB_OPTIONS = ("init_from", "tokenizer_dir")  # may name a Hugging Face Hub id (utils/hub.py)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Options from a `config.json` or an `exp_config.py` (only `name = <literal>` lines),
-    each checked against its option's type."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        try:
-            values = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
-        if not isinstance(values, dict):
-            raise ValueError(f"{path}: expected a JSON object of options")
-        values.pop(RESOLVED_KEY, None)
-    elif path.suffix == ".py":
-        values = {}
-        for node in ast.parse(text, filename=str(path)).body:
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-                continue  # the docstring
-            if not (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name)):
-                raise ValueError(f"{path}:{node.lineno}: only `name = value` lines are allowed")
-            try:
-                values[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                raise ValueError(f"{path}:{node.lineno}: the value must be a literal") from None
-    else:
-        raise ValueError(f"{path}: a config file must be .py or .json")
+    """Options from a config file (trainer/config_formats.py: .py, .json, .yaml/.yml or
+    .toml, flat or nested by group), each checked against its option's type."""
+    values = read_config_file(path)
     return {name: check_value(name, value, str(path)) for name, value in values.items()}
 
 
@@ -74,16 +53,10 @@ def save_config(options: TrainingOptions, run_dir: str | Path,
     """Write `config.json` and `exp_config.py` (both atomic) into the run dir; `resolved`
     (what `auto` options became on this run, e.g. the measured precision) is recorded too."""
     run_dir = Path(run_dir)
-    atomic_write_json(run_dir / "config.json",
-                      {**options.to_dict(), **({RESOLVED_KEY: resolved} if resolved else {})})
-    lines = ['"""Resolved config of this run: python train_my_ddp.py exp_config.py [--k=v ...]"""']
-    if resolved:
-        lines.append(f"# {RESOLVED_KEY} on this run: {json.dumps(resolved)}")
-    for group, cls in GROUPS.items():
-        values = getattr(options, group)
-        lines.append(f"\n# --- {group}")
-        lines += [f"{spec.name} = {getattr(values, spec.name)!r}" for spec in fields(cls)]
-    atomic_write_text(run_dir / "exp_config.py", "\n".join(lines) + "\n")
+    atomic_write_text(run_dir / "config.json", format_config(options, "json", resolved=resolved))
+    atomic_write_text(run_dir / "exp_config.py", format_config(
+        options, "py", "Resolved config of this run: python train_my_ddp.py exp_config.py "
+        "[--k=v ...]", resolved))
 
 
 def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
@@ -92,6 +65,9 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
     config_file, overrides = parse_command_line(argv)
     explicit = load_config_file(config_file) if config_file else {}
     explicit.update(overrides)
+    for name in HUB_OPTIONS:  # a Hub id -> its snapshot dir, whose name is the commit
+        if explicit.get(name):
+            explicit[name] = local_dir(explicit[name], f"--{name}", explicit.get("revision"))
     merged = TrainingOptions.from_dict(explicit).to_dict()
     notes: list[str] = []
     saved_path = Path(merged["out_dir"]) / "config.json"
@@ -102,11 +78,24 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
         saved = {k: v for k, v in load_config_file(saved_path).items()
                  if k not in PER_INVOCATION}
         merged = {**TrainingOptions.from_dict(saved).to_dict(), **explicit}
+        _check_same_snapshots(saved, explicit)
         notes = _resume_changes(saved, explicit)
     options = TrainingOptions.from_dict(merged)
     check_options(options)
     _warn_ignored_lora_options(explicit, options)
     return options, notes
+
+
+def _check_same_snapshots(saved: dict[str, Any], explicit: dict[str, Any]) -> None:
+    """A resumed run refuses a Hub model or tokenizer other than the snapshot it started from
+    (the id's branch may have moved on since)."""
+    for name in HUB_OPTIONS:
+        was, now = snapshot_of(saved.get(name)), snapshot_of(explicit.get(name))
+        if was and now and was != now:
+            raise ValueError(
+                f"--resume: --{name} {now['id']} is snapshot {now['snapshot']}, but the run "
+                f"started from {was['id']} snapshot {was['snapshot']}: add --revision "
+                f"{was['snapshot']} (or leave --{name} out) to continue it")
 
 
 def _resume_changes(saved: dict[str, Any], explicit: dict[str, Any]) -> list[str]:
@@ -151,11 +140,35 @@ def _warn_ignored_lora_options(explicit: dict[str, Any], options: TrainingOption
                       "--lora_rank to train adapters)", stacklevel=3)
 
 
+def _print_config_request(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(the format `--print_config [FMT]` / `--print_config=FMT` asks for, or None; the other
+    arguments). Bare `--print_config` is YAML, as in litgpt / jsonargparse."""
+    for i, arg in enumerate(argv):
+        name, has_value, fmt = arg.partition("=")
+        if name != "--print_config":
+            continue
+        rest = argv[:i] + argv[i + 1:]
+        if not has_value:
+            fmt = "yaml"
+            if i + 1 < len(argv) and argv[i + 1] in FORMATS:
+                fmt, rest = argv[i + 1], argv[:i] + argv[i + 2:]
+        if fmt not in FORMATS:
+            raise ValueError(f"--print_config={fmt}: expects {' | '.join(FORMATS)}")
+        return fmt, rest
+    return None, argv
+
+
 def options_from_argv(argv: list[str] | None = None) -> tuple[TrainingOptions, list[str]]:
-    """Entry-point helper: prints help and exits on --help; a bad option raises ValueError
-    (the entry point's `utils.cli_errors.run_main` prints it in one line, exit code 2)."""
+    """Entry-point helper: prints help and exits on --help, prints the resolved config and
+    exits on --print_config; a bad option raises ValueError (the entry point's
+    `utils.cli_errors.run_main` prints it in one line, exit code 2)."""
     argv = sys.argv[1:] if argv is None else argv
     if "--help" in argv or "-h" in argv:
         print(format_help())
         raise SystemExit(0)
-    return resolve_options(argv)
+    print_format, argv = _print_config_request(argv)
+    options, notes = resolve_options(argv)
+    if print_format is not None:
+        print(format_config(options, print_format), end="")
+        raise SystemExit(0)
+    return options, notes

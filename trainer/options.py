@@ -41,8 +41,11 @@ def component_default(component: type, name: str) -> Any:
 @dataclass
 class ModelOptions:
     model_preset: str = option("tiny", "Z2allConfig preset")
-    init_from: str | None = option(None, "start from a z2all checkpoint/run dir or an HF Llama "
-                                   "dir (sft/dpo: the SFT model; dpo: also the reference)")
+    init_from: str | None = option(None, "start from a z2all checkpoint/run dir, an HF Llama "
+                                   "dir or its Hub id org/name (sft/dpo: the SFT model; dpo: "
+                                   "also the reference)")
+    revision: str | None = option(None, "Hub branch, tag or commit of a Hub id --init_from / "
+                                  "--tokenizer_dir (default: main)")
     hidden_size: int | None = option(None, "override the preset")
     num_hidden_layers: int | None = option(None, "override the preset")
     num_attention_heads: int | None = option(None, "override the preset")
@@ -207,7 +210,7 @@ RESUME_SAFE = {"resume", "stop_at_iter", "overwrite", "log_interval", "save_inte
                "num_workers", "num_threads", "tracker", "wandb_project", "wandb_run_name",
                "out_dir", "eval_prompts",
                "max_new_tokens", "peak_flops", "eval_interval", "eval_iters", "dist_timeout",
-               "verbose"}
+               "verbose", "revision"}
 # Options a resumed run cannot change: the checkpoint holds a model of that shape and a data
 # position in samples of that length.
 FIXED_ON_RESUME = {"task_type", "max_seq_len", "model_preset", "hidden_size",

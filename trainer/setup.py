@@ -57,6 +57,7 @@ from trainer.rng_state import seed_everything
 from trainer.throughput import ThroughputMeter
 from trainer.training_checkpoint import check_optimizer_layout, restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
+from utils.hub import snapshot_of
 from utils.precision import DTYPES, PrecisionChoice, resolve_dtype
 from utils.progress import TrainingProgress
 from utils.trackers import Trackers
@@ -133,7 +134,11 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
     log = MetricsLogger(run_dir, enabled=env.is_main, trackers=trackers)
     if env.is_main:
         print(precision.reason, flush=True)
-        save_config(options, run_dir, resolved={"precision": dataclasses.asdict(precision)})
+        hub = {name: found for name, path in (("init_from", options.model.init_from),
+                                              ("tokenizer_dir", options.data.tokenizer_dir))
+               if (found := snapshot_of(path))}  # the Hub id and commit, if any
+        save_config(options, run_dir, resolved={"precision": dataclasses.asdict(precision),
+                                                **({"hub": hub} if hub else {})})
         save_run_tokenizer(tokenizer, run_dir)
         for note in notes:
             print(note, flush=True)

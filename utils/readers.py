@@ -1,4 +1,5 @@
-"""Streaming readers for raw text data: `.jsonl`, `.json`, `.parquet` and `.txt`.
+"""Streaming readers for raw text data: `.jsonl`, `.json`, `.parquet`, `.txt` and `datasets`'
+`save_to_disk` folders (their `.arrow` shards).
 
 Every tool that reads a user's raw data (tokenizer training, pretokenization, SFT/DPO
 preprocessing) goes through this file, so all of them accept the same formats, stream in
@@ -11,9 +12,14 @@ Formats (docs/design.md §2.1):
     .parquet  read one record batch at a time (pyarrow), only the needed columns for texts.
     .txt      one document per line: line `n` becomes the record `{"text": line}` (and its text,
               whatever `text_key` names: the key only selects a field of .jsonl/.json/.parquet).
+    .arrow    an Arrow IPC stream, as `datasets` writes its shards: memory-mapped, one record
+              batch at a time. A folder written by `Dataset.save_to_disk` is read as the shards
+              its state.json lists (not its metadata JSON); one written by
+              `DatasetDict.save_to_disk` as its `train` split (name `<dir>/validation` or
+              `<dir>/test` to read another split).
 
 Numbering: `Record.number` is the 1-based line number for `.jsonl`/`.txt` and the 1-based
-record index for `.json`/`.parquet`.
+record index for `.json`/`.parquet`/`.arrow`.
 
 Blank lines (only whitespace) in `.jsonl` and `.txt` are not records: they are skipped, are
 not bad records, and are counted in `ReadStats.blank_lines` so a report can still show them.
@@ -30,9 +36,10 @@ instead -- never silently. Reasons:
     not_text         the text value is not a string
 Errors after which the rest of a file cannot be located -- a syntax error inside a `.json`
 array, a `.json` file that is not an array (`not_array`), a corrupt `.parquet` file
-(`corrupt_parquet`) -- are raised even in skip mode, because skipping would silently drop every
-later record; their number is the first record that could not be read. In `.jsonl` each line is
-independent, so every bad line can be skipped on its own.
+(`corrupt_parquet`), a corrupt `.arrow` shard (`corrupt_arrow`) -- are raised even in skip mode,
+because skipping would silently drop every later record; their number is the first record that
+could not be read. In `.jsonl` each line is independent, so every bad line can be skipped on its
+own.
 
 Example (a `.jsonl` file):
     line 1  {"text": "hello"}         -> Record(path, 1, {"text": "hello"})
@@ -55,10 +62,10 @@ import ijson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet", ".txt")
+SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet", ".txt", ".arrow")
 PARQUET_BATCH_ROWS = 1024  # rows per record batch: bounds memory, amortises pyarrow's overhead
 # Data-like files no reader handles (convert them first): reported when a folder is scanned.
-LOOKS_LIKE_DATA = (".csv", ".tsv", ".ndjson", ".gz", ".bz2", ".xz", ".zst", ".zip", ".arrow")
+LOOKS_LIKE_DATA = (".csv", ".tsv", ".ndjson", ".gz", ".bz2", ".xz", ".zst", ".zip")
 # Reports that z2all commands leave next to their output; not data when the folder is read back
 # (clean_pretrain_data writes clean_report.json beside its shards, the next step's input).
 TOOL_REPORTS = ("clean_report.json",)
@@ -105,7 +112,9 @@ def find_data_files(
         paths = [paths]
     found: set[Path] = set()
     for path in map(Path, paths):
-        if path.is_dir():
+        if path.is_dir() and (shards := _save_to_disk_shards(path)) is not None:
+            found.update(shards)
+        elif path.is_dir():
             unreadable = []
             for candidate in path.rglob("*"):
                 hidden = any(part.startswith(".") for part in candidate.relative_to(path).parts)
@@ -126,6 +135,22 @@ def find_data_files(
         else:
             raise FileNotFoundError(f"no such file or directory: {path}")
     return sorted(found)
+
+
+def _save_to_disk_shards(path: Path) -> list[Path] | None:
+    """The `.arrow` shards of a `datasets` save_to_disk folder (a DatasetDict: of its `train`
+    split), in order; None for any other folder."""
+    if (path / "dataset_dict.json").is_file():
+        splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+        if "train" not in splits:
+            raise ValueError(f"{path}: a DatasetDict without a 'train' split (it has "
+                             f"{', '.join(splits)}): name a split's folder, e.g. "
+                             f"{path / splits[0]}")
+        path = path / "train"
+    if not (path / "state.json").is_file():
+        return None
+    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    return [path / shard["filename"] for shard in state["_data_files"]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,19 +244,25 @@ def _read_json_array(path: Path) -> Iterator[RawItem]:
             raise BadRecordError(path, number + 1, _ijson_reason(error, handle), detail) from error
 
 
-def _read_parquet(path: Path, columns: list[str] | None) -> Iterator[RawItem]:
+def _read_batches(path: Path, columns: list[str] | None, reason: str) -> Iterator[RawItem]:
+    """The records of a `.parquet` file or an `.arrow` shard, one record batch at a time, only
+    the `columns` present (none present: all, so each record reports the missing key)."""
     number = 0  # records yielded so far; a failure is located at the next one
     try:
-        parquet_file = pq.ParquetFile(path)
-        if columns is not None:
-            present = [name for name in columns if name in parquet_file.schema_arrow.names]
-            columns = present or None  # none present: read all, so each record reports it
-        for batch in parquet_file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
-            for data in batch.to_pylist():
+        if reason == "corrupt_parquet":
+            parquet_file = pq.ParquetFile(path)
+            names = parquet_file.schema_arrow.names
+            present = [name for name in columns or [] if name in names] or None
+            batches = parquet_file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=present)
+        else:
+            batches = pa.ipc.open_stream(pa.memory_map(str(path)))
+            present = [name for name in columns or [] if name in batches.schema.names] or None
+        for batch in batches:
+            for data in (batch.select(present) if present else batch).to_pylist():
                 number += 1
                 yield Record(path, number, data)
     except (pa.ArrowException, OSError) as error:
-        raise BadRecordError(path, number + 1, "corrupt_parquet", str(error)) from error
+        raise BadRecordError(path, number + 1, reason, str(error)) from error
 
 
 def _raw_items(path: Path, stats: ReadStats, columns: list[str] | None) -> Iterator[RawItem]:
@@ -240,8 +271,8 @@ def _raw_items(path: Path, stats: ReadStats, columns: list[str] | None) -> Itera
         return _read_lines(path, stats, _parse_json_line)
     if suffix == ".json":
         return _read_json_array(path)
-    if suffix == ".parquet":
-        return _read_parquet(path, columns)
+    if suffix in (".parquet", ".arrow"):
+        return _read_batches(path, columns, f"corrupt_{suffix[1:]}")
     if suffix == ".txt":
         return _read_lines(path, stats, _parse_text_line)
     raise ValueError(f"{path}: unsupported file type; expected one of {SUPPORTED_EXTENSIONS}")

@@ -208,3 +208,32 @@ def test_worker_failure_fails_the_run(function, error):
     pool = ProcessPoolExecutor(2, mp_context=worker_pool.worker_context())
     with pool, pytest.raises(error):
         list(worker_pool.ordered_map(pool, function, ([i] for i in range(20)), max_in_flight=4))
+
+
+def test_a_save_to_disk_dataset_gives_the_bytes_of_the_same_texts_as_jsonl(
+        tmp_path, tiny_hf_tokenizer_dir):
+    """`datasets`' save_to_disk folders (a Dataset, and a DatasetDict's `train` split) are read
+    as their .arrow shards, not their metadata JSON, with the tokens of the same jsonl texts."""
+    datasets = pytest.importorskip("datasets")
+    texts = [random_text(random.Random(seed)) for seed in range(30)]
+    (tmp_path / "jsonl").mkdir()
+    (tmp_path / "jsonl/data.jsonl").write_text(
+        "".join(json.dumps({"text": t, "id": i}, ensure_ascii=False) + "\n"
+                for i, t in enumerate(texts)))
+    table = {"text": texts, "id": list(range(len(texts)))}
+    datasets.Dataset.from_dict(table).save_to_disk(tmp_path / "saved")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(table),
+                          "test": datasets.Dataset.from_dict({"text": ["x"], "id": [0]})}
+                         ).save_to_disk(tmp_path / "saved_dict")
+    outputs = []
+    for source in ("jsonl", "saved", "saved_dict"):
+        pretokenize_pretrain_data(tmp_path / source, tiny_hf_tokenizer_dir,
+                                  tmp_path / f"out_{source}", num_workers=1)
+        bins = sorted((tmp_path / f"out_{source}").rglob("*.bin"))
+        outputs.append([path.read_bytes() for path in bins])
+    assert len(outputs[0]) == 1 and outputs[0] == outputs[1] == outputs[2]
+    shard = next((tmp_path / "saved").glob("*.arrow"))
+    shard.write_bytes(shard.read_bytes()[:200])
+    with pytest.raises(BadRecordError, match=rf"{shard}:1: corrupt_arrow"):
+        pretokenize_pretrain_data(tmp_path / "saved", tiny_hf_tokenizer_dir, tmp_path / "bad",
+                                  num_workers=1)

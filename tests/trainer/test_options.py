@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,17 +16,27 @@ import torch
 import train_my_ddp
 from tests.train_helpers import TINY_ARGS, data_args
 from trainer.command_line import format_help, parse_command_line
-from trainer.config_files import load_config_file, resolve_options, save_config
+from trainer.config_files import (
+    load_config_file,
+    options_from_argv,
+    resolve_options,
+    save_config,
+)
 from trainer.options import TrainingOptions
 from utils.cli_errors import EXIT_BAD_INPUT
 from utils.cli_errors import run_main as cli_run_main
 
+REPO = Path(__file__).resolve().parents[2]
 
-def test_values_are_parsed_by_the_field_type():
+
+def test_values_are_parsed_by_the_field_type(tmp_path):
     lr = random.uniform(1e-5, 1e-2)
+    # --data_dir: not the default data/demo/pretrain_pretok, which `make demo` fills with
+    # pretraining data that an sft run refuses
     cfg, _ = resolve_options([f"--lr={lr!r}", "--batch_size=12", "--use_distributed_optimizer",
                              "--overlap_grad_reduce=false", "--stop_at_iter=7",
                              "--bucket_size=2e6", "--task_type=sft",
+                             f"--data_dir={tmp_path / 'sft'}",
                              '--eval_prompts=["x y", "z"]', "--init_from=none"])
     optimization, parallel = cfg.optimization, cfg.parallel
     assert optimization.lr == lr and isinstance(optimization.batch_size, int)
@@ -41,7 +55,12 @@ def test_values_are_parsed_by_the_field_type():
     ("--batch_size=three", "--batch_size: expects int"),
     ("--resume=maybe", "--resume: expects bool"),
     ("--task_type=rlhf", "expects pretrain | sft | dpo"),
-    ("--lr", "--lr needs a value"),
+    ("--lr", r"^--lr needs a value: --lr <float> or --lr=<float>$"),
+    ("--learning_rate=1e-3", r"did you mean --lr\? \(z2all's name for HF's --learning_rate\)"),
+    ("--num_train_epochs=3", "did you mean --max_iters.*not epochs"),
+    ("--per_device_train_batch_size=4", "did you mean --batch_size"),
+    ("--output_dir=o", "did you mean --out_dir"),
+    ("--no_lr", "unknown option 'no_lr'"),
     ("--task_type=dpo", "needs --init_from"),
     ("--comm_hook=overlap_optim", "add --grad_clip=0"),
     ("--stop_at_iter=5000", "beyond --max_iters"),
@@ -166,3 +185,106 @@ def test_fp16_is_one_rule_checked_before_any_work(data, tmp_path, capsys, layout
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing was built
     assert captured.err.count("\n") == 1 and "--dtype=fp16 cannot be combined with" in captured.err
+
+
+def test_values_may_follow_the_key_after_a_space():
+    spaced, _ = resolve_options(["--lr", "0.002", "--zero_stage", "1", "--comm_hook", "bf16",
+                                 "--eval_prompts", '["a b"]', "--init_from", "none",
+                                 "--max_iters", "1e3"])
+    joined, _ = resolve_options(["--lr=0.002", "--zero_stage=1", "--comm_hook=bf16",
+                                 '--eval_prompts=["a b"]', "--init_from=none", "--max_iters=1e3"])
+    assert spaced.to_dict() == joined.to_dict()
+    with pytest.raises(ValueError, match="--batch_size needs a value"):
+        parse_command_line(["--batch_size", "--lr=1"])
+
+
+def test_boolean_flag_forms():
+    parsed = parse_command_line(["--resume", "false", "--verbose", "--compile", "TRUE",
+                                 "--no_eval_at_start", "--no-overlap_grad_reduce",
+                                 "--sequence_parallel=no", "--overwrite", "cfg.yaml"])
+    assert parsed == ("cfg.yaml", {"resume": False, "verbose": True, "compile": True,
+                                   "eval_at_start": False, "overlap_grad_reduce": False,
+                                   "sequence_parallel": False, "overwrite": True})
+
+
+def test_the_trainer_takes_spaced_values_and_points_at_hf_names(tmp_path):
+    """Through the real entry point: `--key value` gets as far as the path checks; an HF name
+    ends in one line with z2all's name, exit 2, before any work."""
+    def trainer(*args):
+        return subprocess.run([sys.executable, "train_my_ddp.py", *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    done = trainer("--data_dir", str(tmp_path / "nowhere"), "--max_iters", "5",
+                   "--out_dir", str(tmp_path / "run"))
+    assert done.returncode == 2
+    assert done.stderr == f"error: --data_dir={tmp_path / 'nowhere'}: no such file or directory\n"
+    done = trainer("--learning_rate", "1e-3")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "did you mean --lr?" in done.stderr and not (tmp_path / "run").exists()
+
+
+def test_yaml_and_toml_configs_flat_or_nested_with_the_command_line_on_top(tmp_path):
+    (tmp_path / "flat.yml").write_text("lr: 3e-4\nzero_stage: 1\ncompile: true\n"
+                                       "eval_prompts: [a, b]\ninit_from: null\n")
+    (tmp_path / "nested.yaml").write_text("optimization:\n  lr: 3.0e-4\nparallel:\n"
+                                          "  zero_stage: 1\nsystem: {compile: true}\n"
+                                          "eval_prompts: [a, b]\n")
+    (tmp_path / "nested.toml").write_text('eval_prompts = ["a", "b"]\n[optimization]\n'
+                                          'lr = 3e-4\n[parallel]\nzero_stage = 1\n'
+                                          '[system]\ncompile = true\n')
+    (tmp_path / "flat.toml").write_text('lr = 0.0003\nzero_stage = 1\ncompile = true\n'
+                                        'eval_prompts = ["a", "b"]\nbucket_size = "none"\n')
+    expected, _ = resolve_options(["--lr=3e-4", "--zero_stage=1", "--compile",
+                                   '--eval_prompts=["a", "b"]'])
+    for name in ("flat.yml", "nested.yaml", "nested.toml"):
+        assert resolve_options([str(tmp_path / name)])[0] == expected, name
+    from_toml, _ = resolve_options([str(tmp_path / "flat.toml"), "--lr", "1e-3"])
+    assert from_toml.optimization.lr == 1e-3 and from_toml.parallel.bucket_size is None
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("c.yaml", "optimization:\n  learning_rate: 1e-3\n", r"c.yaml: .*did you mean --lr\?"),
+    ("c.yaml", "lrr: 1e-3\n", r"c.yaml: unknown option 'lrr'; did you mean --lr"),
+    ("c.yaml", "model:\n  lr: 1e-3\n", "c.yaml: option 'lr' belongs under 'optimization'"),
+    ("c.yaml", "lr: 1e-3\noptimization: {lr: 2e-3}\n", "c.yaml: option 'lr' is given twice"),
+    ("c.yaml", "lr: 1e-3\nbatch_size: [\n", r"c.yaml:3: invalid YAML"),
+    ("c.yaml", "- lr\n", "c.yaml: expected a mapping of options"),
+    ("c.yaml", "batch_size: big\n", "c.yaml: option 'batch_size' expects int, got 'big'"),
+    ("c.toml", "[optimization]\nlrr = 1.0\n", "c.toml: unknown option 'lrr'; did you mean --lr"),
+    ("c.toml", "lr = \n", r"c.toml: invalid TOML: .*line 1"),
+    ("c.ini", "lr=1\n", r"c.ini: a config file must be .py, .json, .yaml, .yml or .toml"),
+])
+def test_bad_yaml_and_toml_configs_name_file_and_fix(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        resolve_options([str(tmp_path / name)])
+
+
+def test_a_yaml_config_cannot_run_code(tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "evil.yaml").write_text(
+        f"lr: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ValueError, match="evil.yaml:1: invalid YAML"):
+        resolve_options([str(tmp_path / "evil.yaml")])
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("fmt", ["py", "json", "yaml", "toml"])
+def test_print_config_reads_back_to_the_same_options(tmp_path, capsys, fmt):
+    argv = ["--lr", "0.00123", "--bucket_size", "none", "--adam_eps=1e-8", "--dropout=0.1",
+            '--eval_prompts=["a \\"quoted\\" prompt", "é"]', "--init_from", "none"]
+    with pytest.raises(SystemExit) as done:
+        options_from_argv([*argv, "--print_config", fmt])
+    assert done.value.code == 0
+    (tmp_path / f"c.{fmt}").write_text(capsys.readouterr().out)
+    assert resolve_options([str(tmp_path / f"c.{fmt}")])[0] == resolve_options(argv)[0]
+
+
+def test_the_trainer_prints_its_config_as_asked(tmp_path):
+    (tmp_path / "c.yaml").write_text("optimization:\n  lr: 1e-3\n  max_iters: 50\n")
+    done = subprocess.run([sys.executable, "train_my_ddp.py", str(tmp_path / "c.yaml"),
+                           "--max_iters", "60", "--print_config", "toml"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    printed = tomllib.loads(done.stdout)
+    assert printed["optimization"]["lr"] == 1e-3 and printed["optimization"]["max_iters"] == 60
+    assert set(printed) == set(TrainingOptions().__dataclass_fields__)

@@ -1,0 +1,58 @@
+"""Models and tokenizers named by Hugging Face Hub id (`org/name`) wherever a directory is
+accepted: the one place an id becomes a local directory.
+
+    --init_from meta-llama/Llama-3.2-1B [--revision main]   ->  $HF_HOME/hub/models--meta-llama--
+                                                               Llama-3.2-1B/snapshots/<commit>/
+
+The id goes through `huggingface_hub.snapshot_download`, which reads the local HF cache (where
+transformers, TRL and litgpt users already have their models) and, unless
+`HF_HUB_OFFLINE=1`, fetches what is missing. It fetches only files that are data: JSON
+(config, tokenizer), `tokenizer.model` and safetensors weights; never pickled `.bin` weights
+or code (the loaders read nothing else either: no remote code, safetensors only).
+
+A local directory always wins over an id of the same spelling. The snapshot directory's name
+is the commit it holds, so the resolved path records which snapshot a run used
+(`snapshot_of`), and a resumed run can refuse another one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+SAFE_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[^/]+)/?$")
+
+
+def is_offline() -> bool:
+    """HF_HUB_OFFLINE=1 (as huggingface_hub spells truth): the cache alone, no network."""
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def local_dir(spec: str, option: str, revision: str | None = None) -> str:
+    """`spec` itself when it exists on disk or is no Hub id; else the Hub snapshot it names
+    (one-line ValueError naming `option` when neither is there)."""
+    if Path(spec).exists() or not _HUB_ID.match(spec):
+        return spec
+    from huggingface_hub import constants, errors, snapshot_download  # only for an id
+
+    try:
+        return snapshot_download(spec, revision=revision, allow_patterns=SAFE_PATTERNS,
+                                 local_files_only=is_offline())
+    except (errors.HfHubHTTPError, errors.HFValidationError, OSError) as error:
+        where = "the HF cache" + (" (HF_HUB_OFFLINE=1)" if is_offline() else " or the Hub")
+        at = f"@{revision}" if revision else ""
+        raise ValueError(
+            f"{option} {spec}{at}: no such directory, and no Hugging Face model {spec!r}{at} "
+            f"in {where} at {constants.HF_HUB_CACHE} ({type(error).__name__}); give a "
+            f"directory, or download it once: hf download {spec}") from None
+
+
+def snapshot_of(path: str | os.PathLike | None) -> dict[str, str] | None:
+    """{"id": "org/name", "snapshot": commit} when `path` is a Hub cache snapshot, else None."""
+    found = _SNAPSHOT.search(str(path)) if path is not None else None
+    if found is None:
+        return None
+    return {"id": f"{found['org']}/{found['name']}", "snapshot": found["commit"]}
