@@ -79,7 +79,7 @@ def check_paths(options: TrainingOptions) -> None:
     if not run.out_dir.strip():
         problems.append("--out_dir is empty: name the run directory, e.g. --out_dir=out/run1")
     else:  # a directory of the run's own (utils/run_directory.py)
-        problems.append(out_dir_problem(run.out_dir, run.resume, run.overwrite, reads=paths))
+        problems.append(out_dir_problem(run.out_dir, reads=paths))
     raise_problems(problems)
 
 

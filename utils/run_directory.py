@@ -273,7 +273,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 class RunDirHoldsARun(ValueError):
-    """A fresh run was pointed at a directory holding another run's checkpoints or metrics."""
+    """A fresh run was pointed at a directory holding another run, or at one that is not empty
+    and holds no run; or --resume at a directory that holds no run."""
 
 
 class RunDirMoved(OSError):
@@ -289,15 +290,13 @@ def is_run(run_dir: Path) -> bool:
     return checkpoints_dir(run_dir).is_dir() or (run_dir / METRICS_FILE).is_file()
 
 
-def out_dir_problem(out_dir: str, resume: bool, overwrite: bool,
-                    reads: dict[str, str | None]) -> str | None:
-    """Why `--out_dir` may not be this run's directory (one line), or None. Read-only: the
-    entry point asks before anything is written. `reads` maps the options naming what the run
-    reads (`--data_dir`, ...) to their values: the run writes into none of them, nor above them.
-
-    A fresh run takes a directory that does not exist or is empty (a supervisor's files
-    aside); one holding a z2all run is settled under its lock (`claim_run_dir`). --resume
-    needs a z2all run. /, the home directory and the repository are never a run directory."""
+def out_dir_problem(out_dir: str, reads: dict[str, str | None]) -> str | None:
+    """Why `--out_dir` can never be this run's directory (one line), or None. Read-only and the
+    same on every rank: the entry point asks before anything is written. `reads` maps the
+    options naming what the run reads (`--data_dir`, ...) to their values: the run writes into
+    none of them, nor above them. /, the home directory and the repository are never a run
+    directory. What the directory holds is judged later, by rank 0 alone under the lock
+    (`claim_run_dir`): another rank looking would see rank 0's first files."""
     flag, path = f"--out_dir={out_dir}", Path(out_dir)
     if path.exists() and not path.is_dir():
         return f"{flag} is a file: name a new or empty directory for the run"
@@ -312,14 +311,23 @@ def out_dir_problem(out_dir: str, resume: bool, overwrite: bool,
             where = "is inside" if inside else "is or contains"
             return (f"{flag} {where} {name}: a run writes only into a directory of its own; "
                     "choose another --out_dir (e.g. out/run1)")
-    if not path.is_dir():
+    return None
+
+
+def _contents_problem(run_dir: Path, resume: bool, overwrite: bool) -> str | None:
+    """Why the run may not start in `run_dir` as it is now, or None: a fresh run takes a
+    directory that does not exist or is empty (a supervisor's files aside) or holds a z2all
+    run (settled by `_record_to_replace`); --resume needs a z2all run."""
+    flag = f"--out_dir={run_dir}"
+    if not run_dir.is_dir():
         return None  # the run creates it
     if resume:
-        return None if is_run(path) else (
+        return None if is_run(run_dir) else (
             f"{flag} holds no z2all run to resume (no {RUN_MARKER}, {CHECKPOINTS_DIR}/ or "
             f"{METRICS_FILE}): check the path, or start a fresh run without --resume")
-    foreign = sorted(entry.name for entry in path.iterdir() if entry.name not in BEFORE_THE_RUN)
-    if is_run(path) or not foreign:
+    foreign = sorted(entry.name for entry in run_dir.iterdir()
+                     if entry.name not in BEFORE_THE_RUN)
+    if is_run(run_dir) or not foreign:
         return None
     shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
     return (f"{flag} is not empty and holds no z2all run ({shown}): a fresh run needs a new or "
@@ -354,14 +362,18 @@ def move_aside(run_dir: Path) -> Path:
 
 
 def claim_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> tuple[RunLock, list[str]]:
-    """Rank 0, once `out_dir_problem` found none: lock `run_dir` (a live run refuses, naming
-    its PID and host); a fresh run then refuses an earlier run's record, or with `overwrite`
+    """Rank 0, once `out_dir_problem` found none: a directory that is no run and not empty is
+    refused (or, for --resume, one that is no run); then lock `run_dir` (a live run refuses,
+    naming its PID and host); a fresh run then refuses an earlier run's record, or with `overwrite`
     moves it aside; last, the marker says that the directory holds a z2all run (a resumed run
     made before the marker gets it too). Returns the held lock and notes for the log.
 
     The lock comes first, so --overwrite never moves a live run: its flock would move with the
     directory and it would go on writing by path into the new run. (A directory moved by other
     hands stops its trainer within a step: `RunLock.in_place`.)"""
+    problem = _contents_problem(run_dir, resume, overwrite)
+    if problem:
+        raise RunDirHoldsARun(problem)
     _record_to_replace(run_dir, resume, overwrite)  # a refusal writes nothing, not even .lock
     lock = RunLock(run_dir)
     notes = [lock.acquire()]

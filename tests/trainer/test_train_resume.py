@@ -47,6 +47,7 @@ from utils.checkpoint import (
 )
 from utils.cli_errors import EXIT_BAD_INPUT
 from utils.cli_errors import run_main as cli_run_main
+from utils.run_directory import MARKER, RUN_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -169,10 +170,15 @@ def test_resume_without_checkpoint_is_a_clear_error(data, tmp_path, capsys):
     with pytest.raises(ValueError, match="--resume: .*empty holds no run to continue"):
         run_main(argv)
     assert not (tmp_path / "empty").exists()  # a failed start leaves nothing behind
-    save_config(resolve_options(argv[:-1])[0], tmp_path / "empty")  # a run that saved nothing
-    with pytest.raises(CheckpointError, match="--resume: .*no checkpoint found"):
+    save_config(resolve_options(argv[:-1])[0], tmp_path / "empty")  # a config, no run marker
+    with pytest.raises(ValueError, match="empty holds no z2all run to resume"):
         run_main(argv)
     assert cli_run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT  # one line, exit code 2
+    assert capsys.readouterr().err.count("\n") == 1
+    (tmp_path / "empty" / RUN_MARKER).write_text(json.dumps(MARKER))  # a run, no checkpoint
+    with pytest.raises(CheckpointError, match="--resume: .*no checkpoint found"):
+        run_main(argv)
+    assert cli_run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT
     assert capsys.readouterr().err.startswith("error: --resume: ")
 
 
