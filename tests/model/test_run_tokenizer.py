@@ -21,8 +21,11 @@ from model.run_tokenizer import (
     save_run_tokenizer,
 )
 from tests.model.model_helpers import small_model
-from tests.model.test_hf_llama_family import random_hf_dir
-from tests.pretrained_helpers import make_pretrained_tokenizer_dir, random_conversation
+from tests.pretrained_helpers import (
+    make_pretrained_tokenizer_dir,
+    random_conversation,
+    random_hf_dir,
+)
 from tokenizer import load_tokenizer
 from utils.checkpoint import save_checkpoint
 from utils.cli_errors import run_main
