@@ -15,8 +15,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from model import convert_to_hf
 from model.convert_to_hf import export_hf
 from model.loading import load_model
-from tests.pretrained_helpers import HF_VOCAB as VOCAB
-from tests.pretrained_helpers import VARIANTS, random_hf_dir
+from tests.model.hf_llama_dirs import HF_VOCAB as VOCAB
+from tests.model.hf_llama_dirs import VARIANTS, random_hf_dir
 from utils.cli_errors import run_main
 
 TOLERANCE = 1e-5

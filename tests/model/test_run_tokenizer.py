@@ -20,12 +20,9 @@ from model.run_tokenizer import (
     model_tokenizer,
     save_run_tokenizer,
 )
+from tests.model.hf_llama_dirs import random_hf_dir
 from tests.model.model_helpers import small_model
-from tests.pretrained_helpers import (
-    make_pretrained_tokenizer_dir,
-    random_conversation,
-    random_hf_dir,
-)
+from tests.pretrained_helpers import make_pretrained_tokenizer_dir, random_conversation
 from tokenizer import load_tokenizer
 from utils.checkpoint import save_checkpoint
 from utils.cli_errors import run_main

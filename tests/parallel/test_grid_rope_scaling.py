@@ -15,12 +15,12 @@ import torch.nn.functional as F
 
 from model.modeling_z2all import Z2allForCausalLM
 from parallel.local_ranks import run_on_ranks
+from tests.model.hf_llama_dirs import random_hf_dir
 from tests.parallel.grid_helpers import (
     assert_grids_equal_single_process,
     micro_batches_of,
     train_grids,
 )
-from tests.pretrained_helpers import random_hf_dir
 
 # name: (RoPE variant of random_hf_dir, (world, tensor_parallel, pipeline_parallel,
 # sequence_parallel, schedule, micro-batches))
