@@ -16,6 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -92,8 +93,22 @@ def _log_kernels_once(device: torch.device, dtype: torch.dtype, head_dim: int) -
                     ", ".join(f"{op}={impl}" for op, impl in choices.items()))
 
 
+class BlockInputs(NamedTuple):
+    """What every decoder block reads besides the hidden states, made once per forward."""
+
+    cos: torch.Tensor
+    """RoPE at the tokens' positions, scaled as `config.rope_scaling` says: [B or 1, T, D]."""
+    sin: torch.Tensor
+    layout: kernels.AttentionLayout
+    """Who attends to whom (causal, padding, packed samples) and with which kernel."""
+
+
 class Z2allModel(nn.Module):
-    """The transformer body: token ids -> final normalised hidden states."""
+    """The transformer body: token ids -> final normalised hidden states.
+
+    Its parts are methods (or modules) of their own, `embed_tokens`, `block_inputs`,
+    `run_blocks`, `norm`, so that a pipeline or tensor-parallel stage composes the very same
+    code from the parts it holds (parallel/pipeline_parallel/stage.py) instead of a copy."""
 
     def __init__(self, config: Z2allConfig) -> None:
         super().__init__()
@@ -103,27 +118,45 @@ class Z2allModel(nn.Module):
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None,
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 kv_cache: KVCache | None = None) -> torch.Tensor:
-        """key_padding_mask [B, past + T] (1 = real token) or None for no padding."""
-        config, device = self.config, input_ids.device
+        """attention_mask [B, past + T] as `Z2allForCausalLM.forward`'s, or None."""
         query_len, past_len = input_ids.shape[1], (kv_cache.length if kv_cache else 0)
         hidden = self.embed_tokens(input_ids)
+        inputs = self.block_inputs(attention_mask, query_len, past_len, hidden)
+        hidden = self.run_blocks(hidden, inputs, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(query_len)
+        return self.norm(hidden)
+
+    def block_inputs(self, attention_mask: torch.Tensor | None, query_len: int, past_len: int,
+                     hidden: torch.Tensor) -> BlockInputs:
+        """Positions, RoPE and attention layout of the `query_len` new tokens, in the dtype
+        `hidden` computes in. `hidden` is read for its dtype and device only (a stage's input
+        or, under sequence parallelism, a slice of the sequence: hence `query_len`)."""
+        config, device = self.config, hidden.device
         dtype = _compute_dtype(hidden)
         _log_kernels_once(device, dtype, config.head_dim)
+        key_padding_mask = _key_padding_mask(attention_mask)
         position_ids = position_ids_for(key_padding_mask, query_len, past_len, device)
         cos, sin = rotary_cos_sin(position_ids, config.head_dim, config.rope_theta, dtype,
                                   config.rope_scaling)
         use_flash = not kernels.why_not_flash_attention(device, dtype, config.head_dim)
         layout = attention_layout_for(key_padding_mask, query_len, past_len, device, use_flash)
-        for layer_idx, layer in enumerate(self.layers):
-            if self._recompute_in_backward(layer_idx):
-                hidden = checkpoint(layer, hidden, cos, sin, layout, use_reentrant=False)
+        return BlockInputs(cos, sin, layout)
+
+    def run_blocks(self, hidden: torch.Tensor, inputs: BlockInputs,
+                   kv_cache: KVCache | None = None) -> torch.Tensor:
+        """The decoder blocks held here, in order: all of them, or a pipeline stage's slice
+        (`layers` is then an `nn.ModuleDict` keyed by layer number; both name each child by
+        its layer number)."""
+        for name, layer in self.layers.named_children():
+            if self._recompute_in_backward(int(name)):
+                hidden = checkpoint(layer, hidden, inputs.cos, inputs.sin, inputs.layout,
+                                    use_reentrant=False)
             else:
-                hidden = layer(hidden, cos, sin, layout, kv_cache)
-        if kv_cache is not None:
-            kv_cache.advance(query_len)
-        return self.norm(hidden)
+                hidden = layer(hidden, inputs.cos, inputs.sin, inputs.layout, kv_cache)
+        return hidden
 
     def _recompute_in_backward(self, layer_idx: int) -> bool:
         config = self.config
@@ -166,18 +199,24 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
         position t; -100 = not trained); attention_mask [B, T], 1 = real token, 0 = padding
         (right padding for training; left or right both give correct positions), or for packed
         rows the number of the sample each token belongs to (model/attention.py)."""
-        hidden = self.model(input_ids, _key_padding_mask(attention_mask))
+        hidden = self.model(input_ids, attention_mask)
         if labels is None:
             return CausalLMOutput(logits=self.lm_head(hidden))
-        return CausalLMOutput(loss=self.lm_head(hidden.flatten(0, 1), labels.flatten()))
+        return CausalLMOutput(loss=self.head_loss(hidden, labels))
 
     def token_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor,
                         attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """log p(labels[b, t] | tokens <= t) as fp32 [B, T], 0 where labels == -100 (DPO sums
         these over the response)."""
-        hidden = self.model(input_ids, _key_padding_mask(attention_mask))
-        log_probs = self.lm_head(hidden.flatten(0, 1), labels.flatten(), per_token=True)
-        return log_probs.view(labels.shape)
+        return self.head_loss(self.model(input_ids, attention_mask), labels, per_token=True)
+
+    def head_loss(self, hidden: torch.Tensor, labels: torch.Tensor, per_token: bool = False
+                  ) -> torch.Tensor:
+        """From the final normalised hidden states [B, T, H]: the mean cross-entropy of
+        `labels` (fp32 scalar), or with `per_token` the log-probs [B, T] `token_log_probs`
+        returns. The part of the forward a pipeline's last stage runs after its blocks."""
+        flat = self.lm_head(hidden.flatten(0, 1), labels.flatten(), per_token=per_token)
+        return flat.view(labels.shape) if per_token else flat
 
     # ---- incremental decoding (used by model/generation.py) ---------------------------------
     def new_kv_cache(self, batch_size: int, capacity: int) -> KVCache:
@@ -190,7 +229,7 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
                           kv_cache: KVCache) -> torch.Tensor:
         """Run the new tokens through the model (filling the cache); fp32 logits [B, V] of the
         last position only (the prompt's other positions need no vocabulary projection)."""
-        hidden = self.model(input_ids, _key_padding_mask(key_padding_mask), kv_cache)
+        hidden = self.model(input_ids, key_padding_mask, kv_cache)
         return self.lm_head(hidden[:, -1]).float()
 
     def compile_blocks(self) -> None:

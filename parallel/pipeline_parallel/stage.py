@@ -1,4 +1,6 @@
-"""A pipeline stage: this rank's consecutive slice of the decoder blocks, and its forward.
+"""A pipeline stage: this rank's consecutive slice of the decoder blocks, and its forward,
+composed of the model's own parts (embedding, RoPE and attention layout, blocks, norm and
+head), so a stage computes exactly what the whole model does.
 
 With P stages and L layers, stage s keeps blocks [s L/P, (s+1) L/P), the first stage also the
 embedding, the last the final norm and the head (which computes the loss). Worked example,
@@ -23,12 +25,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from model import kernels
-from model.attention import attention_layout_for, position_ids_for
-from model.modeling_z2all import Z2allForCausalLM, _key_padding_mask
-from model.rope import rotary_cos_sin
+from model.modeling_z2all import Z2allForCausalLM
 from parallel.parallel_dims import ParallelDims
 
 
@@ -72,28 +70,14 @@ def stage_forward(model: Z2allForCausalLM, dims: ParallelDims, stage_input: torc
                   micro_batch: dict[str, torch.Tensor], per_token: bool = False) -> torch.Tensor:
     """Hidden states for the next stage, or on the last stage the micro-batch's mean loss
     (`per_token`: its token log-probs [B, S], as `Z2allForCausalLM.token_log_probs`, for DPO).
-    Mirrors Z2allModel.forward and Z2allForCausalLM.forward, one stage's part of them."""
-    inner, config = model.model, model.config
-    input_ids = micro_batch["input_ids"]
-    key_padding_mask = _key_padding_mask(micro_batch.get("attention_mask"))
+    The model's own parts (`Z2allModel.forward` composes the same ones), those this stage
+    holds: positions, RoPE and attention layout come from the whole micro-batch, whatever
+    part of the sequence `hidden` holds under sequence parallelism."""
+    inner, input_ids = model.model, micro_batch["input_ids"]
     hidden = inner.embed_tokens(input_ids) if dims.is_first_stage else stage_input
-    device, seq_len = input_ids.device, input_ids.shape[1]
-    dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
-             else hidden.dtype)
-    position_ids = position_ids_for(key_padding_mask, seq_len, 0, device)
-    cos, sin = rotary_cos_sin(position_ids, config.head_dim, config.rope_theta, dtype)
-    use_flash = not kernels.why_not_flash_attention(device, dtype, config.head_dim)
-    layout = attention_layout_for(key_padding_mask, seq_len, 0, device, use_flash)
-    for layer_idx, layer in inner.layers.items():
-        if inner._recompute_in_backward(int(layer_idx)):
-            hidden = checkpoint(layer, hidden, cos, sin, layout, use_reentrant=False)
-        else:
-            hidden = layer(hidden, cos, sin, layout)
+    inputs = inner.block_inputs(micro_batch.get("attention_mask"), input_ids.shape[1], 0,
+                                hidden)
+    hidden = inner.run_blocks(hidden, inputs)
     if not dims.is_last_stage:
         return hidden
-    hidden = inner.norm(hidden)
-    labels = micro_batch["labels"]
-    if per_token:
-        return model.lm_head(hidden.flatten(0, 1), labels.flatten(), per_token=True
-                             ).view(labels.shape)
-    return model.lm_head(hidden.flatten(0, 1), labels.flatten())
+    return model.head_loss(inner.norm(hidden), micro_batch["labels"], per_token)

@@ -20,8 +20,8 @@ from model.run_tokenizer import (
     model_tokenizer,
     save_run_tokenizer,
 )
+from tests.model.hf_llama_dirs import random_hf_dir
 from tests.model.model_helpers import small_model
-from tests.model.test_hf_llama_family import random_hf_dir
 from tests.pretrained_helpers import make_pretrained_tokenizer_dir, random_conversation
 from tokenizer import load_tokenizer
 from utils.checkpoint import save_checkpoint

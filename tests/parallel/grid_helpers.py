@@ -7,6 +7,8 @@ runs compute the same gradients up to float rounding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from model.modeling_z2all import Z2allForCausalLM
@@ -26,6 +28,12 @@ ADAM_EPS = 1e-4
 """Adam's update is about lr * g / (|g| + eps): with the default eps 1e-8 a gradient that is 0
 in one run and 1e-9 of rounding noise in the other moves a weight by a whole lr. eps 1e-4
 bounds that to lr * 1e-7 / 1e-4 = 1e-5 per step for fp32 rounding of 1e-7."""
+ModelBuilder = Callable[[], Z2allForCausalLM]
+"""Builds the same whole model on every call (and in every rank): seeded or loaded."""
+
+
+def tiny_model() -> Z2allForCausalLM:
+    return small_model("gqa", seed=0)
 
 
 def micro_batches_of(step: int, data_parallel: int, num_micro: int
@@ -58,10 +66,11 @@ def load_adam_state(model: torch.nn.Module, optimizer: torch.optim.AdamW,
                                   **{key: moments[key][name].clone() for key in moments}}
 
 
-def train_single_process(data_parallel: int, num_micro: int, steps: int = STEPS
+def train_single_process(data_parallel: int, num_micro: int, steps: int = STEPS,
+                         build_model: ModelBuilder = tiny_model
                          ) -> tuple[list[float], dict, dict]:
     """(losses, state dict, Adam moments by name) after `steps` steps."""
-    model = small_model("gqa", seed=0)
+    model = build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS)
     losses = []
     for step in range(steps):
@@ -80,12 +89,13 @@ def train_single_process(data_parallel: int, num_micro: int, steps: int = STEPS
 def train_on_grid(world_size: int, tensor_parallel: int, pipeline_parallel: int,
                   sequence_parallel: bool, schedule: str, num_micro: int,
                   steps: range = range(STEPS), resume_from: tuple[dict, dict] | None = None,
+                  build_model: ModelBuilder = tiny_model,
                   ) -> tuple[list[float], dict | None, dict | None]:
     """Run inside a rank: (losses, whole-model state dict and Adam moments by name on rank 0,
     else None, None). `resume_from`: a whole-model (state dict, moments) saved after step
     `steps.start - 1`, loaded through the layout-neutral checkpoint functions."""
     dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel).build_groups()
-    model: Z2allForCausalLM = small_model("gqa", seed=0)
+    model = build_model()
     split_into_stage(model, dims)
     if tensor_parallel > 1:
         parallelize_model(model, dims, sequence_parallel)
@@ -122,3 +132,33 @@ def train_on_grid(world_size: int, tensor_parallel: int, pipeline_parallel: int,
                for key, by_name in adam_state_by_name(model, optimizer).items()}
     state = gather_full_tensors(model.state_dict(), model.config, dims)
     return losses, state, (moments if state is not None else None)
+
+
+def train_grids(rank: int, world_size: int, grids: dict[str, tuple],
+                build_model: ModelBuilder = tiny_model) -> dict:
+    """Inside a rank, train each grid (`train_on_grid`'s first six arguments) from
+    `build_model()`. Per grid: (losses, whole state as numpy arrays on rank 0: they pickle by
+    value, torch tensors would travel as shared-memory handles that die with this process)."""
+    results = {}
+    for name, grid in grids.items():
+        losses, state, _ = train_on_grid(*grid, build_model=build_model)
+        results[name] = (losses, state and {key: t.numpy() for key, t in state.items()})
+    return results
+
+
+def assert_grids_equal_single_process(results: list[dict], grids: dict[str, tuple],
+                                      build_model: ModelBuilder = tiny_model) -> None:
+    """`train_grids`' per-rank results equal one process training the same global batches:
+    the loss of every step on every rank, and every weight after the last step."""
+    for name, (world, tp, pp, _, _, num_micro) in grids.items():
+        ref_losses, ref_state, _ = train_single_process(world // (tp * pp), num_micro,
+                                                        build_model=build_model)
+        for rank in range(world):  # every rank reports the same (global) loss
+            torch.testing.assert_close(results[rank][name][0], ref_losses, rtol=1e-5, atol=1e-6,
+                                       msg=f"{name}: losses differ on rank {rank}")
+        state = {key: torch.from_numpy(a) for key, a in results[0][name][1].items()}
+        assert set(state) == set(ref_state), name
+        # A wrong or missing gradient moves weights by about LR = 1e-2 (see ADAM_EPS).
+        for key, value in ref_state.items():
+            torch.testing.assert_close(state[key], value, rtol=1e-4, atol=1e-5,
+                                       msg=f"{name}: {key} differs after {STEPS} steps")

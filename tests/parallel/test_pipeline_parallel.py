@@ -8,8 +8,6 @@ import copy
 import torch
 from torch import nn
 
-from model.attention import attention_layout_for, position_ids_for
-from model.rope import rotary_cos_sin
 from parallel.local_ranks import run_on_ranks
 from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import PipelineSchedule
@@ -29,14 +27,9 @@ class _TorchStage(nn.Module):
         self.model, self.is_first = model, is_first
 
     def forward(self, stage_input: torch.Tensor) -> torch.Tensor:
-        inner, config = self.model.model, self.model.config
+        inner = self.model.model
         hidden = inner.embed_tokens(stage_input) if self.is_first else stage_input
-        seq_len = hidden.shape[1]
-        positions = position_ids_for(None, seq_len, 0, hidden.device)
-        cos, sin = rotary_cos_sin(positions, config.head_dim, config.rope_theta, hidden.dtype)
-        layout = attention_layout_for(None, seq_len, 0, hidden.device, use_flash=False)
-        for layer in inner.layers.values():
-            hidden = layer(hidden, cos, sin, layout)
+        hidden = inner.run_blocks(hidden, inner.block_inputs(None, hidden.shape[1], 0, hidden))
         return hidden if self.is_first else inner.norm(hidden)
 
 
@@ -50,12 +43,9 @@ def _ours_equals_torch_1f1b(rank: int, world_size: int) -> dict:
                      for mb in micro_batches_of(step=0, data_parallel=1, num_micro=NUM_MICRO)[0]]
     our_loss = PipelineSchedule(ours, dims, "1f1b").step(micro_batches)
 
-    def loss_fn(hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return theirs.lm_head(hidden.flatten(0, 1), labels.flatten())
-
     stage = PipelineStage(_TorchStage(theirs, dims.is_first_stage), dims.pp_rank, world_size,
                           torch.device("cpu"))
-    schedule = Schedule1F1B(stage, NUM_MICRO, loss_fn=loss_fn)
+    schedule = Schedule1F1B(stage, NUM_MICRO, loss_fn=theirs.head_loss)
     input_ids = torch.cat([mb["input_ids"] for mb in micro_batches])
     labels = torch.cat([mb["labels"] for mb in micro_batches])
     losses: list[torch.Tensor] = []
