@@ -1,0 +1,7 @@
+"""Context parallelism: one long sequence split across the ranks of a group, ring attention.
+
+Read in this order: load_balance.py (which tokens each rank holds, and why two chunks),
+block_attention.py (attention on one block of keys with its log-sum-exp, the merge rule and
+the backward formulas), ring_attention.py (the ring: K/V blocks passed rank to rank, forward
+and backward written out). Model-agnostic: tensors in, tensors out, like tensor_parallel/.
+"""
