@@ -1,8 +1,9 @@
 """Context parallelism against references: ring attention on C gloo ranks (C = 2, 4) equals the
 model's own attention (`model.kernels.attention`, SDPA with the model's masks) on the whole
-sequence, outputs and dQ, dK, dV, for causal, padded and packed rows with GQA; the
-load-balanced split and gather round-trip; the skipped blocks are exactly the causally masked
-ones; and torch's experimental context_parallel is tried on the same shards."""
+sequence, outputs and dQ, dK, dV, for causal, padded and packed rows with GQA; so do the merge
+rule and the block backward on their own; the load-balanced split and gather round-trip; the
+skipped blocks are exactly the causally masked ones; and torch's experimental
+context_parallel is tried on the same shards."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ import torch.distributed as dist
 
 from model import kernels
 from model.attention import attention_layout_for
+from parallel.context_parallel.block_attention import (
+    allowed_pairs,
+    attend_block,
+    block_grads,
+    merge_into,
+)
 from parallel.context_parallel.load_balance import (
     gather_sequence,
     held_positions,
@@ -149,3 +156,33 @@ def test_ring_attention_equals_torch_context_parallel():
         pytest.skip("torch's context_parallel shards only the CUDA SDPA kernels (flash, "
                     "efficient, cudnn); on CPU SDPA runs another op, so it does not run "
                     f"here: {why_not}")
+
+
+def test_merged_blocks_and_block_grads_equal_full_attention():
+    """The arithmetic alone, one process: attention on two key blocks merged with the lse rule,
+    and the blocks' gradients from the final lse, equal SDPA on all keys (a padded, packed
+    mask; GQA)."""
+    query, key, value, weights = (tensor[:, :12] for tensor in _full_inputs(16))
+    sample_ids = torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 0, 0],   # packed, then padding
+                               [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]])  # left-padded
+    full = [tensor.clone().requires_grad_() for tensor in (query, key, value)]
+    layout = attention_layout_for(sample_ids, 12, 0, torch.device("cpu"), use_flash=False)
+    expected = kernels.attention(*full, layout)
+    (expected * weights).sum().backward()
+
+    positions, scale = torch.arange(12), HEAD_DIM ** -0.5
+    blocks = [slice(0, 5), slice(5, 12)]
+    masks = [allowed_pairs(positions, positions[keys], sample_ids, sample_ids[:, keys])
+             for keys in blocks]
+    out, lse = attend_block(query, key[:, blocks[0]], value[:, blocks[0]], masks[0], scale)
+    merge_into(out, lse, *attend_block(query, key[:, blocks[1]], value[:, blocks[1]],
+                                       masks[1], scale))
+    torch.testing.assert_close(out, expected.detach())
+
+    delta = (weights * out).sum(dim=-1)
+    grads = [block_grads(query, key[:, keys], value[:, keys], mask, scale, lse, weights, delta)
+             for keys, mask in zip(blocks, masks)]
+    torch.testing.assert_close(grads[0][0] + grads[1][0], full[0].grad)
+    for index, reference in ((1, full[1].grad), (2, full[2].grad)):
+        torch.testing.assert_close(torch.cat([grads[0][index], grads[1][index]], dim=1),
+                                   reference)
