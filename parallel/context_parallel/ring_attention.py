@@ -31,7 +31,8 @@ Backward: the same ring. dQ of my queries accumulates here. dK/dV of a block are
 every rank that attended to it, so an accumulator travels with the block: rank i adds its
 share and passes it on to i+1, and after the C-th pass it is back with the block's owner
 (one send more than the K/V). Nothing goes through autograd: the communication is explicit in
-both directions. CPU path only: plain matmul/softmax in fp32 (or fp64), as SDPA returns no lse.
+both directions. Each block is plain matmul/softmax with sums in fp32 (or fp64), on any device:
+SDPA returns no lse, and a flash-attn path would need its internal backward with our lse.
 """
 
 from __future__ import annotations
