@@ -58,9 +58,12 @@ def scaled(count: int, scale: float) -> int:
 
 def pretrain_scenes(scale: float = 1.0) -> dict[str, list[str]]:
     """{file name: its scenes in play order}: what the demo pretrains on once cleaned."""
-    return {f"shakespeare_{group}.jsonl": [scene for path in paths[:scaled(len(paths), scale)]
-                                           for scene in play_scenes(path.read_text("utf-8"))]
-            for group, paths in play_files().items()}
+    scenes = {}
+    for group, paths in play_files().items():
+        chosen = paths[:scaled(len(paths), scale)]
+        scenes[f"shakespeare_{group}.jsonl"] = [
+            scene for path in chosen for scene in play_scenes(path.read_text(encoding="utf-8"))]
+    return scenes
 
 
 def raw_pretrain_files(scale: float, leak: tuple[str, str],
@@ -73,6 +76,7 @@ def raw_pretrain_files(scale: float, leak: tuple[str, str],
         pages = [*BOILERPLATE.values(), *([leaked_eval_page(*leak)] if index == 0 else [])]
         files[name] = [{"text": text} for text in with_dirty_share(scenes, rng, pages)]
     return files
+
 
 # ---------------------------------------------------------------------------------------------
 # SFT, DPO and evaluation records for the demo skills.
