@@ -87,9 +87,9 @@ def run_demo_stages(root: Path, monkeypatch, *names: str) -> None:
 
 
 def test_clean_stage_leaves_exactly_the_tokens_the_demo_was_measured_on(tmp_path, monkeypatch):
-    """The real corpus end to end (about 40 s): the raw scenes with their dirty share -> the
-    clean stage -> the tokenizer and pretokenize stages, against the same two stages run on
-    the scenes as the builder wrote them before (pinned by MEASURED_CORPUS). A dirty document
+    """The real corpus end to end (about 40 s on 2 busy cores): the raw scenes with their dirty share -> the
+    clean stage -> the tokenizer, pretokenize and sample index stages, against the same stages
+    run on the scenes as the builder wrote them before (pinned by MEASURED_CORPUS). A dirty document
     let through, a good one dropped, or a field other than "text" read, fails it."""
     cleaned = tmp_path / "cleaned"
     run_demo_stages(cleaned, monkeypatch, "corpus", "clean")
@@ -109,10 +109,13 @@ def test_clean_stage_leaves_exactly_the_tokens_the_demo_was_measured_on(tmp_path
         assert list(iter_texts(cleaned / "demo/pretrain" / name)) == list(
             iter_texts(measured / name)), name
 
-    run_demo_stages(cleaned, monkeypatch, "tokenizer_bpe", "pretokenize")
-    run_demo_stages(tmp_path / "measured", monkeypatch, "tokenizer_bpe", "pretokenize")
-    for produced in ["tokenizer/tokenizer.json", *(f"demo/pretrain_pretok/{Path(name).stem}{ext}"
-                                                  for name in files for ext in (".bin", ".idx"))]:
+    tokens = ("tokenizer_bpe", "pretokenize", "sample_index")
+    run_demo_stages(cleaned, monkeypatch, *tokens)
+    run_demo_stages(tmp_path / "measured", monkeypatch, *tokens)
+    pretok = [f"demo/pretrain_pretok/{Path(name).stem}{ext}" for name in files
+              for ext in (".bin", ".idx")]
+    samples = [f"demo/pretrain_pretok/{split}_L256.ibin" for split in ("train", "valid")]
+    for produced in ["tokenizer/tokenizer.json", *pretok, *samples]:
         assert (cleaned / produced).read_bytes() == (tmp_path / "measured" / produced
                                                      ).read_bytes(), produced
 
