@@ -87,10 +87,11 @@ def run_demo_stages(root: Path, monkeypatch, *names: str) -> None:
 
 
 def test_clean_stage_leaves_exactly_the_tokens_the_demo_was_measured_on(tmp_path, monkeypatch):
-    """The real corpus end to end (about 40 s on 2 busy cores): the raw scenes with their dirty share -> the
-    clean stage -> the tokenizer, pretokenize and sample index stages, against the same stages
-    run on the scenes as the builder wrote them before (pinned by MEASURED_CORPUS). A dirty document
-    let through, a good one dropped, or a field other than "text" read, fails it."""
+    """The real corpus end to end (under a minute on 2 busy cores): the raw scenes with their
+    dirty share -> the clean stage -> the tokenizer, pretokenize and sample index stages,
+    against the same stages run on the scenes as the builder wrote them before (pinned by
+    MEASURED_CORPUS). A dirty document let through, a good one dropped, or a field other than
+    "text" read, fails it."""
     cleaned = tmp_path / "cleaned"
     run_demo_stages(cleaned, monkeypatch, "corpus", "clean")
     measured = tmp_path / "measured" / "demo" / "pretrain"
