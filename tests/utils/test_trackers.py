@@ -128,6 +128,20 @@ def _wandb_history(records) -> dict[str, dict[int, float]]:
     return history
 
 
+def _records_once_written(path: Path, logged: dict, timeout_s: float = 60.0) -> list:
+    """The records of a `.wandb` file once its run record and all of `logged` are in it:
+    wandb-core, a process of its own shared by every run of this process, writes the file, and
+    on a loaded machine (the full suite, seen twice) the file was still empty when `finish()`
+    had returned. Waits at most `timeout_s`, then returns what is there for the asserts."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = read_wandb_records(path)
+        has_run = any(record.WhichOneof("record_type") == "run" for record in records)
+        if (has_run and _wandb_history(records) == logged) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def test_wandb_offline_gets_the_same_curves_and_a_resume_reuses_the_run(tmp_path, monkeypatch):
     log_out_of_wandb(monkeypatch, tmp_path)
     rng = random.Random(4)
@@ -142,7 +156,7 @@ def test_wandb_offline_gets_the_same_curves_and_a_resume_reuses_the_run(tmp_path
     assert len(run_files) == 2  # offline: nothing uploaded, two sessions of one run
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     for run_file, logged in zip(run_files, [first, second]):
-        records = read_wandb_records(run_file)
+        records = _records_once_written(run_file, logged)
         run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
         assert (run.run_id, run.project, run.display_name) == (run_id, "proj", "tiny")
         config = {item.key: json.loads(item.value_json) for r in records
