@@ -248,5 +248,6 @@ def test_the_runnable_blocks_run_in_order_in_a_scratch_copy(tmp_path):
             result = subprocess.run(argv, cwd=repo, env=environment, capture_output=True,
                                     text=True, timeout=COMMAND_TIMEOUT_S)
             output = (result.stdout + result.stderr)[-3000:]
-            assert result.returncode == 0, \
-                f"README.md:{start}: `{shlex.join(argv)}` exited {result.returncode}:\n{output}"
+            assert result.returncode == 0, (
+                f"the block at README.md:{start}: `{shlex.join(argv)}` exited "
+                f"{result.returncode}:\n{output}")
