@@ -31,7 +31,9 @@ option counts; a `--resume` reads its run's saved config, so it needs none. Not 
 parsed: a command whose comment starts `# by hand: <why>`, or every command of a block whose
 first line is such a comment. They are `make demo` (11 minutes) and `make test` (this suite),
 servers (`serve.py`, `tensorboard`, `resplot --watch`), `curl` to a server, and `wandb sync`
-(an upload). About 3-5 minutes on 2 shared cores, most of it the 11 short training runs.
+(an upload). It takes about 4 minutes (180 CPU-s) on 2 cores shared with other jobs, most of
+it the 11 short training runs, and is marked `slow`: `make test` and CI run it,
+`pytest -m "not slow"` leaves it out while iterating.
 """
 
 from __future__ import annotations
@@ -197,6 +199,10 @@ def test_a_bad_option_is_caught(monkeypatch):
         check_command(["python", "-m", "tools.resplot", "out/x", "--wach", "3"], monkeypatch)
     with pytest.raises(ValueError, match="did you mean --max_iters"):
         check_command(["python", "train_my_ddp.py", "--max_iter=3"], monkeypatch)
+
+
+def test_commands_are_split_and_by_hand_marks_read():
+    """A `# by hand:` comment marks its command; as a block's first line, every command."""
     assert commands_of(["python a.py \\", "  --x 1  # note", "", "# only a comment",
                         "serve --y  # by hand: a server"]) == [
         Command(["python", "a.py", "--x", "1"], by_hand=False),
@@ -236,6 +242,7 @@ def readme_environment(home: Path) -> dict[str, str]:
             "WANDB_MODE": "offline"}
 
 
+@pytest.mark.slow
 def test_the_runnable_blocks_run_in_order_in_a_scratch_copy(tmp_path):
     repo = scratch_copy(tmp_path / "repo")
     (tmp_path / "home").mkdir()
