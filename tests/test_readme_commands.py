@@ -1,9 +1,12 @@
-"""The README's command blocks run as pasted: every command in them parses, without doing work.
+"""The README's command blocks run as pasted: every command parses, and they run in order.
 
 A fenced ```bash block is either runnable (after `source .venv/bin/activate`, from the repo
 root, as the README says once at the top) or a template, marked by a first line
-`# template: ...`. For each command of a runnable block (continuation lines joined, comments
-dropped) the check is the real parser of what it calls:
+`# template: ...`, whose placeholders are for the reader to replace: templates are neither
+parsed nor run. Two checks of the runnable blocks:
+
+1. Every command parses (fast, no work done). For each command (continuation lines joined,
+comments dropped) the check is the real parser of what it calls:
 
     python -m MOD ... / python X.py ...   the module's own `__main__`, stopped right after its
                                           argparse parser accepted the options (ParsedOptions)
@@ -15,18 +18,37 @@ dropped) the check is the real parser of what it calls:
     tensorboard ..., wandb ...            the tracker's CLI is installed
 
 Every block also passes `bash -n`, and has no usage syntax (`[--flag]`, `...`) outside comments.
+
+2. The blocks run, in README order, in a scratch copy of the working tree (tracked and
+untracked files, no `.venv`, no data or runs), with the venv's bin first on PATH and HOME in
+the scratch folder, offline (HF_HUB_OFFLINE=1, WANDB_MODE=offline): the demo corpus,
+tokenizers and pretokenized data are built by the README's own commands (~30 s), and every
+later command uses what the earlier ones made, as a reader's would. One change, the size
+override the README states where the blocks begin: a command that starts a fresh training run
+(`train_my_ddp.py` directly, under torchrun or under the monitor, without `--resume`) gets
+SIZE_OVERRIDES appended, which win over the README's numbers because the last value of an
+option counts; a `--resume` reads its run's saved config, so it needs none. Not run, only
+parsed: a command whose comment starts `# by hand: <why>`, or every command of a block whose
+first line is such a comment. They are `make demo` (11 minutes) and `make test` (this suite),
+servers (`serve.py`, `tensorboard`, `resplot --watch`), `curl` to a server, and `wandb sync`
+(an upload). It takes about 4 minutes (180 CPU-s) on 2 cores shared with other jobs, most of
+it the 11 short training runs, and is marked `slow`: `make test` and CI run it,
+`pytest -m "not slow"` leaves it out while iterating.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import runpy
 import shlex
+import shutil
 import subprocess
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -39,7 +61,11 @@ from trainer.options import TrainingOptions
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 TEMPLATE_MARK = "# template:"
+BY_HAND_MARK = "# by hand:"
 SHELL_LANGUAGES = ("bash", "sh", "shell")
+# Appended to every command that starts a fresh training run (module docstring; README top).
+SIZE_OVERRIDES = ["--max_iters=2", "--eval_iters=1", "--max_new_tokens=4"]
+COMMAND_TIMEOUT_S = 600  # one command; a 2-step run takes 5-80 s on 2 busy cores
 
 
 class ParsedOptions(BaseException):  # not an Exception: no entry point's handler catches it
@@ -69,10 +95,18 @@ def runnable_blocks() -> list[tuple[int, list[str]]]:
             if not (lines and lines[0].startswith(TEMPLATE_MARK))]
 
 
-def commands_of(lines: list[str]) -> list[list[str]]:
-    """Each command's argv: continuations joined, comments and blank lines dropped."""
+@dataclass(frozen=True)
+class Command:
+    argv: list[str]
+    by_hand: bool  # commented `# by hand: <why>`: parsed, never run by this test
+
+
+def commands_of(lines: list[str]) -> list[Command]:
+    """Each command of a block: continuations joined, comments and blank lines dropped."""
+    block_by_hand = bool(lines) and lines[0].startswith(BY_HAND_MARK)
     joined = "\n".join(lines).replace("\\\n", " ")
-    return [argv for line in joined.splitlines() if (argv := shlex.split(line, comments=True))]
+    return [Command(argv, block_by_hand or BY_HAND_MARK in line)
+            for line in joined.splitlines() if (argv := shlex.split(line, comments=True))]
 
 
 def makefile_targets() -> set[str]:
@@ -152,7 +186,8 @@ def test_every_command_of_a_runnable_block_parses(start, lines, monkeypatch):
     script = "\n".join(lines)
     syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
-    for argv in commands_of(lines):
+    for command in commands_of(lines):
+        argv = command.argv
         usage_syntax = [arg for arg in argv if arg == "..." or re.match(r"^\[-", arg)]
         assert not usage_syntax, f"README.md:{start}: {usage_syntax} in {shlex.join(argv)}"
         check_command(argv, monkeypatch)
@@ -164,5 +199,62 @@ def test_a_bad_option_is_caught(monkeypatch):
         check_command(["python", "-m", "tools.resplot", "out/x", "--wach", "3"], monkeypatch)
     with pytest.raises(ValueError, match="did you mean --max_iters"):
         check_command(["python", "train_my_ddp.py", "--max_iter=3"], monkeypatch)
-    assert commands_of(["python a.py \\", "  --x 1  # note", "", "# only a comment"]) == [
-        ["python", "a.py", "--x", "1"]]
+
+
+def test_commands_are_split_and_by_hand_marks_read():
+    """A `# by hand:` comment marks its command; as a block's first line, every command."""
+    assert commands_of(["python a.py \\", "  --x 1  # note", "", "# only a comment",
+                        "serve --y  # by hand: a server"]) == [
+        Command(["python", "a.py", "--x", "1"], by_hand=False),
+        Command(["serve", "--y"], by_hand=True)]
+    assert all(c.by_hand for c in commands_of(["# by hand: needs a server", "curl -s x"]))
+
+
+def scratch_copy(destination: Path) -> Path:
+    """The working tree's tracked and untracked (not ignored) files, as they are now, copied to
+    `destination`: the README's commands run there, so nothing is written into the repo."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file() and not source.is_symlink():  # not .venv's link, nor deleted files
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def with_size_overrides(argv: list[str]) -> list[str]:
+    """A fresh training run cut to seconds; a --resume takes its sizes from the run's config."""
+    if "train_my_ddp.py" in argv and "--resume" not in argv:
+        return [*argv, *SIZE_OVERRIDES]
+    return argv
+
+
+def readme_environment(home: Path) -> dict[str, str]:
+    """What `source .venv/bin/activate` gives, offline, with HOME (HF cache, wandb and
+    matplotlib settings) in the scratch folder."""
+    environment = {name: value for name, value in os.environ.items()
+                   if not name.startswith(("WANDB_", "HF_", "PYTHON"))}
+    venv_bin = Path(sys.executable).parent
+    return {**environment, "PATH": f"{venv_bin}{os.pathsep}{environment.get('PATH', '')}",
+            "VIRTUAL_ENV": str(venv_bin.parent), "HOME": str(home), "HF_HUB_OFFLINE": "1",
+            "WANDB_MODE": "offline"}
+
+
+@pytest.mark.slow
+def test_the_runnable_blocks_run_in_order_in_a_scratch_copy(tmp_path):
+    repo = scratch_copy(tmp_path / "repo")
+    (tmp_path / "home").mkdir()
+    environment = readme_environment(tmp_path / "home")
+    for start, lines in BLOCKS:
+        for command in commands_of(lines):
+            if command.by_hand:
+                continue
+            argv = with_size_overrides(command.argv)
+            result = subprocess.run(argv, cwd=repo, env=environment, capture_output=True,
+                                    text=True, timeout=COMMAND_TIMEOUT_S)
+            output = (result.stdout + result.stderr)[-3000:]
+            assert result.returncode == 0, (
+                f"the block at README.md:{start}: `{shlex.join(argv)}` exited "
+                f"{result.returncode}:\n{output}")
