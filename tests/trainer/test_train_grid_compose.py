@@ -39,7 +39,7 @@ noise there is fp32 rounding's x 2^14, so such weights differ by up to a few lr.
 LAYOUTS = {
     "dp2_tp2_zero1": ([*DP2_TP2, "--zero_stage=1"], 2, 1e-5, 1e-5, None),
     "dp2_pp2_zero1": ([*DP2_PP2, "--use_distributed_optimizer"], 2, 1e-5, 1e-5, None),
-    "dp2_tp2_zero1_bf16": ([*DP2_TP2, "--zero_stage=1", "--comm_hook=bf16"], 2, 1e-4,
+    "dp2_tp2_zero1_bf16": ([*DP2_TP2, "--zero_stage=1", "--comm_hook=bf16"], 2, 1e-3,
                            BF16_ATOL, None),
     "tp2_pp2_compile": ([*DP2_TP2, *DP2_PP2, "--compile"], 1, 1e-5, 1e-5, None),
     "dp2_tp2_zero1_from_zero0": ([*DP2_TP2, "--zero_stage=1"], 2, 1e-5, 1e-5, DP2_TP2),
@@ -82,8 +82,10 @@ def test_layout_is_accepted_and_trains_like_one_process(trained, name):
     assert len(losses) == STEPS and losses == pytest.approx(reference, rel=rel)
     assert ([r["grad_norm"] for r in records(run, "train")] == pytest.approx(
         [r["grad_norm"] for r in records(single, "train")], rel=rel))
-    assert ([r["val_loss"] for r in records(run, "eval")] == pytest.approx(
-        [r["val_loss"] for r in records(single, "eval")], rel=rel))
+    got, expected_val = ({r["step"]: r["val_loss"] for r in records(run_dir, "eval")}
+                         for run_dir in (run, single))
+    # (a stopped run also evaluates at its stop: compare the reference's steps)
+    assert {step: got[step] for step in expected_val} == pytest.approx(expected_val, rel=rel)
     if resume_from is not None:
         assert [r["step"] for r in records(run, "resume")] == [STOP]
     final = Path("ckpt") / f"step_{STEPS:06d}" / "model.safetensors"
