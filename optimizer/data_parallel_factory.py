@@ -65,9 +65,15 @@ def check_zero_options(zero_stage: int, comm_hook: str = "allreduce",
             raise ValueError(f"{', '.join(refused)} cannot be combined with "
                              f"--zero_stage={zero_stage} (they work on our DDP's buckets; "
                              f"ZeRO-2/3 reduce unit by unit): use --zero_stage 0 or 1")
-    if zero_stage == 1 and comm_hook in ("powersgd", "overlap_optim"):
+    why_not_zero1 = {  # the hooks that reduce whole buckets, where ZeRO-1 reduce-scatters
+        "powersgd": "its low-rank factors are all-reduced whole, so no rank's shard is ever "
+                    "reduced alone; use --comm_hook=bf16 (a bf16 reduce-scatter, half the bytes) "
+                    "or --zero_stage=0",
+        "overlap_optim": "it steps whole buckets, ZeRO-1 steps each rank's shard; use "
+                         "--comm_hook=allreduce or bf16, or --zero_stage=0"}
+    if zero_stage == 1 and comm_hook in why_not_zero1:
         raise ValueError(f"--comm_hook={comm_hook} cannot be combined with --zero_stage=1 "
-                         f"(ZeRO-1 needs the plain reduce-scatter): use --comm_hook allreduce")
+                         f"(--use_distributed_optimizer): {why_not_zero1[comm_hook]}")
     if zero_stage == 0 and (cpu_offload or overlap_param_gather):
         raise ValueError("--cpu_offload and --overlap_param_gather need --zero_stage=1")
     return zero_stage

@@ -20,6 +20,7 @@ The wrappers differ only in Steps 1 and 5, which subclasses implement:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,19 @@ STATE_FORMAT = "z2all-optimizer"
 STATE_VERSION = 1
 REPLICATED_STATE_VERSION = 2  # 2: Adam state in the implementation-neutral form (adamw.py)
 REPLICATED_CHECKPOINT_FILE = "optimizer.pt"
+
+
+@dataclass(frozen=True)
+class MainPiece:
+    """Elements [start, end) of a model parameter (flattened) and the fp32 tensor AdamW updates
+    for them: a whole parameter, or (ZeRO-1) the part of it in this rank's shard. What code
+    outside the optimizer addresses the optimizer state by (a grid's whole-model gradient norm
+    and its layout-neutral checkpoint), whatever the wrapper."""
+
+    param: Tensor
+    start: int
+    end: int
+    main: Tensor
 
 
 def build_grad_scaler(config: OptimizerConfig) -> DynamicGradScaler | None:
@@ -87,6 +101,17 @@ class MixedPrecisionOptimizer:
     def _copy_main_params_to_model_params(self) -> None:
         """Step 5: make the model params equal to the updated main params."""
         raise NotImplementedError
+
+    def main_pieces(self) -> list[MainPiece]:
+        """Every piece of a model parameter whose update this rank computes (MainPiece)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def copy_main_params_to_model(self) -> None:
+        """After the main params were written from outside (a layout-neutral checkpoint): the
+        model params take their values (ZeRO-1: all-gathered), nothing left in flight."""
+        self._copy_main_params_to_model_params()
+        self.finish_param_sync()
 
     # ---- the shared recipe ---------------------------------------------------------------------
     def _main_params(self) -> list[Tensor]:
@@ -227,6 +252,9 @@ class FP32Optimizer(MixedPrecisionOptimizer):
     def _copy_main_params_to_model_params(self) -> None:
         pass  # updated in place
 
+    def main_pieces(self) -> list[MainPiece]:
+        return [MainPiece(param, 0, param.numel(), param) for param in self._main_params()]
+
 
 class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
     """bf16/fp16 model params; every rank keeps a full fp32 main copy (no sharding)."""
@@ -248,6 +276,10 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
     def _copy_main_params_to_model_params(self) -> None:
         for model_param, main_param in zip(self.model_params, self.main_params):
             model_param.detach().copy_(main_param)  # rounds fp32 -> bf16/fp16
+
+    def main_pieces(self) -> list[MainPiece]:
+        return [MainPiece(model_param, 0, model_param.numel(), main_param)
+                for model_param, main_param in zip(self.model_params, self.main_params)]
 
     def _saved_main_params(self) -> list[Tensor]:
         return self.main_params

@@ -4,7 +4,10 @@ Each rank's AdamW holds state only for its slices of its stage's parameters. Sav
 (collective, every rank calls it):
 
     Step 1  per parameter, the fp32 tensor AdamW updates (the weight itself in fp32, its main
-            copy in bf16) and its two moments, under the whole model's parameter names;
+            copy in bf16) and its two moments, under the whole model's parameter names; with
+            ZeRO-1 each rank of the data-parallel group holds pieces of them (its shard of
+            each bucket), laid into zeros and summed over that group: every element is held
+            by exactly one rank, so the sum is each tensor whole, bit for bit;
     Step 2  each of the three gathered whole on global rank 0 (gather_full_tensors: unsplit
             over the TP group, stages merged over the PP group);
     Step 3  rank 0 writes them as a ZeRO-1 shard file of a one-rank run
@@ -15,7 +18,8 @@ Loading reads, for every parameter of this rank's stage, the whole tensors by na
 shard files (`load_resharded_state`: a grid's single file, or a ZeRO-1 data-parallel run's
 files of any world size) and keeps this rank's slice (shard_full_tensors). Worked example:
 TP=2 saved `qkv_proj.weight`'s moments as rows q0..q3 | k0 k1 | v0 v1 (whole); a PP=2 run
-gives them whole to the stage holding that layer, a TP=2 run gives rank 1 q2 q3 | k1 | v1.
+gives them whole to the stage holding that layer, a TP=2 run gives rank 1 q2 q3 | k1 | v1; a
+ZeRO-1 grid then keeps, of that slice, the elements of its pieces.
 
 The same file is what a data-parallel run with --zero_stage=1 reads, so a grid run can also
 continue in one process (and a ZeRO-1 run on a grid). Tensors are copied, never recomputed:
@@ -28,6 +32,7 @@ import math
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
@@ -38,31 +43,25 @@ from optimizer.distributed_optimizer.zero1_checkpoint import (
     load_resharded_state,
     shard_file_name,
 )
-from optimizer.optimizer import STATE_VERSION, MixedPrecisionOptimizer
+from optimizer.optimizer import STATE_VERSION, MainPiece, MixedPrecisionOptimizer
 from parallel.layout_neutral_checkpoint import gather_full_tensors, shard_full_tensors
 from parallel.parallel_dims import ParallelDims
 from utils.atomic_io import atomic_open
 
 GRID_OPTIMIZER_FILES = [shard_file_name(0, 1)]
-# {whole-model parameter name: (this rank's parameter, the fp32 tensor AdamW updates)}
-ParamsAndMains = dict[str, tuple[torch.Tensor, torch.Tensor]]
+# {whole-model parameter name: (this rank's parameter, the pieces of it this rank updates)}
+NamedPieces = dict[str, tuple[torch.Tensor, list[MainPiece]]]
 
 
-def save_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: ParamsAndMains,
+def save_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
                         config: Z2allConfig, dims: ParallelDims, optim_dir: Path) -> None:
     """Collective: the module docstring's steps 1-3 (only rank 0 writes)."""
-    # Step 1: this rank's tensors by name.
-    mains = {name: main for name, (_, main) in params.items()}
-    moments = {name: read_adam_state(optimizer.inner, main) for name, main in mains.items()}
-    local = {"main_param": mains,
-             "exp_avg": {name: moment[0] for name, moment in moments.items()},
-             "exp_avg_sq": {name: moment[1] for name, moment in moments.items()}}
+    local, step = _whole_on_this_rank(optimizer, params, dims)  # Step 1
     # Step 2: whole on rank 0.
     full = {key: gather_full_tensors(tensors, config, dims) for key, tensors in local.items()}
     if dims.rank != 0:
         return
     # Step 3: one piece per parameter, elements [0, numel).
-    step = max(step for _, _, step in moments.values())  # the same for every tensor
     scaler = optimizer.grad_scaler
     state = {"format": SHARD_FORMAT, "version": STATE_VERSION, "kind": "GridOptimizer",
              "world_size": 1, "rank": 0, "lr": optimizer.get_lr(),
@@ -75,9 +74,29 @@ def save_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: ParamsAndMai
         torch.save(state, handle)
 
 
-def load_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: ParamsAndMains,
+def _whole_on_this_rank(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
+                        dims: ParallelDims) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
+    """Step 1: ({key of TENSOR_KEYS: {name: this rank's parameter's tensor, whole}}, Adam's
+    step), from the pieces (summed over the dp group when ZeRO-1 spread them over it)."""
+    local: dict[str, dict[str, torch.Tensor]] = {key: {} for key in TENSOR_KEYS}
+    steps = {0}
+    for name, (param, pieces) in params.items():
+        whole = {key: torch.zeros(param.numel(), device=param.device) for key in TENSOR_KEYS}
+        for piece in pieces:
+            exp_avg, exp_avg_sq, step = read_adam_state(optimizer.inner, piece.main)
+            steps.add(step)
+            for key, tensor in zip(TENSOR_KEYS, (piece.main, exp_avg, exp_avg_sq)):
+                whole[key][piece.start:piece.end] = tensor.reshape(-1)
+        for key, tensor in whole.items():
+            if optimizer.grads_sharded:
+                dist.all_reduce(tensor, group=dims.dp_group)
+            local[key][name] = tensor.view(param.shape)
+    return local, max(steps)  # the same for every tensor once stepped
+
+
+def load_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
                         config: Z2allConfig, dims: ParallelDims, optim_dir: Path) -> None:
-    """This rank's slices of a save made on any grid (or by ZeRO-1 at any world size)."""
+    """This rank's pieces of a save made on any grid (or by ZeRO-1 at any world size)."""
     with torch.device("meta"):
         shapes = {name: list(param.shape)
                   for name, param in Z2allForCausalLM(config).named_parameters()}
@@ -88,12 +107,15 @@ def load_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: ParamsAndMai
     local = {key: shard_full_tensors(tensors, list(params), config, dims)
              for key, tensors in full.items()}
     with torch.no_grad():
-        for name, (param, main) in params.items():
-            main.copy_(local["main_param"][name])
-            if main is not param:  # bf16 weights: the rounding of the fp32 main copy
-                param.copy_(main)
-            write_adam_state(optimizer.inner, main, local["exp_avg"][name],
-                             local["exp_avg_sq"][name], state["pieces"][0]["step"])
+        for name, (_, pieces) in params.items():
+            for piece in pieces:
+                main, exp_avg, exp_avg_sq = (
+                    local[key][name].reshape(-1)[piece.start:piece.end].view_as(piece.main)
+                    for key in TENSOR_KEYS)
+                piece.main.copy_(main)
+                write_adam_state(optimizer.inner, piece.main, exp_avg, exp_avg_sq,
+                                 state["pieces"][0]["step"])
+    optimizer.copy_main_params_to_model()  # bf16 weights: the rounding of the main copy
     optimizer.set_lr(state["lr"])
     if optimizer.grad_scaler is not None:
         optimizer.grad_scaler.load_state_dict(state["grad_scaler"])

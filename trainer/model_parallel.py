@@ -8,8 +8,11 @@ data-parallel replicas x T tensor shards (parallel/parallel_dims.py). `paralleli
             rank's stage, then its matrices to this rank's shard (parallel/pipeline_parallel,
             parallel/tensor_parallel);
     Step 3  our DDP over the data-parallel group only (gradients reduced once per step, in
-            finish_grad_sync: the schedule runs its micro-batches itself);
-    Step 4  the optimizer, wrapped so that clipping uses the norm of the *whole* model.
+            finish_grad_sync: the schedule runs its micro-batches itself), by the same
+            factory as data parallelism alone: all-reduce, or with --zero_stage=1
+            reduce-scatter (optionally of a bf16 copy, --comm_hook=bf16);
+    Step 4  the optimizer (ZeRO-1: its state sharded over the data-parallel group), wrapped
+            so that clipping uses the norm of the *whole* model.
 
 Every rank of one data-parallel replica sees the same batches (the data is split by dp rank).
 What differs from a data-parallel run, and how the loop is kept the same:
@@ -49,8 +52,10 @@ import torch
 import torch.distributed as dist
 
 from model.modeling_z2all import Z2allForCausalLM
-from optimizer import OptimizerConfig, TrainingOptimizer, get_optimizer
+from optimizer import OptimizerConfig
 from optimizer.clip_grads import clip_grads_
+from optimizer.data_parallel_factory import build_data_parallel
+from optimizer.optimizer import MixedPrecisionOptimizer
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
@@ -64,6 +69,7 @@ from parallel.tensor_parallel.sharding import layout_for
 from trainer.forward_steps import Batch, DPOStep, ForwardStep
 from trainer.grid_optimizer_checkpoint import (
     GRID_OPTIMIZER_FILES,
+    NamedPieces,
     load_grid_optimizer,
     save_grid_optimizer,
 )
@@ -105,32 +111,44 @@ def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
 
 
 class GridOptimizer:
-    """The data-parallel optimizer with whole-model clipping and layout-neutral checkpoints
-    (module docstring); everything else is delegated to it."""
+    """The data-parallel optimizer (replicated, or ZeRO-1 over the dp group) with
+    whole-model clipping and layout-neutral checkpoints (module docstring); everything else
+    is delegated to it."""
 
-    def __init__(self, inner: TrainingOptimizer, model: Z2allForCausalLM, dims: ParallelDims,
-                 max_norm: float) -> None:
+    def __init__(self, inner: MixedPrecisionOptimizer, model: Z2allForCausalLM,
+                 dims: ParallelDims, max_norm: float) -> None:
         self.inner, self.model, self.dims, self.max_norm = inner, model, dims, max_norm
         # The last stage's copy of a tied embedding (the first stage counts the original).
         self._tied_copy = (tied_embedding_param(model, dims)
                            if dims.is_last_stage and not dims.is_first_stage else None)
-        self._norm_weights = [  # each element of the whole model counted once
-            0.0 if param is self._tied_copy
+        self._norm_weight = {  # each element of the whole model counted once
+            param: 0.0 if param is self._tied_copy
             else 1.0 if dims.tensor_parallel > 1 and layout_for(name, model.config)
             else 1.0 / dims.tensor_parallel
-            for name, param in model.named_parameters()]
+            for name, param in model.named_parameters()}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
+    def _owned_grads(self) -> list[torch.Tensor]:
+        """The averaged gradient (after finish_grad_sync) of each piece this rank updates:
+        whole `main_grad`s, or under ZeRO-1 the parts in this rank's shard (only those were
+        reduce-scattered to it)."""
+        return [piece.param.main_grad.view(-1)[piece.start:piece.end]
+                for piece in self.inner.main_pieces()]
+
     def grad_norm(self) -> float:
-        """||g|| of the whole model from every rank's averaged `main_grad`s (after
-        finish_grad_sync)."""
-        grads = [param.main_grad for param in self.model.parameters()]
+        """||g|| of the whole model: this rank's owned gradients, squared and weighted, summed
+        over the TP and PP groups (and over the dp group when ZeRO-1 shards them)."""
+        pieces, grads = self.inner.main_pieces(), self._owned_grads()
         norms = torch.stack(torch._foreach_norm(grads, 2.0)).double()
-        squares = (norms.square() * torch.tensor(self._norm_weights, dtype=torch.float64,
-                                                 device=norms.device)).sum()
-        for group in (self.dims.tp_group, self.dims.pp_group):
+        weights = torch.tensor([self._norm_weight[piece.param] for piece in pieces],
+                               dtype=torch.float64, device=norms.device)
+        squares = (norms.square() * weights).sum()
+        groups = [self.dims.tp_group, self.dims.pp_group]
+        if self.inner.grads_sharded:
+            groups.append(self.dims.dp_group)
+        for group in groups:
             dist.all_reduce(squares, group=group)
         return float(squares.sqrt())
 
@@ -140,31 +158,30 @@ class GridOptimizer:
         if not math.isfinite(grad_norm):
             return False, grad_norm
         if self.max_norm > 0:
-            clip_grads_([param.main_grad for param in self.model.parameters()], self.max_norm,
-                        grad_norm)
+            clip_grads_(self._owned_grads(), self.max_norm, grad_norm)
         stepped, _ = self.inner.step()
         return stepped, grad_norm
 
     # ---- checkpoints: layout-neutral, in ZeRO-1's shard-file format (module docstring) --------
-    def _params_and_mains(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{whole-model name: (this rank's parameter, the fp32 tensor AdamW updates: the
-        parameter itself in fp32, its main copy in bf16)}. The last stage's copy of a tied
-        embedding goes by the embedding's name: its state is the same, saved once."""
-        copies = dict(zip(map(id, getattr(self.inner, "model_params", [])),
-                          getattr(self.inner, "main_params", [])))
-        return {(TIED_EMBEDDING if param is self._tied_copy else name):
-                (param, copies.get(id(param), param))
-                for name, param in self.model.named_parameters()}
+    def _named_pieces(self) -> NamedPieces:
+        """{whole-model name: (this rank's parameter, its pieces this rank updates)}. The last
+        stage's copy of a tied embedding goes by the embedding's name: its state is the same,
+        saved once."""
+        named = {param: (TIED_EMBEDDING if param is self._tied_copy else name, [])
+                 for name, param in self.model.named_parameters()}
+        for piece in self.inner.main_pieces():
+            named[piece.param][1].append(piece)
+        return {name: (param, pieces) for param, (name, pieces) in named.items()}
 
     def save_checkpoint(self, optim_dir: str | Path) -> None:
-        save_grid_optimizer(self.inner, self._params_and_mains(), self.model.config, self.dims,
+        save_grid_optimizer(self.inner, self._named_pieces(), self.model.config, self.dims,
                             Path(optim_dir))
 
     def checkpoint_files(self) -> list[str]:
         return GRID_OPTIMIZER_FILES
 
     def load_checkpoint(self, optim_dir: str | Path) -> None:
-        load_grid_optimizer(self.inner, self._params_and_mains(), self.model.config, self.dims,
+        load_grid_optimizer(self.inner, self._named_pieces(), self.model.config, self.dims,
                             Path(optim_dir))
 
 
@@ -225,13 +242,15 @@ def pipelined_forward_backward(schedule: PipelineSchedule, forward_step: Forward
 
 
 def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_parallel: int,
-                     sequence_parallel: bool, pp_schedule: str,
+                     sequence_parallel: bool, pp_schedule: str, zero_stage: int, comm_hook: str,
                      ddp_config: DistributedDataParallelConfig,
                      optimizer_config: OptimizerConfig
                      ) -> tuple[DistributedDataParallel, GridOptimizer, PipelineSchedule,
                                 ParallelDims]:
     """(our DDP over the dp group, the optimizer, the schedule, the grid): the module
-    docstring's steps."""
+    docstring's steps. `zero_stage` 0 or 1 and `comm_hook` allreduce or bf16 (the option
+    check refuses the rest on a grid): the same wrapper and optimizer as data parallelism
+    alone (optimizer/data_parallel_factory.py), over the dp group."""
     check_parallel_shapes(model.config, dist.get_world_size(), tensor_parallel,
                           pipeline_parallel, sequence_parallel)
     dims = ParallelDims(dist.get_world_size(), tensor_parallel,  # Step 1
@@ -239,9 +258,10 @@ def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_par
     split_into_stage(model, dims)  # Step 2
     if tensor_parallel > 1:
         parallelize_model(model, dims, sequence_parallel)
-    ddp = DistributedDataParallel(model, ddp_config, process_group=dims.dp_group)  # Step 3
+    ddp, inner, _ = build_data_parallel(  # Steps 3 and 4
+        model, zero_stage, ddp_config, dataclasses.replace(optimizer_config, clip_grad=0.0),
+        process_group=dims.dp_group, comm_hook=comm_hook)
     schedule = PipelineSchedule(model, dims, pp_schedule, sequence_parallel)
-    inner = get_optimizer(dataclasses.replace(optimizer_config, clip_grad=0.0), ddp)  # Step 4
     optimizer = GridOptimizer(inner, model, dims, max_norm=optimizer_config.clip_grad)
     return ddp, optimizer, schedule, dims
 

@@ -151,7 +151,8 @@ def _fp16_problems(options: TrainingOptions) -> list[str]:
 
 
 def _grid_problems(options: TrainingOptions) -> list[str]:
-    """--tensor_parallel / --pipeline_parallel: what the grid does not support (yet)."""
+    """--tensor_parallel / --pipeline_parallel: what the grid does not support (yet). It
+    takes --zero_stage=1 (--use_distributed_optimizer), --comm_hook=bf16 and --compile."""
     parallel = options.parallel
     grid = parallel.tensor_parallel * parallel.pipeline_parallel
     problems = [problem for name in ("tensor_parallel", "pipeline_parallel")
@@ -162,16 +163,24 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
         return problems
     flag = (f"--tensor_parallel={parallel.tensor_parallel} "
             f"--pipeline_parallel={parallel.pipeline_parallel}")
-    unsupported = {
-        "--zero_stage > 0 / --use_distributed_optimizer": (parallel.zero_stage > 0
-                                                           or parallel.use_distributed_optimizer),
-        f"--comm_hook={parallel.comm_hook}": parallel.comm_hook != "allreduce",
-        "--cpu_offload": parallel.cpu_offload,
-        "--compile": options.system.compile,
-        f"--lora_rank={options.lora.lora_rank}": options.lora.lora_rank > 0,
-    }
-    problems += [f"{name} with {flag} is not supported yet: use --tensor_parallel=1 "
-                 "--pipeline_parallel=1" for name, refused in unsupported.items() if refused]
+    hook = f"--comm_hook={parallel.comm_hook}"
+    unsupported = [  # (option, refused, why and what to use instead)
+        (f"--zero_stage={parallel.zero_stage}", parallel.zero_stage >= 2,
+         "ZeRO-2/3 units are not cut by stage and tensor slice yet; use --zero_stage=1 (the "
+         "optimizer state sharded over the data-parallel group)"),
+        (hook, parallel.comm_hook == "powersgd", "its per-rank state is not saved "
+         "layout-neutral; use --comm_hook=bf16 (half the bytes) or allreduce"),
+        (hook, parallel.comm_hook == "overlap_optim", "a bucket steps before the whole "
+         "model's gradient norm is known; use --comm_hook=allreduce or bf16"),
+        ("--cpu_offload", parallel.cpu_offload, "not tested on a grid; drop it"),
+        ("--overlap_param_gather", parallel.overlap_param_gather,
+         "not tested on a grid; drop it"),
+        (f"--lora_rank={options.lora.lora_rank}", options.lora.lora_rank > 0,
+         "adapters are not sliced by tensor parallelism yet; use --tensor_parallel=1 "
+         "--pipeline_parallel=1"),
+    ]
+    problems += [f"{name} with {flag} is not supported yet: {why}"
+                 for name, refused, why in unsupported if refused]
     if options.model.init_from is None and not problems:
         try:  # the vocabulary is known (and checked) once the tokenizer is loaded
             config = preset_model_config(options.model, options.data.max_seq_len,

@@ -173,7 +173,8 @@ def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
         ddp_config = dataclasses.replace(ddp_config, overlap_grad_reduce=False)
         ddp, optimizer, schedule, dims = parallelize_grid(
             model, parallel.tensor_parallel, parallel.pipeline_parallel,
-            parallel.sequence_parallel, parallel.pp_schedule, ddp_config, optimizer_config)
+            parallel.sequence_parallel, parallel.pp_schedule, stage, parallel.comm_hook,
+            ddp_config, optimizer_config)
         return Parallelized(ddp, optimizer, None, stage, dims, schedule)
     powersgd_state = (from_options(PowerSGDState, options, process_group=None)
                       if parallel.comm_hook == "powersgd" else None)

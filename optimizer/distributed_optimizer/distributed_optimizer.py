@@ -39,7 +39,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from optimizer.adamw import build_adamw, read_adam_state, weight_decay_groups, write_adam_state
-from optimizer.optimizer import STATE_VERSION, MixedPrecisionOptimizer, check_state_header
+from optimizer.optimizer import (
+    STATE_VERSION,
+    MainPiece,
+    MixedPrecisionOptimizer,
+    check_state_header,
+)
 from optimizer.optimizer_config import OptimizerConfig
 from parallel.flat_collectives import all_gather_single
 from utils.atomic_io import atomic_open
@@ -121,6 +126,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         """(piece, its fp32 main tensor) over all bucket shards, in one fixed order."""
         return [(piece, main) for shard in self.bucket_shards
                 for piece, main in zip(shard.pieces, shard.main_pieces)]
+
+    def main_pieces(self) -> list[MainPiece]:
+        return [MainPiece(piece.param, piece.param_start, piece.param_end, main)
+                for piece, main in self._owned_pieces()]
 
     def _param_shapes(self) -> dict[str, list[int]]:
         return {name: list(param.shape) for param, name in self.param_names.items()}

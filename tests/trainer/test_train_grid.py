@@ -79,7 +79,7 @@ def test_grids_train_like_one_process(data, tmp_path):
 def _problems(**changes) -> str:
     options = TrainingOptions()
     for name, value in changes.items():
-        group = next(g for g in (options.parallel, options.data, options.model)
+        group = next(g for g in (options.parallel, options.data, options.model, options.lora)
                      if hasattr(g, name))
         setattr(group, name, value)
     with pytest.raises(ValueError) as error:
@@ -90,8 +90,9 @@ def _problems(**changes) -> str:
 
 @pytest.mark.parametrize("changes, expected", [
     ({"pipeline_parallel": 2, "cpu_offload": True}, "--cpu_offload with --tensor_parallel=1"),
-    ({"pipeline_parallel": 2, "zero_stage": 2}, "--zero_stage > 0"),
-    ({"tensor_parallel": 2, "comm_hook": "bf16"}, "--comm_hook=bf16 with"),
+    ({"pipeline_parallel": 2, "zero_stage": 2}, "--zero_stage=2 with"),
+    ({"tensor_parallel": 2, "comm_hook": "powersgd"}, "--comm_hook=powersgd with"),
+    ({"tensor_parallel": 2, "lora_rank": 8}, "--lora_rank=8 with"),
     ({"sequence_parallel": True}, "--sequence_parallel needs --tensor_parallel > 1"),
     ({"pipeline_parallel": 0}, "--pipeline_parallel"),
     ({"pipeline_parallel": 2, "num_hidden_layers": 3}, "not divisible by --pipeline_parallel 2"),
