@@ -5,6 +5,8 @@ Precedence, lowest first: defaults < config file < command line. With `--resume`
 saved `config.json` takes the place of the defaults (less `resume` and `stop_at_iter`, which
 describe one invocation), so a resumed run continues with what it was started with, plus
 whatever you pass explicitly (changes that break bitwise reproducibility are warned about).
+The grid's shape (--tensor_parallel, --pipeline_parallel, --sequence_parallel) is inherited
+only whole: passing any of them resets the others to their defaults (`_whole_grid`).
 The config file may be `.py`, `.json`, `.yaml`/`.yml` or `.toml` (trainer/config_formats.py),
 and `--print_config [py|json|yaml|toml]` prints the resolved options in that format and exits
 (a file you can start from). A run saves the resolved options twice: `config.json`
@@ -29,6 +31,7 @@ from trainer.option_validation import check_options
 from trainer.options import (
     FIXED_ON_LORA_RESUME,
     FIXED_ON_RESUME,
+    GRID_SHAPE,
     PATH_OPTIONS,
     PER_INVOCATION,
     RESUME_SAFE,
@@ -77,6 +80,7 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
                              "config.json): drop --resume to start one there")
         saved = {k: v for k, v in load_config_file(saved_path).items()
                  if k not in PER_INVOCATION}
+        explicit = _whole_grid(explicit)
         merged = {**TrainingOptions.from_dict(saved).to_dict(), **explicit}
         _check_same_snapshots(saved, explicit)
         notes = _resume_changes(saved, explicit)
@@ -84,6 +88,18 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
     check_options(options)
     _warn_ignored_lora_options(explicit, options)
     return options, notes
+
+
+def _whole_grid(explicit: dict[str, Any]) -> dict[str, Any]:
+    """`explicit` with the grid's shape (GRID_SHAPE) completed from the defaults when any part
+    of it is given. A resumed run inherits the saved grid only whole: the world size comes
+    from the launcher, so a saved --tensor_parallel=2 kept under a new --pipeline_parallel=2
+    on the same 4 ranks would make TP2 x PP2 with one data-parallel replica instead of the
+    DP2 x PP2 asked for, silently halving the global batch. The completed options are
+    changes like any other (warned by `_resume_changes`)."""
+    if not any(name in explicit for name in GRID_SHAPE):
+        return explicit
+    return {**{name: default_value(name) for name in GRID_SHAPE}, **explicit}
 
 
 def _check_same_snapshots(saved: dict[str, Any], explicit: dict[str, Any]) -> None:

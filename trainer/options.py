@@ -211,6 +211,11 @@ RESUME_SAFE = {"resume", "stop_at_iter", "overwrite", "log_interval", "save_inte
                "out_dir", "eval_prompts",
                "max_new_tokens", "peak_flops", "eval_interval", "eval_iters", "dist_timeout",
                "verbose", "revision"}
+# The grid's shape, which with the world size fixes the data-parallel size (world / (tensor x
+# pipeline)) and so the global batch. On --resume it is inherited or given whole, never mixed:
+# keeping the saved --tensor_parallel=2 under a new --pipeline_parallel=2 would silently halve
+# the data-parallel size on the same ranks (trainer/config_files.py `_whole_grid`).
+GRID_SHAPE = ("tensor_parallel", "pipeline_parallel", "sequence_parallel")
 # Options a resumed run cannot change: the checkpoint holds a model of that shape and a data
 # position in samples of that length.
 FIXED_ON_RESUME = {"task_type", "max_seq_len", "model_preset", "hidden_size",

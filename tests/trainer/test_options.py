@@ -163,6 +163,26 @@ def test_resume_uses_saved_config_plus_explicit_overrides(tmp_path):
     assert again.optimization.max_iters == 40
 
 
+def test_resume_inherits_the_grid_whole_or_takes_it_whole(tmp_path):
+    """The world size comes from the launcher, so a grid mixed of saved and new parts (the
+    saved --tensor_parallel=2 under a new --pipeline_parallel=2) would change the data-parallel
+    size silently: giving any part of the grid gives all of it."""
+    run = tmp_path / "run"
+    original, _ = resolve_options([f"--out_dir={run}", "--tensor_parallel=2",
+                                  "--sequence_parallel"])
+    save_config(original, run)
+    kept, _ = resolve_options([f"--out_dir={run}", "--resume"])
+    assert (kept.parallel.tensor_parallel, kept.parallel.sequence_parallel) == (2, True)
+    with pytest.warns(UserWarning) as caught:
+        moved, _ = resolve_options([f"--out_dir={run}", "--resume", "--pipeline_parallel=2"])
+    assert sorted(str(w.message).split(" (")[0] for w in caught) == [
+        "resume: pipeline_parallel changed 1 -> 2", "resume: sequence_parallel changed True -> "
+        "False", "resume: tensor_parallel changed 2 -> 1"]
+    parallel = moved.parallel
+    assert (parallel.tensor_parallel, parallel.pipeline_parallel,
+            parallel.sequence_parallel) == (1, 2, False)
+
+
 def test_help_lists_every_option_grouped():
     text = format_help()
     for name in TrainingOptions().to_dict():

@@ -9,7 +9,9 @@ replica, so the data position carries over exactly. Compared: every step's loss 
 final model.safetensors, to fp32 rounding (not bitwise: the reductions run in another order;
 the same-grid resume stays bitwise, test_train_grid.py). The grid's optimizer file holds one
 whole piece per parameter of the whole model, under its names. And on 4 ranks with streamed
-data: DP2 x TP2 resumed as DP2 x PP2 (each replica's stream position carried over).
+data: DP2 x TP2 resumed as DP2 x PP2 (each replica's stream position carried over); and
+with pretokenized data both ways, DP2 x TP2 <-> DP2 x PP2, giving only the new grid's option
+(the saved grid is not mixed into it: trainer/config_files.py `_whole_grid`).
 """
 
 from __future__ import annotations
@@ -88,3 +90,24 @@ def test_streamed_data_resumes_per_replica_on_another_grid(data, tmp_path):
     saved = load_file(cut / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
     for key in expected:
         torch.testing.assert_close(saved[key], expected[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_pretokenized_data_resumes_on_another_grid_with_two_replicas(data, tmp_path):
+    """DP2 x TP2 -> DP2 x PP2 and DP2 x PP2 -> DP2 x TP2 on 4 ranks, pretokenized data: both
+    replicas continue the one global sample order where the saved grid stopped."""
+    tp2, pp2 = ["--tensor_parallel=2"], ["--pipeline_parallel=2"]
+    full, tp_to_pp, pp_to_tp = tmp_path / "full", tmp_path / "tp_to_pp", tmp_path / "pp_to_tp"
+    runs = [_grid_args(data, *tp2, f"--out_dir={full}"),
+            _grid_args(data, *tp2, f"--out_dir={tp_to_pp}", f"--stop_at_iter={STOP}"),
+            _grid_args(data, *pp2, f"--out_dir={tp_to_pp}", "--resume"),
+            _grid_args(data, *pp2, f"--out_dir={pp_to_tp}", f"--stop_at_iter={STOP}"),
+            _grid_args(data, *tp2, f"--out_dir={pp_to_tp}", "--resume")]
+    assert run_on_ranks(_runs_on_rank, runs, world_size=4, timeout=600) == [[0] * 5] * 4
+    expected = load_file(full / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
+    for resumed in (tp_to_pp, pp_to_tp):
+        assert [r["step"] for r in records(resumed, "resume")] == [STOP]
+        assert train_losses(resumed) == pytest.approx(train_losses(full), rel=1e-5), resumed
+        saved = load_file(resumed / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
+        for key in expected:
+            torch.testing.assert_close(saved[key], expected[key], rtol=1e-4, atol=1e-5,
+                                       msg=f"{resumed.name}: {key}")
