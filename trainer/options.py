@@ -189,8 +189,9 @@ class LoraOptions:
 class RunOptions:
     out_dir: str = option("out/run", "run directory (config, metrics, checkpoints, report)")
     resume: bool = option(False, "continue from the newest valid checkpoint in out_dir")
-    overwrite: bool = option(False, "a fresh run into an out_dir that holds another run moves "
-                             "that run aside to <out_dir>.old-<time> (without it: refused)")
+    overwrite: bool = option(False, "a fresh run into an out_dir that holds another z2all run "
+                             "(not a live one) moves that run aside to <out_dir>.old-<time> "
+                             "(without it: refused)")
     log_interval: int = option(10, "log training metrics every N steps")
     save_interval: int = option(500, "checkpoint every N steps (and at the end)")
     keep_last: int = option(2, "checkpoints kept (plus the best by validation loss); "

@@ -5,7 +5,8 @@ A training run lives in one directory (`--out_dir`, docs/design.md §2.7). The t
 write them through this module, and a file name or format exists once:
 
     out/<run>/z2all_run.json                 {"format": "z2all run directory", "version": 1}:
-                                             the directory holds a z2all run (written first)
+                                             the directory holds a z2all run (written right
+                                             after .lock is taken, before anything else)
     out/<run>/.lock                          {"pid": 4242, "host": "node7"}; rank 0 holds an
                                              exclusive flock on it for the run's life
     out/<run>/heartbeat                      {"step": 1234, "time": 1795309463.3}, rewritten by
