@@ -59,7 +59,8 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="clean_pretrain_data", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--data_dir", required=True, help="folder (or file) of .jsonl/.json/.parquet/.txt")
+    add("--data_dir", required=True, help="folder (or file) of .jsonl/.json/.parquet/.txt, "
+        "DIR@split, or hf:org/name[:config][@split] (utils/data_files.py)")
     add("--out_dir", required=True, help="where the cleaned .jsonl shards and report go")
     add("--num_workers", type=int, default=pipeline.DEFAULT_WORKERS, help="0: in-process")
     add("--batch_size", type=int, default=256, help="documents per worker task")
@@ -73,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num_perm", type=int, default=128, help="MinHash hash functions")
     add("--shingle_words", type=int, default=5, help="words per shingle")
     add("--seed", type=int, default=0, help="seed of the MinHash permutations")
-    add("--decontaminate", nargs="+", default=[], help="eval .jsonl/.json/.parquet files/dirs")
+    add("--decontaminate", nargs="+", default=[], help="eval .jsonl/.json/.parquet files/dirs "
+        "(of a datasets folder or hf: id, its validation/test split)")
     add("--decontaminate_ngram", type=int, default=13, help="words of a leaked n-gram")
     add("--decontaminate_min_words", type=int, default=8, help="shorter eval items are ignored")
     group = parser.add_argument_group("filter thresholds (Gopher's values by default)")
@@ -270,7 +272,7 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
     """All three passes; returns the report (also written as clean_report.json/.md)."""
     settings = settings_from(args)
     out_dir = Path(args.out_dir)
-    jobs = pipeline.plan_file_jobs(Path(args.data_dir), out_dir)
+    jobs = pipeline.plan_file_jobs(args.data_dir, out_dir)
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
               f"hashes; S-curve 50% point at Jaccard "

@@ -37,7 +37,8 @@ from tools import resplot
 from trainer import training_checkpoint
 from utils.checkpoint import list_checkpoints, verify_checkpoint
 from utils.cli_errors import EXIT_BAD_INPUT, EXIT_RUNTIME_FAILURE, run_main
-from utils.readers import find_data_files, iter_texts
+from utils.data_files import find_data_files
+from utils.readers import iter_texts
 
 REPO = Path(__file__).resolve().parents[1]
 sft_cli = functools.partial(pretokenize_chat.main, "sft")

@@ -3,8 +3,9 @@
     python -m tokenizer.train_tokenizer --type hf --input data/demo/pretrain \\
         --vocab_size 8192 --out tokenizer/demo_hf
 
-1. Stream the documents of every .jsonl/.json/.parquet/.txt file under --input (utils.readers),
-   never holding the corpus in memory;
+1. Stream the documents of every .jsonl/.json/.parquet/.txt/.arrow file --input names (folders,
+   `DIR@split`, Hub datasets `hf:org/name`: utils/data_files.py), never holding the corpus in
+   memory;
 2. train the raw library model (byte-level BPE or sentencepiece BPE) with V-3 base pieces, as a
    `tokenizers` model (sentencepiece's is converted; its own model file is kept beside it);
 3. add the 3 special tokens at ids V-3, V-2, V-1 (tokenizer/z2all_tokenizer.py);
@@ -37,8 +38,9 @@ from tqdm import tqdm
 
 from utils.atomic_io import fsync_dir
 from utils.cli_errors import run_main
+from utils.data_files import iter_texts_from
 from utils.option_checks import raise_problems, range_problem
-from utils.readers import ReadStats, iter_texts_from
+from utils.readers import ReadStats
 
 from . import load_tokenizer
 from .byte_level_bpe import train_byte_level_bpe
@@ -59,7 +61,8 @@ class TrainTokenizerConfig:
     type: str = field(metadata={"help": "hf: byte-level BPE (HF tokenizers); sp: sentencepiece BPE",
                                 "choices": ["hf", "sp"]})
     input: list[str] = field(metadata={
-        "help": "files or directories of .jsonl/.json/.parquet/.txt"})
+        "help": "files or directories of .jsonl/.json/.parquet/.txt, DIR@split, or "
+                "hf:org/name[:config][@split]"})
     vocab_size: int = field(metadata={"help": "total vocabulary V, the 3 special tokens included"})
     out: str = field(metadata={"help": "output directory (tokenizer.json + tokenizer_config.json)"})
     text_key: list[str] = field(default_factory=lambda: ["text"], metadata={
