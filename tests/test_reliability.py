@@ -106,7 +106,7 @@ CASES = [
     (pretrain_cli.main, ["--data_dir={tmp}", "--tokenizer_dir={tmp}/no_tokenizer"],
      "tokenizer dir {tmp}/no_tokenizer does not exist"),
     (pretrain_cli.main, ["--data_dir={tmp}/no_data", "--tokenizer_dir={tok}"],
-     "no such file or directory: {tmp}/no_data"),
+     "--data_dir {tmp}/no_data: no such file or directory"),
     (sft_cli, ["--data_dir={tmp}", "--tokenizer_dir={tok}", "--max_seq_len=-5"],
      "--max_seq_len must be >= 2, got -5"),
     (sft_cli, ["--data_dir={tmp}", "--tokenizer_dir={tok}", "--max_seq_len=0"],

@@ -117,7 +117,7 @@ def data_files_under(folder: Path, extensions: Sequence[str], wanted: Sequence[s
     for directory, subfolders, names in os.walk(folder):
         here = Path(directory)
         if (shards := datasets_folder_files(here, wanted)) is not None:
-            found += shards
+            found += [path for path in shards if path.suffix.lower() in extensions]
             subfolders.clear()  # its split folders are read through it, not on their own
             continue
         subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
