@@ -40,6 +40,7 @@ from data_preprocess.cleaning.report import CleanReport, write_reports
 from data_preprocess.cleaning.text import UNICODE_FORMS, normalise_unicode
 from data_preprocess.worker_pool import batched, ordered_map, worker_context
 from utils.atomic_io import atomic_open, atomic_write_json
+from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import BadRecordError, ReadStats, iter_raw_items, text_of
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num_workers", type=int, default=pipeline.DEFAULT_WORKERS, help="0: in-process")
     add("--batch_size", type=int, default=256, help="documents per worker task")
     add("--text_key", nargs="+", default=["text"], help="record key(s) holding the text")
-    add("--skip_bad_records", action="store_true", help="skip and count malformed records")
+    add_boolean_flag(parser, "--skip_bad_records", help="skip and count malformed records")
     add("--filters", nargs="*", default=list(filters.RULE_GROUPS), choices=filters.RULE_GROUPS,
         help="rule groups to apply (none: no filtering)")
     add("--unicode_form", default="NFC", choices=UNICODE_FORMS, help="Unicode normalisation")

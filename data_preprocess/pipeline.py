@@ -33,6 +33,7 @@ from data_preprocess.indexed_dataset import IndexedDatasetWriter, prefix_paths, 
 from data_preprocess.worker_pool import batched, make_worker_pool, ordered_map
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
+from utils.boolean_flags import add_boolean_flag
 from utils.data_files import is_data_spec, locate_data
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import ReadStats
@@ -52,8 +53,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, inputs: str, batch_siz
                         help="where the .bin/.idx pairs go (default: <data_dir>_pretok)")
     parser.add_argument("--num_workers", type=int, default=DEFAULT_WORKERS,
                         help="tokenizer worker processes (0: tokenize in the main process)")
-    parser.add_argument("--skip_bad_records", action="store_true",
-                        help="skip and count malformed records instead of stopping at the first")
+    add_boolean_flag(parser, "--skip_bad_records",
+                     help="skip and count malformed records instead of stopping at the first")
     parser.add_argument("--batch_size", type=int, default=batch_size,
                         help=f"{batch_unit} per worker task")
 

@@ -37,6 +37,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from utils.atomic_io import fsync_dir
+from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.data_files import iter_texts_from
 from utils.option_checks import raise_problems, range_problem
@@ -81,13 +82,14 @@ def parse_args(argv: list[str] | None = None) -> TrainTokenizerConfig:
     """Command-line flags generated from TrainTokenizerConfig: the dataclass is the doc."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for option in dataclasses.fields(TrainTokenizerConfig):
-        kwargs = {"help": option.metadata["help"], "dest": option.name}
-        if option.type == "bool":
-            kwargs["action"] = "store_true"
-        else:
-            kwargs["nargs"] = "+" if option.type == "list[str]" else None
-            kwargs["type"] = int if "int" in option.type else str
-            kwargs["choices"] = option.metadata.get("choices")
+        if option.type == "bool":  # --flag, --flag true|false, --no_flag
+            add_boolean_flag(parser, f"--{option.name}", help=option.metadata["help"],
+                             default=option.default)
+            continue
+        kwargs = {"help": option.metadata["help"], "dest": option.name,
+                  "nargs": "+" if option.type == "list[str]" else None,
+                  "type": int if "int" in option.type else str,
+                  "choices": option.metadata.get("choices")}
         if option.default is not dataclasses.MISSING:
             kwargs["default"] = option.default
         elif option.default_factory is not dataclasses.MISSING:
