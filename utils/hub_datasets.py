@@ -110,8 +110,7 @@ def hub_dataset_files(spec: HubDatasetSpec, wanted: Sequence[str], extensions: S
                       option: str) -> tuple[Path, list[Path]]:
     """(the snapshot directory, the data files of `spec`'s config and split), Steps 1-4."""
     wanted = [spec.split] if spec.split else wanted
-    snapshot = dataset_snapshot(spec.repo_id, ["README.md"], option, str(spec))  # Step 1
-    configs, default = card_configs(snapshot / "README.md")
+    configs, default = _dataset_card(spec, option)  # Step 1
     if configs:
         config = spec.config or default
         if config not in configs:
@@ -134,6 +133,17 @@ def hub_dataset_files(spec: HubDatasetSpec, wanted: Sequence[str], extensions: S
                                spec.without_split, option)  # Step 3
     _refuse_scripts(snapshot, files, spec, option)
     return snapshot, files
+
+
+def _dataset_card(spec: HubDatasetSpec, option: str
+                  ) -> tuple[dict[str, dict[str, list[str]]], str | None]:
+    """Step 1: the configs of the dataset's card; none when the card is not there (a repository
+    without one, or a snapshot fetched without it: `hf download --include 'data/*'`)."""
+    try:
+        snapshot = dataset_snapshot(spec.repo_id, ["README.md"], option, str(spec))
+    except ValueError:  # no such dataset either: Step 4 says so
+        return {}, None
+    return card_configs(snapshot / "README.md")
 
 
 def _config_problem(spec: HubDatasetSpec, option: str, configs: list[str], listed: bool) -> str:
