@@ -1,7 +1,7 @@
 """utils/data_files.py: which files a data option names. Hub datasets `hf:org/name[:config]
 [@split]` from a hand-built offline HF cache (split by file names, by the dataset card's configs,
 configs as folders), `DIR@split`, the `datasets` cache's folders; a missing id is one line
-naming the option; a loading script is never run."""
+naming the option, a bad record names its file and line; a loading script is never run."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 from data_preprocess import pretokenize_pretrain_data
 from tests.hf_cache_helpers import parquet_bytes, put_dataset_in_hf_cache, use_offline_hf_cache
 from utils.cli_errors import run_main
-from utils.data_files import locate_data, mix_source
+from utils.data_files import iter_texts_from, locate_data, mix_source
 from utils.dataset_splits import EVAL_SPLITS
+from utils.readers import BadRecordError
 
 CARD = """---
 license: mit
@@ -108,6 +109,13 @@ def test_a_missing_id_is_one_line_naming_the_option_and_the_fix(hub_cache, tmp_p
     with pytest.raises(ValueError, match=r"not a Hugging Face dataset id; write "
                                          r"hf:org/name\[:config\]\[@split\]"):
         locate_data("hf:two words")
+
+
+def test_a_bad_record_of_a_hub_dataset_is_located_by_its_file_and_line(hub_cache):
+    snapshot = put_dataset_in_hf_cache(hub_cache, "org/broken", {
+        "data/train.jsonl": jsonl("fine") + "{not json\n"})
+    with pytest.raises(BadRecordError, match=rf"^{snapshot}/data/train\.jsonl:2: malformed_json"):
+        list(iter_texts_from("hf:org/broken"))
 
 
 def test_a_loading_script_is_never_run(hub_cache, tmp_path, capsys):
