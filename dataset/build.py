@@ -56,7 +56,6 @@ from dataset.stream_shards import find_sources
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
 from utils.data_files import DataFiles, locate_data
-from utils.hub_datasets import HUB_PREFIX, parse_hub_spec
 
 TASK_TYPES = ("pretrain", "sft", "dpo")
 CACHE_DIR_NAME = ".z2all_cache"  # hidden: the readers skip it when listing raw files
@@ -73,14 +72,13 @@ def cache_key(located: DataFiles, kind: str, fingerprint: str, max_seq_len: int,
     return digest, identity
 
 
-def default_cache_dir(data_dir: str | Path, located: DataFiles) -> Path:
+def default_cache_dir(located: DataFiles) -> Path:
     """Where rendered samples are cached: `<data_dir>/.z2all_cache` (hidden, so never read as
     data); for a Hub dataset, whose snapshot z2all never writes into, the user's cache
     (`$XDG_CACHE_HOME`, else ~/.cache) under z2all/<org>--<name>/."""
-    if str(data_dir).startswith(HUB_PREFIX) and not Path(data_dir).exists():
+    if located.hub_id is not None:
         user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        repo_id = parse_hub_spec(str(data_dir), "--data_dir").repo_id
-        return user_cache / "z2all" / repo_id.replace("/", "--")
+        return user_cache / "z2all" / located.hub_id.replace("/", "--")
     return located.root / CACHE_DIR_NAME
 
 
@@ -102,7 +100,7 @@ def chat_store_dir(kind: str, data_dir: str | Path, tokenizer_dir: str | Path, f
         raise ValueError(problem)
     located = locate_data(data_dir)
     key, identity = cache_key(located, kind, fingerprint, max_seq_len, system_prompt)
-    store_dir = Path(cache_dir or default_cache_dir(data_dir, located)) / f"{kind}_{key}"
+    store_dir = Path(cache_dir or default_cache_dir(located)) / f"{kind}_{key}"
     done_path = store_dir / "DONE.json"
 
     def build() -> None:

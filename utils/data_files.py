@@ -39,6 +39,7 @@ class DataFiles:
     root: Path
     files: list[Path]
     name: str  # short, for messages: the folder's name, or the Hub dataset's
+    hub_id: str | None = None  # "org/name" when root is its snapshot in the HF cache (read-only)
 
     def relative_names(self) -> list[str]:
         return [path.relative_to(self.root).as_posix() for path in self.files]
@@ -63,7 +64,7 @@ def locate_data(spec: str | Path, *, extensions: Sequence[str] = SUPPORTED_EXTEN
     if text.startswith(HUB_PREFIX):
         hub_spec = parse_hub_spec(text, option)
         snapshot, files = hub_dataset_files(hub_spec, splits, extensions, option)
-        return DataFiles(snapshot, files, hub_spec.repo_id.split("/")[-1])
+        return DataFiles(snapshot, files, hub_spec.repo_id.split("/")[-1], hub_spec.repo_id)
     folder, at, split = text.rpartition("@")
     if at and Path(folder).is_dir() and split:
         folder_path = Path(folder)
