@@ -40,6 +40,7 @@ from data_preprocess.cleaning.report import CleanReport, write_reports
 from data_preprocess.cleaning.text import UNICODE_FORMS, normalise_unicode
 from data_preprocess.worker_pool import batched, ordered_map, worker_context
 from utils.atomic_io import atomic_open, atomic_write_json
+from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import BadRecordError, ReadStats, iter_raw_items, text_of
@@ -59,12 +60,13 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="clean_pretrain_data", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--data_dir", required=True, help="folder (or file) of .jsonl/.json/.parquet/.txt")
+    add("--data_dir", required=True, help="folder (or file) of .jsonl/.json/.parquet/.txt, "
+        "DIR@split, or hf:org/name[:config][@split] (utils/data_files.py)")
     add("--out_dir", required=True, help="where the cleaned .jsonl shards and report go")
     add("--num_workers", type=int, default=pipeline.DEFAULT_WORKERS, help="0: in-process")
     add("--batch_size", type=int, default=256, help="documents per worker task")
     add("--text_key", nargs="+", default=["text"], help="record key(s) holding the text")
-    add("--skip_bad_records", action="store_true", help="skip and count malformed records")
+    add_boolean_flag(parser, "--skip_bad_records", help="skip and count malformed records")
     add("--filters", nargs="*", default=list(filters.RULE_GROUPS), choices=filters.RULE_GROUPS,
         help="rule groups to apply (none: no filtering)")
     add("--unicode_form", default="NFC", choices=UNICODE_FORMS, help="Unicode normalisation")
@@ -73,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num_perm", type=int, default=128, help="MinHash hash functions")
     add("--shingle_words", type=int, default=5, help="words per shingle")
     add("--seed", type=int, default=0, help="seed of the MinHash permutations")
-    add("--decontaminate", nargs="+", default=[], help="eval .jsonl/.json/.parquet files/dirs")
+    add("--decontaminate", nargs="+", default=[], help="eval .jsonl/.json/.parquet files/dirs "
+        "(of a datasets folder or hf: id, its validation/test split)")
     add("--decontaminate_ngram", type=int, default=13, help="words of a leaked n-gram")
     add("--decontaminate_min_words", type=int, default=8, help="shorter eval items are ignored")
     group = parser.add_argument_group("filter thresholds (Gopher's values by default)")
@@ -270,7 +273,7 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
     """All three passes; returns the report (also written as clean_report.json/.md)."""
     settings = settings_from(args)
     out_dir = Path(args.out_dir)
-    jobs = pipeline.plan_file_jobs(Path(args.data_dir), out_dir)
+    jobs = pipeline.plan_file_jobs(args.data_dir, out_dir)
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
               f"hashes; S-curve 50% point at Jaccard "

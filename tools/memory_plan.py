@@ -16,6 +16,7 @@ import sys
 
 from model.configuration_z2all import PRESETS, Z2allConfig
 from optimizer.memory_plan import plan_memory
+from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.option_checks import raise_problems, range_problem
 
@@ -31,9 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="bf16")
     parser.add_argument("--batch_size", type=int, default=8, help="micro-batch rows per rank")
     parser.add_argument("--max_seq_len", type=int, default=1024)
-    parser.add_argument("--activation_checkpointing", action="store_true")
-    parser.add_argument("--no_grad_reduce_in_fp32", action="store_true",
-                        help="gradients in the params' dtype instead of fp32")
+    add_boolean_flag(parser, "--activation_checkpointing", help="recompute activations")
+    add_boolean_flag(parser, "--grad_reduce_in_fp32", default=True,
+                     help="fp32 gradients (false: in the params' dtype)")
     args = parser.parse_args(argv)
     raise_problems([range_problem("--world_size", args.world_size, low=1),
                     range_problem("--batch_size", args.batch_size, low=1),
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     config = Z2allConfig.from_preset(args.model_preset, **overrides)
     plan = plan_memory(config, args.world_size, args.zero_stage, args.dtype, args.batch_size,
                        args.max_seq_len, args.activation_checkpointing,
-                       grad_reduce_in_fp32=not args.no_grad_reduce_in_fp32)
+                       grad_reduce_in_fp32=args.grad_reduce_in_fp32)
     print(f"model {args.model_preset}, ZeRO stage {args.zero_stage}, {args.world_size} rank(s), "
           f"{args.dtype}, micro-batch {args.batch_size} x {args.max_seq_len}, activation "
           f"checkpointing {'on' if args.activation_checkpointing else 'off'}; per rank:")

@@ -12,6 +12,7 @@ from parallel.parallel_dims import check_parallel_shapes
 from trainer.model_setup import model_config_at, preset_model_config
 from trainer.options import TrainingOptions
 from trainer.parallelize import effective_zero_stage
+from utils.data_files import is_data_spec, locate_data
 from utils.option_checks import raise_problems, range_problem
 from utils.run_directory import out_dir_problem
 
@@ -73,14 +74,26 @@ def check_paths(options: TrainingOptions) -> None:
     config can be checked on another machine)."""
     paths = {"--data_dir": options.data.data_dir, "--tokenizer_dir": options.data.tokenizer_dir,
              "--init_from": options.model.init_from}
+    named = options.data.data_dir if is_data_spec(options.data.data_dir) else None
     problems = [f"{flag}={path}: no such file or directory" for flag, path in paths.items()
-                if path is not None and not Path(path).exists()]
+                if path is not None and path != named and not Path(path).exists()]
+    problems.append(named and _named_data_problem(named))
     run = options.run
     if not run.out_dir.strip():
         problems.append("--out_dir is empty: name the run directory, e.g. --out_dir=out/run1")
     else:  # a directory of the run's own (utils/run_directory.py)
         problems.append(out_dir_problem(run.out_dir, reads=paths))
     raise_problems(problems)
+
+
+def _named_data_problem(spec: str) -> str | None:
+    """Why `--data_dir hf:org/name` (or `DIR@split`) names no data files here, or None: asked
+    before the run starts, as for a path (utils/data_files.py)."""
+    try:
+        located = locate_data(spec)
+    except (ValueError, OSError) as error:
+        return str(error)
+    return None if located.files else f"--data_dir={spec}: no data files there"
 
 
 def check_lora_fits(options: TrainingOptions) -> None:
