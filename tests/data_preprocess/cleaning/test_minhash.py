@@ -78,7 +78,9 @@ def our_clusters(texts: list[str], threshold: float, tmp_path) -> dict[int, int]
     keys = np.stack([minhash.band_keys(minhash.signature(minhash.shingle_hashes(
         minhash.shingles(normal_words(text), 5)), perms), bands, rows) for text in texts])
     np.save(tmp_path / "keys.npy", keys)
-    return dedup.near_duplicates([(np.arange(len(texts)), tmp_path / "keys.npy")], bands)
+    return dedup.near_duplicates([dedup.BandFile(tmp_path / "keys.npy", 0, len(texts))], bands,
+                                 skip=np.empty(0, np.int64), work_dir=tmp_path,
+                                 run_records=1000)
 
 
 @pytest.mark.parametrize("changed", [0.01, 0.03])
