@@ -48,6 +48,7 @@ RECORD = np.dtype([("key", "<u8"), ("doc", "<i8")])  # one band bucket key and i
 BYTES_PER_RECORD_SORTED = RECORD.itemsize + 8  # the record, and its place in the sort order
 MERGE_BLOCK_RECORDS = 8192  # records read from one run at a time (128 KB): few, large reads
 DEFAULT_RUN_RECORDS = 4_000_000  # x 24 bytes: ~96 MB; a band of 4M documents never spills
+PYTHON_SLICE_RECORDS = 256  # records turned into Python ints at a time, for heapq to compare
 MIN_RUN_RECORDS = 3  # a merge reads a block of each of two runs and writes a third
 WORK_DIR_PREFIX = "sort-"
 
@@ -62,8 +63,12 @@ def merge_plan(run_records: int) -> tuple[int, int]:
 
 
 def pairs_of(records: np.ndarray) -> Iterator[Pair]:
-    """A block of records as (key, document) Python ints (`tolist` converts in C)."""
-    return zip(records["key"].tolist(), records["doc"].tolist())
+    """A block of records as (key, document) Python ints, converted a slice at a time: `tolist`
+    converts fast, in C, but a pair of Python ints costs ~80 bytes against the record's 16,
+    so a whole block at once would hold 5x the block's memory."""
+    for start in range(0, len(records), PYTHON_SLICE_RECORDS):
+        part = records[start:start + PYTHON_SLICE_RECORDS]
+        yield from zip(part["key"].tolist(), part["doc"].tolist())
 
 
 def blocks_of(pairs: Iterator[Pair], size: int) -> Iterator[np.ndarray]:
