@@ -46,7 +46,8 @@ import numpy as np
 
 RECORD = np.dtype([("key", "<u8"), ("doc", "<i8")])  # one band bucket key and its document
 BYTES_PER_RECORD_SORTED = RECORD.itemsize + 8  # the record, and its place in the sort order
-MERGE_BLOCK_RECORDS = 8192  # records read from one run at a time (128 KB): few, large reads
+MERGE_BLOCK_RECORDS = 2048  # smallest read from a run (32 KB): large reads, wide merges
+MAX_FAN_IN = 256  # runs open at once: well under the usual limit of 1024 open files
 DEFAULT_RUN_RECORDS = 4_000_000  # x 24 bytes: ~96 MB; a band of 4M documents never spills
 PYTHON_SLICE_RECORDS = 256  # records turned into Python ints at a time, for heapq to compare
 MIN_RUN_RECORDS = 3  # a merge reads a block of each of two runs and writes a third
@@ -57,8 +58,9 @@ Pair = tuple[int, int]  # (key, document), as Python ints: what heapq.merge comp
 
 def merge_plan(run_records: int) -> tuple[int, int]:
     """(fan_in, block): how many runs one merge reads at once, and how many records of each,
-    so that fan_in blocks being read and one being written fit in `run_records`."""
-    fan_in = max(2, run_records // MERGE_BLOCK_RECORDS - 1)
+    so that fan_in blocks being read and one being written fit in `run_records`. Examples:
+    3 -> (2, 1); 65,536 -> (31, 2,048); 4,000,000 -> (256, 15,564)."""
+    fan_in = min(MAX_FAN_IN, max(2, run_records // MERGE_BLOCK_RECORDS - 1))
     return fan_in, max(1, run_records // (fan_in + 1))
 
 

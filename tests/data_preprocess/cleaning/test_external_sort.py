@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from data_preprocess.cleaning.external_sort import (
+    MAX_FAN_IN,
     MERGE_BLOCK_RECORDS,
     MIN_RUN_RECORDS,
     WORK_DIR_PREFIX,
@@ -57,10 +58,10 @@ def test_many_runs_need_several_merge_passes(tmp_path):
     assert sorter.runs_written == 334 + 332
 
 
-@pytest.mark.parametrize("run_records", [3, 4, 5, 100, 8191, 8192, 3 * 8192, 4_000_000])
+@pytest.mark.parametrize("run_records", [3, 4, 5, 100, 2047, 2048, 3 * 2048, 65_536, 10**9])
 def test_merge_plan_fits_the_budget(run_records):
     fan_in, block = merge_plan(run_records)
-    assert fan_in >= 2 and block >= 1 and (fan_in + 1) * block <= run_records
+    assert 2 <= fan_in <= MAX_FAN_IN and block >= 1 and (fan_in + 1) * block <= run_records
     if run_records >= 3 * MERGE_BLOCK_RECORDS:  # big budgets read big blocks
         assert block >= MERGE_BLOCK_RECORDS // 2
 
