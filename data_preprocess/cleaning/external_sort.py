@@ -104,7 +104,10 @@ class ExternalSorter:
         self.work_dir = Path(work_dir)
         self.run_records = run_records
         self.fan_in, self.block = merge_plan(run_records)
-        self.buffer: np.ndarray | None = None  # allocated at the first add
+        # The buffer: two plain arrays, not one of RECORD, because np.lexsort copies strided
+        # columns (+16 bytes per record); allocated at the first add.
+        self.keys: np.ndarray | None = None
+        self.docs: np.ndarray | None = None
         self.buffered = 0
         self.runs: list[Path] = []
         self.run_dir: Path | None = None  # created at the first spill
@@ -120,7 +123,7 @@ class ExternalSorter:
 
     def close(self) -> None:
         """Free the buffer and delete every run file (and their directory)."""
-        self.buffer, self.buffered = None, 0
+        self._free_buffer()
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir, self.runs = None, []
@@ -132,8 +135,9 @@ class ExternalSorter:
         """Buffer records (keys[i], docs[i]); a full buffer becomes a run on disk (step 1)."""
         if len(keys) != len(docs):
             raise ValueError(f"{len(keys)} keys but {len(docs)} documents")
-        if self.buffer is None:  # np.empty: pages cost RAM only once written
-            self.buffer = np.empty(self.run_records, dtype=RECORD)
+        if self.keys is None:  # np.empty: pages cost RAM only once written
+            self.keys = np.empty(self.run_records, dtype=np.uint64)
+            self.docs = np.empty(self.run_records, dtype=np.int64)
         start = 0
         while start < len(keys):
             if self.buffered == self.run_records:  # full, and more to come
@@ -141,20 +145,26 @@ class ExternalSorter:
                 self.buffered = 0
             taken = min(len(keys) - start, self.run_records - self.buffered)
             window = slice(self.buffered, self.buffered + taken)
-            self.buffer["key"][window] = keys[start:start + taken]
-            self.buffer["doc"][window] = docs[start:start + taken]
+            self.keys[window] = keys[start:start + taken]
+            self.docs[window] = docs[start:start + taken]
             self.buffered += taken
             start += taken
             self._hold(self.buffered)
 
     def _buffer_in_order(self) -> Iterator[np.ndarray]:
         """The buffered records sorted by (key, document), as blocks of records."""
-        if self.buffer is None:  # nothing was added
+        if self.keys is None or self.docs is None:  # nothing was added
             return
-        records = self.buffer[:self.buffered]
-        order = np.lexsort((records["doc"], records["key"]))  # last key is the primary one
+        keys, docs = self.keys[:self.buffered], self.docs[:self.buffered]
+        order = np.lexsort((docs, keys))  # the last array given is the primary key
         for start in range(0, len(order), MERGE_BLOCK_RECORDS):
-            yield records[order[start:start + MERGE_BLOCK_RECORDS]]
+            chosen = order[start:start + MERGE_BLOCK_RECORDS]
+            block = np.empty(len(chosen), dtype=RECORD)
+            block["key"], block["doc"] = keys[chosen], docs[chosen]
+            yield block
+
+    def _free_buffer(self) -> None:
+        self.keys, self.docs, self.buffered = None, None, 0
 
     def _write_run(self, blocks: Iterable[np.ndarray]) -> None:
         """Write sorted blocks as the next run file."""
@@ -198,7 +208,7 @@ class ExternalSorter:
             return
         if self.buffered:
             self._write_run(self._buffer_in_order())
-        self.buffer, self.buffered = None, 0  # the merge's blocks take the buffer's place
+        self._free_buffer()  # the merge's blocks take the buffer's place
         while len(self.runs) > self.fan_in:
             self._merge_pass()
         self._hold(len(self.runs) * self.block)
