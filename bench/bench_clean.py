@@ -16,7 +16,7 @@ near copy (1% of words changed) and an exact copy, plus generated junk, repeated
 5. The MinHash band pass alone (cleaning/dedup.near_duplicates) on synthetic band keys of
    growing corpora, each in a fresh process: how far it raises the peak RSS, with every band
    sorted in RAM (one run) and with the external sort (runs of 65,536 records). The external
-   sort's line should stay flat; the in-RAM one grows by ~24 bytes per document.
+   sort's line should stay flat; the in-RAM one grows by ~28 bytes per document.
 If datatrove / datasketch are not importable, that is printed and only our side runs.
 """
 
