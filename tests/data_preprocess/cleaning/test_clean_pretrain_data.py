@@ -95,8 +95,12 @@ def test_same_bytes_for_any_worker_count_and_sort_run_size_and_rerun_skips(tmp_p
     assert (tmp_path / "w0" / "clean_report.md").read_text() == (
         tmp_path / "w2" / "clean_report.md").read_text()
     assert not list((tmp_path / "w2" / ".clean").glob("sort-*"))
+    (tmp_path / "w0" / ".clean" / "sort-killed").mkdir()  # as a killed run would leave it
     again = run(raw, tmp_path / "w0", "--num_workers", "0")
-    assert again["shards_reused"] == 2 and "analysing 0 of 2 files" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert again["shards_reused"] == 2 and "analysing 0 of 2 files" in printed
+    assert "removed 1 sort folder(s)" in printed
+    assert not (tmp_path / "w0" / ".clean" / "sort-killed").exists()
     changed = run(raw, tmp_path / "w0", "--num_workers", "0", "--dedup", "exact")
     assert changed["shards_reused"] == 0 and "near_duplicate" not in changed["dropped"]
 
