@@ -79,6 +79,19 @@ def blocks_of(pairs: Iterator[Pair], size: int) -> Iterator[np.ndarray]:
         yield np.array(chunk, dtype=RECORD)
 
 
+def read_run(path: Path, block: int) -> Iterator[Pair]:
+    """A run file's records in order, read `block` records at a time."""
+    with open(path, "rb") as handle:
+        while len(records := np.fromfile(handle, dtype=RECORD, count=block)):
+            yield from pairs_of(records)
+
+
+def merge_runs(runs: list[Path], block: int) -> Iterator[Pair]:
+    """One k-way merge, streaming: heapq keeps the current head of each run, so it holds
+    one block per run whatever their length."""
+    return heapq.merge(*(read_run(path, block) for path in runs))
+
+
 def remove_leftover_work_dirs(work_dir: Path) -> int:
     """Delete the sort directories that a killed run left in `work_dir` (a normal or failed
     run deletes its own); returns how many. Only call it where no other sort can be running."""
@@ -128,6 +141,9 @@ class ExternalSorter:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir, self.runs = None, []
 
+    def _free_buffer(self) -> None:
+        self.keys, self.docs, self.buffered = None, None, 0
+
     def _hold(self, records: int) -> None:
         self.peak_records_held = max(self.peak_records_held, records)
 
@@ -163,9 +179,6 @@ class ExternalSorter:
             block["key"], block["doc"] = keys[chosen], docs[chosen]
             yield block
 
-    def _free_buffer(self) -> None:
-        self.keys, self.docs, self.buffered = None, None, 0
-
     def _write_run(self, blocks: Iterable[np.ndarray]) -> None:
         """Write sorted blocks as the next run file."""
         if self.run_dir is None:
@@ -178,15 +191,6 @@ class ExternalSorter:
         self.runs.append(path)
         self.runs_written += 1
 
-    def _read_run(self, path: Path) -> Iterator[Pair]:
-        with open(path, "rb") as handle:
-            while len(records := np.fromfile(handle, dtype=RECORD, count=self.block)):
-                yield from pairs_of(records)
-
-    def _merged(self, runs: list[Path]) -> Iterator[Pair]:
-        """One k-way merge, streaming: heapq keeps the current head of each run."""
-        return heapq.merge(*(self._read_run(path) for path in runs))
-
     def _merge_pass(self) -> None:
         """Step 2 once: every group of fan-in runs becomes one run, written in blocks."""
         self._hold((self.fan_in + 1) * self.block)
@@ -196,7 +200,7 @@ class ExternalSorter:
             if len(group) == 1:
                 self.runs.append(group[0])
                 continue
-            self._write_run(blocks_of(self._merged(group), self.block))
+            self._write_run(blocks_of(merge_runs(group, self.block), self.block))
             for path in group:
                 path.unlink()
 
@@ -212,4 +216,4 @@ class ExternalSorter:
         while len(self.runs) > self.fan_in:
             self._merge_pass()
         self._hold(len(self.runs) * self.block)
-        yield from self._merged(self.runs)
+        yield from merge_runs(self.runs, self.block)
