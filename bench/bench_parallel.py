@@ -54,7 +54,7 @@ def bench_rank(rank: int, world_size: int, tp: int, pp: int, args: argparse.Name
         ddp = DistributedDataParallel(model, DistributedDataParallelConfig(
             overlap_grad_reduce=False), process_group=dims.dp_group)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    pipeline = PipelineSchedule(model, dims, "1f1b", sequence_parallel=tp > 1)
+    pipeline = PipelineSchedule(model, dims, "1f1b", sequence_parallel=tp > 1, grad_sync=ddp)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(dims.dp_rank)
     times, bubbles = [], []

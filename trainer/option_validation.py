@@ -165,7 +165,8 @@ def _fp16_problems(options: TrainingOptions) -> list[str]:
 
 def _grid_problems(options: TrainingOptions) -> list[str]:
     """--tensor_parallel / --pipeline_parallel: what the grid does not support (yet). It
-    takes --zero_stage=1 (--use_distributed_optimizer), --comm_hook=bf16 and --compile."""
+    takes every --zero_stage (sharded over the data-parallel group), --comm_hook=bf16 and
+    --compile."""
     parallel = options.parallel
     grid = parallel.tensor_parallel * parallel.pipeline_parallel
     problems = [problem for name in ("tensor_parallel", "pipeline_parallel")
@@ -178,9 +179,6 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
             f"--pipeline_parallel={parallel.pipeline_parallel}")
     hook = f"--comm_hook={parallel.comm_hook}"
     unsupported = [  # (option, refused, why and what to use instead)
-        (f"--zero_stage={parallel.zero_stage}", parallel.zero_stage >= 2,
-         "ZeRO-2/3 units are not cut by stage and tensor slice yet; use --zero_stage=1 (the "
-         "optimizer state sharded over the data-parallel group)"),
         (hook, parallel.comm_hook == "powersgd", "its per-rank state is not saved "
          "layout-neutral; use --comm_hook=bf16 (half the bytes) or allreduce"),
         (hook, parallel.comm_hook == "overlap_optim", "a bucket steps before the whole "

@@ -133,16 +133,15 @@ class Parallelized:
     @contextlib.contextmanager
     def whole_model(self) -> Iterator[torch.nn.Module | None]:
         """The model with every weight whole, for one rank alone to generate from or save:
-        collective (every rank enters; ZeRO-3 gathers, a grid rebuilds the model on rank 0 and
-        yields None elsewhere)."""
-        if self.dims is not None:
-            with whole_model_on_rank0(self.ddp.module, self.dims) as whole:
-                yield whole
-        elif self.zero_stage == 3:
-            with self.ddp.gathered_params():
+        collective (every rank enters; ZeRO-3 gathers its shards first, then a grid rebuilds
+        the model from its stages and slices on rank 0 and yields None elsewhere)."""
+        gathered = self.ddp.gathered_params() if self.zero_stage == 3 else contextlib.nullcontext()
+        with gathered:
+            if self.dims is None:
                 yield self.ddp.module
-        else:
-            yield self.ddp.module
+            else:
+                with whole_model_on_rank0(self.ddp.module, self.dims) as whole:
+                    yield whole
 
     def split_like_policy(self, reference: torch.nn.Module) -> Any:
         """DPO's frozen reference, run as the policy is: on a grid cut into the same stage and
@@ -170,6 +169,8 @@ def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
                                     use_distributed_optimizer=sharded_optimizer,
                                     overlap_step=parallel.comm_hook == "overlap_optim")
     if parallel.tensor_parallel * parallel.pipeline_parallel > 1:
+        # The schedule sums a tied embedding's two copies after the last backward, before
+        # DDP reduces them: no bucket may start reducing during that backward.
         ddp_config = dataclasses.replace(ddp_config, overlap_grad_reduce=False)
         ddp, optimizer, schedule, dims = parallelize_grid(
             model, parallel.tensor_parallel, parallel.pipeline_parallel,

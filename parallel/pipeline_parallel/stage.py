@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from model.modeling_z2all import Z2allForCausalLM
+from parallel.gradient_sync import GradientSync
 from parallel.parallel_dims import ParallelDims
 
 
@@ -56,13 +57,15 @@ def tied_embedding_param(model: Z2allForCausalLM, dims: ParallelDims) -> nn.Para
     return None
 
 
-def sync_tied_embedding_grads(model: Z2allForCausalLM, dims: ParallelDims) -> None:
-    """Sum the two copies' gradients (the one the optimizer reads: DDP's `main_grad` if
-    present, else `.grad`), as if they were one Parameter."""
+def sync_tied_embedding_grads(model: Z2allForCausalLM, dims: ParallelDims,
+                              grad_sync: GradientSync | None = None) -> None:
+    """Sum the two copies' gradients, as if they were one Parameter: the ones the optimizer
+    reads, `grad_sync.accumulated_grad` with a data-parallel wrapper (DDP's `main_grad`,
+    ZeRO-2/3's shard of the same elements on both stages), else `.grad`."""
     param = tied_embedding_param(model, dims)
     if param is None:
         return
-    grad = param.main_grad if hasattr(param, "main_grad") else param.grad
+    grad = param.grad if grad_sync is None else grad_sync.accumulated_grad(param)
     dist.all_reduce(grad, group=dims.embedding_group)
 
 

@@ -107,7 +107,7 @@ def train_on_grid(world_size: int, tensor_parallel: int, pipeline_parallel: int,
     if dims.data_parallel > 1:  # our DDP, averaging over the data-parallel group only
         ddp = DistributedDataParallel(model, DistributedDataParallelConfig(
             bucket_size=None, overlap_grad_reduce=False), process_group=dims.dp_group)
-    pipeline = PipelineSchedule(model, dims, schedule, sequence_parallel)
+    pipeline = PipelineSchedule(model, dims, schedule, sequence_parallel, grad_sync=ddp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS)
     if resume_from is not None:
         names = [name for name, _ in model.named_parameters()]

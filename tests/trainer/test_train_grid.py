@@ -90,7 +90,8 @@ def _problems(**changes) -> str:
 
 @pytest.mark.parametrize("changes, expected", [
     ({"pipeline_parallel": 2, "cpu_offload": True}, "--cpu_offload with --tensor_parallel=1"),
-    ({"pipeline_parallel": 2, "zero_stage": 2}, "--zero_stage=2 with"),
+    ({"pipeline_parallel": 2, "overlap_param_gather": True, "zero_stage": 1},
+     "--overlap_param_gather with"),
     ({"tensor_parallel": 2, "comm_hook": "powersgd"}, "--comm_hook=powersgd with"),
     ({"tensor_parallel": 2, "lora_rank": 8}, "--lora_rank=8 with"),
     ({"sequence_parallel": True}, "--sequence_parallel needs --tensor_parallel > 1"),
