@@ -70,8 +70,12 @@ from parallel.distributed_data_parallel import (
 from parallel.layout_neutral_checkpoint import gather_full_tensors
 from parallel.parallel_dims import ParallelDims, check_parallel_shapes
 from parallel.pipeline_parallel.schedules import PipelineSchedule
-from parallel.pipeline_parallel.stage import split_into_stage, tied_embedding_param
-from parallel.sharded_data_parallel import ShardedDataParallel, blocks_and_owner_of
+from parallel.pipeline_parallel.stage import (
+    split_into_stage,
+    tied_embedding_param,
+    zero_units,
+)
+from parallel.sharded_data_parallel import ShardedDataParallel
 from parallel.tensor_parallel.parallelize import parallelize_model
 from parallel.tensor_parallel.sharding import layout_for
 from trainer.forward_steps import Batch, DPOStep, ForwardStep
@@ -268,7 +272,7 @@ def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_par
     ddp, inner, _ = build_data_parallel(  # Steps 3 and 4
         model, zero_stage, ddp_config, dataclasses.replace(optimizer_config, clip_grad=0.0),
         process_group=dims.dp_group, comm_hook=comm_hook,
-        is_unit=blocks_and_owner_of(tied_embedding_param(model, dims)))
+        is_unit=zero_units(model, dims))
     schedule = PipelineSchedule(model, dims, pp_schedule, sequence_parallel, grad_sync=ddp)
     optimizer = GridOptimizer(inner, model, dims, max_norm=optimizer_config.clip_grad)
     return ddp, optimizer, schedule, dims

@@ -64,6 +64,14 @@ LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]],
                   tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
+def micro_batches_in_flight(schedule: str, stages: int, stage: int, micro_batches: int) -> int:
+    """The most micro-batches whose activations stage `stage` holds at once (the drawings
+    above): afab all M, 1f1b min(P - s, M); 1 without a pipeline (its micro-batch loop)."""
+    if stages == 1:
+        return 1
+    return micro_batches if schedule == "afab" else min(stages - stage, micro_batches)
+
+
 @dataclass
 class PipelineStepStats:
     micro_batches: int

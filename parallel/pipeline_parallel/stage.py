@@ -22,6 +22,8 @@ so the optimizer moves both copies identically (Megatron-LM's "embedding group")
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -29,6 +31,7 @@ from torch import nn
 from model.modeling_z2all import Z2allForCausalLM
 from parallel.gradient_sync import GradientSync
 from parallel.parallel_dims import ParallelDims
+from parallel.sharded_data_parallel import blocks_and_owner_of
 
 
 def split_into_stage(model: Z2allForCausalLM, dims: ParallelDims) -> Z2allForCausalLM:
@@ -55,6 +58,13 @@ def tied_embedding_param(model: Z2allForCausalLM, dims: ParallelDims) -> nn.Para
     if dims.is_last_stage:
         return model.lm_head.weight
     return None
+
+
+def zero_units(model: Z2allForCausalLM, dims: ParallelDims) -> Callable[[nn.Module], bool]:
+    """ZeRO-2/3's unit boundaries on this stage: its decoder blocks, and a tied embedding's
+    copy alone in a unit, so that both stages cut it into the same shards and
+    `sync_tied_embedding_grads` can sum them (parallel/sharded_data_parallel/)."""
+    return blocks_and_owner_of(tied_embedding_param(model, dims))
 
 
 def sync_tied_embedding_grads(model: Z2allForCausalLM, dims: ParallelDims,

@@ -27,12 +27,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from model.modeling_z2all import Z2allForCausalLM
 from parallel.local_ranks import run_on_ranks
 from tests.train_helpers import records, run_main, train_losses
 from tests.trainer.test_train_grid import _args, _runs_on_rank
 from tests.trainer.test_train_resume import _assert_identical
+from trainer.config_files import load_config_file
 from trainer.option_validation import check_options
 from trainer.options import TrainingOptions
+from trainer.setup import memory_plan
 
 STEPS, STOP = 3, 2
 DP2_TP2, DP2_PP2 = ["--tensor_parallel=2"], ["--pipeline_parallel=2"]
@@ -145,6 +148,22 @@ def test_layout_is_accepted_and_trains_like_one_process(trained, name):
                                   if layout.bitwise_twin])
 def test_resume_on_the_same_layout_is_bitwise(trained, name):
     _assert_identical(trained / LAYOUTS[name].bitwise_twin, trained / name, STEPS, STOP)
+
+
+@pytest.mark.parametrize("name", [name for name, layout in LAYOUTS.items()
+                                  if not layout.resumed_from and not layout.in_one_process])
+def test_memory_on_every_rank_is_as_planned(trained, name):
+    """After the first step each rank's params, grads and Adam state, measured, equal the plan
+    for that rank (its stage, its tensor slices, its data-parallel shard), to the byte."""
+    run = trained / name
+    options = TrainingOptions.from_dict(load_config_file(run / "config.json"))
+    config = Z2allForCausalLM.from_pretrained(run / "ckpt" / f"step_{STEPS:06d}").config
+    (measured,) = records(run, "memory")
+    assert len(measured["per_rank"]) == 4
+    for rank, held in enumerate(measured["per_rank"]):
+        plan = memory_plan(options, config, 4, rank, "fp32")
+        assert held == {"params": plan.bytes_of("params"), "grads": plan.bytes_of("grads"),
+                        "optimizer": plan.bytes_of("adam_state")}, (name, rank)
 
 
 def test_bf16_compression_ran(trained):
