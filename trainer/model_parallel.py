@@ -79,27 +79,34 @@ TIED_EMBEDDING = "model.embed_tokens.weight"
 
 @dataclass(frozen=True)
 class DataShare:
-    """Which part of each global batch this rank reads: on a grid the T x P ranks of one
-    data-parallel replica read the same batches, and one of them counts their tokens."""
+    """Which part of each global batch this rank reads: on a grid the T x P x C ranks of one
+    data-parallel replica read the same batches (with context parallelism each then computes
+    its share of every sequence: parallel/context_parallel/context_shard.py), and one of them
+    counts their tokens. `sequence_multiple`: every batch's length is a multiple of it (2C:
+    context parallelism cuts each sequence into 2C equal chunks)."""
 
     rank: int
     world_size: int
     counts_tokens: bool
+    sequence_multiple: int = 1
 
 
-def data_share(rank: int, world_size: int, tensor_parallel: int, pipeline_parallel: int
-               ) -> DataShare:
+def data_share(rank: int, world_size: int, tensor_parallel: int, pipeline_parallel: int,
+               context_parallel: int = 1) -> DataShare:
     """ValueError (one line) when the world does not divide into the grid."""
-    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, rank=rank)
-    return DataShare(dims.dp_rank, dims.data_parallel, dims.tp_rank == 0 and dims.pp_rank == 0)
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, context_parallel,
+                        rank=rank)
+    counts_tokens = dims.tp_rank == 0 and dims.pp_rank == 0 and dims.cp_rank == 0
+    return DataShare(dims.dp_rank, dims.data_parallel, counts_tokens,
+                     sequence_multiple=2 * context_parallel if context_parallel > 1 else 1)
 
 
-def data_leader_ranks(world_size: int, tensor_parallel: int, pipeline_parallel: int
-                      ) -> list[int]:
+def data_leader_ranks(world_size: int, tensor_parallel: int, pipeline_parallel: int,
+                      context_parallel: int = 1) -> list[int]:
     """One global rank per data-parallel replica, in dp order (their data states are the
     replicas'; the other ranks of a replica hold copies)."""
-    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel)
-    return [dims.rank_of(0, dp, 0) for dp in range(dims.data_parallel)]
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, context_parallel)
+    return [dims.rank_of(0, dp, 0, 0) for dp in range(dims.data_parallel)]
 
 
 def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
@@ -107,7 +114,7 @@ def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
     run resumed on another grid reads the right ranks' data states)."""
     saved = trainer_state["config"]
     return data_leader_ranks(trainer_state["world_size"], saved.get("tensor_parallel", 1),
-                             saved.get("pipeline_parallel", 1))
+                             saved.get("pipeline_parallel", 1), saved.get("context_parallel", 1))
 
 
 class GridOptimizer:
