@@ -70,6 +70,9 @@ def check_parallel_shapes(config: Z2allConfig, world_size: int, tensor_parallel:
     if t > 1 and config.dropout:
         raise ValueError(f"dropout {config.dropout} with --tensor_parallel {t} is not "
                          "supported (replicated regions would need one RNG stream); use 0")
+    if context_parallel > 1 and config.dropout:
+        raise ValueError(f"dropout {config.dropout} with --context_parallel {context_parallel} "
+                         "is not supported (ring attention has no dropout); use 0")
     if config.num_hidden_layers % pipeline_parallel:
         raise ValueError(f"model num_hidden_layers {config.num_hidden_layers} is not divisible "
                          f"by --pipeline_parallel {pipeline_parallel}")

@@ -251,23 +251,25 @@ def pipelined_forward_backward(schedule: PipelineSchedule, forward_step: Forward
 def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_parallel: int,
                      sequence_parallel: bool, pp_schedule: str, zero_stage: int, comm_hook: str,
                      ddp_config: DistributedDataParallelConfig,
-                     optimizer_config: OptimizerConfig
+                     optimizer_config: OptimizerConfig, context_parallel: int = 1
                      ) -> tuple[DistributedDataParallel, GridOptimizer, PipelineSchedule,
                                 ParallelDims]:
     """(our DDP over the dp group, the optimizer, the schedule, the grid): the module
     docstring's steps. `zero_stage` 0 or 1 and `comm_hook` allreduce or bf16 (the option
     check refuses the rest on a grid): the same wrapper and optimizer as data parallelism
-    alone (optimizer/data_parallel_factory.py), over the dp group."""
+    alone (optimizer/data_parallel_factory.py), over the dp group (with context parallelism
+    the dp x cp group: its ranks hold the same weights and see different tokens; the caller
+    then gives the model its share of the sequences, trainer/parallelize.py)."""
     check_parallel_shapes(model.config, dist.get_world_size(), tensor_parallel,
-                          pipeline_parallel, sequence_parallel)
+                          pipeline_parallel, sequence_parallel, context_parallel=context_parallel)
     dims = ParallelDims(dist.get_world_size(), tensor_parallel,  # Step 1
-                        pipeline_parallel).build_groups()
+                        pipeline_parallel, context_parallel).build_groups()
     split_into_stage(model, dims)  # Step 2
     if tensor_parallel > 1:
         parallelize_model(model, dims, sequence_parallel)
     ddp, inner, _ = build_data_parallel(  # Steps 3 and 4
         model, zero_stage, ddp_config, dataclasses.replace(optimizer_config, clip_grad=0.0),
-        process_group=dims.dp_group, comm_hook=comm_hook)
+        process_group=dims.dp_cp_group, comm_hook=comm_hook)
     schedule = PipelineSchedule(model, dims, pp_schedule, sequence_parallel)
     optimizer = GridOptimizer(inner, model, dims, max_norm=optimizer_config.clip_grad)
     return ddp, optimizer, schedule, dims

@@ -143,13 +143,14 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
         for note in notes:
             print(note, flush=True)
 
-    share = data_share(env.rank, env.world_size, options.parallel.tensor_parallel,
-                       options.parallel.pipeline_parallel)
+    parallel_options = options.parallel
+    share = data_share(env.rank, env.world_size, parallel_options.tensor_parallel,
+                       parallel_options.pipeline_parallel, parallel_options.context_parallel)
     eval_samples = options.eval.eval_iters * optimization.batch_size * share.world_size
     data, valid_dataset, collate_fn = build_train_data(
         data_options, seed=optimization.seed, batch_size=optimization.batch_size,
         eval_samples=eval_samples, rank=share.rank, world_size=share.world_size,
-        pin_memory=env.device.type == "cuda")
+        pin_memory=env.device.type == "cuda", sequence_multiple=share.sequence_multiple)
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
@@ -217,6 +218,10 @@ def _log_start(run: Run) -> None:
             dims = run.parallel.dims
             print(f"grid: {dims.pipeline_parallel} pipeline stages x {dims.data_parallel} "
                   f"data parallel x {dims.tensor_parallel} tensor parallel", flush=True)
+        if run.parallel.context is not None:
+            context = run.parallel.context
+            print(f"context parallel: each sequence over {context.size} ranks, each holding "
+                  f"2 of its {2 * context.size} chunks (ring attention)", flush=True)
         if run.resumed_from is not None and run.counters.step >= run.stop_step:
             print(f"note: the run is already at step {run.counters.step} = --max_iters: "
                   "nothing to train; raise --max_iters to continue it", flush=True)
@@ -230,11 +235,14 @@ def whole_shape(config: Z2allConfig) -> Z2allForCausalLM:
 
 def memory_plan(run: Run) -> MemoryPlan:
     """Rank 0's bytes for params, grads, optimizer state and activations, predicted from the
-    config (optimizer/memory_plan.py; `measure_memory` after the first step checks it)."""
+    config (optimizer/memory_plan.py; `measure_memory` after the first step checks it). With
+    context parallelism a rank holds the activations of S/C tokens of each sequence, and ZeRO
+    shards over all ranks (the dp x cp group)."""
     options = run.options
     return plan_memory(run.model.config, run.env.world_size, run.parallel.zero_stage,
                        run.precision.dtype, options.optimization.batch_size,
-                       options.data.max_seq_len, options.model.activation_checkpointing,
+                       options.data.max_seq_len // options.parallel.context_parallel,
+                       options.model.activation_checkpointing,
                        grad_reduce_in_fp32=options.parallel.grad_reduce_in_fp32,
                        bucket_size=options.parallel.bucket_size, rank=run.env.rank)
 

@@ -1,6 +1,7 @@
-"""Options that compose with a tensor/pipeline grid, from the command line on 4 gloo ranks:
-ZeRO-1 (the optimizer state sharded over the grid's data-parallel group), its bf16-compressed
-reduce-scatter, and compiled decoder blocks.
+"""Options that compose with a tensor/pipeline/context grid, from the command line on 4 gloo
+ranks: ZeRO-1 (the optimizer state sharded over the grid's data-parallel group), its
+bf16-compressed reduce-scatter, compiled decoder blocks, and context parallelism with data and
+tensor parallelism (2-rank context-parallel runs: test_train_context_parallel.py).
 
 One table, one row per layout; all rows train in one spawn of 4 ranks (a spawn costs more
 than a run). Reference: the same command in one process on the same global batch (the
@@ -32,6 +33,7 @@ from trainer.options import TrainingOptions
 
 STEPS, STOP = 3, 2
 DP2_TP2, DP2_PP2 = ["--tensor_parallel=2"], ["--pipeline_parallel=2"]
+CP2 = ["--context_parallel=2"]
 BF16_ATOL = 1e-2
 """Adam moves an element whose gradient is rounding noise by up to lr (3e-3) per step: bf16
 noise there is fp32 rounding's x 2^14, so such weights differ by up to a few lr."""
@@ -44,6 +46,8 @@ LAYOUTS = {
     "tp2_pp2_compile": ([*DP2_TP2, *DP2_PP2, "--compile"], 1, 1e-5, 1e-5, None),
     "dp2_tp2_zero1_from_zero0": ([*DP2_TP2, "--zero_stage=1"], 2, 1e-5, 1e-5, DP2_TP2),
     "dp2_pp2_zero0_from_zero1": (DP2_PP2, 2, 1e-5, 1e-5, [*DP2_PP2, "--zero_stage=1"]),
+    "dp2_cp2_zero1": ([*CP2, "--zero_stage=1"], 2, 1e-5, 1e-5, None),  # ZeRO-1 over dp x cp
+    "cp2_tp2_sp": ([*CP2, *DP2_TP2, "--sequence_parallel"], 1, 1e-5, 1e-5, None),
 }
 
 
