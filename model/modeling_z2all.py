@@ -58,8 +58,9 @@ class CausalLMOutput:
     loss: torch.Tensor | None = None
     """Mean cross-entropy over labels != -100 (fp32 scalar), when labels were given."""
     logits: torch.Tensor | None = None
-    """[B, T, vocab] when no labels were given. With labels the loss is computed chunk by
-    chunk without ever holding all logits (`model/chunked_lm_head.py`), and this is None."""
+    """[B, T, vocab] when no labels were given (under context parallelism: of this rank's
+    share of the tokens). With labels the loss is computed chunk by chunk without ever holding
+    all logits (`model/chunked_lm_head.py`), and this is None."""
 
 
 class DecoderBlock(nn.Module):

@@ -187,6 +187,8 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
                 dtype_name: str) -> str:
     """Which implementation runs each hot op and the optimizer, and why not a faster one."""
     choices = kernel_choices(env.device, DTYPES[dtype_name], model.config.head_dim)
+    if options.parallel.context_parallel > 1:
+        choices["attention"] = "ring (context parallel; plain matmul/softmax blocks in fp32)"
     optimizer_device = torch.device("cpu") if options.parallel.cpu_offload else env.device
     choices["adamw"] = adamw_implementation(optimizer_device)
     choices["torch.compile"] = "on" if options.system.compile else "off"

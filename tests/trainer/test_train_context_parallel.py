@@ -37,7 +37,8 @@ DPO_METRICS = ("dpo_loss", "chosen_nll", "rewards/chosen", "rewards/rejected",
 # name: (task, options of the run and of its one-process reference)
 LAYOUTS = {
     "pretrain": ("pretrain", []),
-    "pretrain_zero1": ("pretrain", ["--zero_stage=1"]),  # sharded over dp x cp: both ranks
+    # ZeRO-1 shards over dp x cp (both ranks); recomputed blocks run the ring again
+    "pretrain_zero1_recompute": ("pretrain", ["--zero_stage=1", "--activation_checkpointing"]),
     "sft_padded": ("sft", []),
     "sft_packed": ("sft", ["--pack_samples"]),  # samples cross the chunk boundaries
     "dpo": ("dpo", ["--dpo_nll_weight=0.2"]),
