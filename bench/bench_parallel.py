@@ -2,6 +2,7 @@
 
     python -m bench.bench_parallel [--quick | --smoke] [--world_size 4] [--hidden 256]
                                    [--layers 4] [--micro_batches 8] [--steps 5]
+    python -m bench.bench_parallel --context [--quick | --smoke] [--steps 2]
 
 Each row is a grid x ZeRO stage: DP, TP, PP alone, then (at 4 ranks) DP2xTP2 and DP2xPP2 at
 ZeRO-1 and ZeRO-3 next to DP4 at the same stages, and TP2xPP2. Local gloo ranks (1 intra-op
@@ -21,12 +22,21 @@ the first and last stage also hold the embedding or the head):
 
 gloo on a shared CPU makes communication slow and timings noisy: read the bytes, and the
 bubble trend.
+
+--context: the `tiny` preset trains on one sequence per step of 256, 512, ..., 4096 tokens
+(--quick: up to 1024, 2 timed steps), fresh processes for each length and layout (the peak is
+the process's), in one process (CP1) and split over 2 ranks (CP2: each rank embeds,
+attends with the ring and backpropagates its half of the sequence; our DDP averages over both).
+Per rank: peak resident memory, how much of it the steps added (activations, attention blocks,
+gradients: the part context parallelism divides), and the median step time.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import resource
 import statistics
 import time
 
@@ -39,10 +49,15 @@ from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
 from optimizer.memory_plan import plan_memory
-from parallel.distributed_data_parallel import DistributedDataParallelConfig
+from parallel.context_parallel.context_shard import ContextShard
+from parallel.distributed_data_parallel import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+)
 from parallel.local_ranks import run_on_ranks
-from parallel.parallel_dims import check_parallel_shapes
+from parallel.parallel_dims import ParallelDims, check_parallel_shapes
 from trainer.model_parallel import parallelize_grid
+from utils.boolean_flags import add_boolean_flag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +126,75 @@ def bench_rank(rank: int, world_size: int, args: argparse.Namespace) -> list[dic
     return [bench_row(row, args) for row in rows(world_size)]
 
 
+def _optimizer_step(model: torch.nn.Module, ddp: DistributedDataParallel | None,
+                    optimizer: torch.optim.Optimizer) -> None:
+    """Gradients averaged by our DDP (when there is one), an SGD step, gradients zeroed."""
+    if ddp is not None:
+        ddp.finish_grad_sync()
+        for param in model.parameters():
+            param.grad = param.main_grad
+    optimizer.step()
+    optimizer.zero_grad()
+    if ddp is not None:
+        ddp.zero_grad_buffer()
+
+
+def _resident_mib() -> float:
+    """This process's resident memory now (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            pages = int(handle.read().split()[1])
+    except OSError:
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def bench_context_rank(rank: int, world_size: int, seq_len: int, args: argparse.Namespace
+                       ) -> dict:
+    """CP = world_size (module docstring): every rank reads the same sequences and computes
+    its share of each."""
+    torch.manual_seed(0)
+    config = Z2allConfig.from_preset("tiny", max_position_embeddings=seq_len)
+    if args.smoke:
+        config = make_config(args)
+    model = Z2allForCausalLM(config)
+    if world_size > 1:
+        dims = ParallelDims(world_size, context_parallel=world_size).build_groups()
+        model.model.context_parallel = ContextShard.of(dims.cp_group)
+    ddp = DistributedDataParallel(model, DistributedDataParallelConfig(overlap_grad_reduce=False))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    resident_before, times = _resident_mib(), []
+    for step in range(args.warmup + args.steps):
+        tokens = torch.randint(0, config.vocab_size, (1, seq_len + 1), generator=generator)
+        dist.barrier()
+        started = time.perf_counter()
+        ddp(tokens[:, :-1], labels=tokens[:, 1:]).loss.backward()
+        _optimizer_step(model, ddp, optimizer)
+        if step >= args.warmup:
+            times.append(time.perf_counter() - started)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return {"peak_rss_mib": peak, "rise_mib": peak - resident_before,
+            "step_s": statistics.median(times)}
+
+
+def bench_context(args: argparse.Namespace) -> None:
+    """The --context table: CP1 and CP2 at each sequence length."""
+    lengths = ([64] if args.smoke
+               else [256 * 2**i for i in range(3 if args.quick else 5)])  # up to 1024 / 4096
+    print(f"context parallel, the {'smoke' if args.smoke else 'tiny'} model, one sequence per "
+          f"step ({args.steps} timed); per rank, the worst of the ranks")
+    print(f"{'seq_len':>7} {'layout':<6} {'peak RSS MiB':>12} {'steps added MiB':>15} "
+          f"{'step s':>8}")
+    for seq_len in lengths:
+        for context_parallel in (1, 2):
+            ranks = run_on_ranks(bench_context_rank, seq_len, args,
+                                 world_size=context_parallel, timeout=600)
+            worst = {key: max(rank[key] for rank in ranks) for key in ranks[0]}
+            print(f"{seq_len:>7} {f'CP{context_parallel}':<6} {worst['peak_rss_mib']:>12.0f} "
+                  f"{worst['rise_mib']:>15.0f} {worst['step_s']:>8.3f}", flush=True)
+
+
 def main() -> None:
     parser = bench_parser(__doc__.split("\n")[0], quick="4 ranks, 4 micro-batches, 2 timed steps",
                           smoke="2 ranks, tiny model, 1 step")
@@ -122,7 +206,16 @@ def main() -> None:
     parser.add_argument("--micro_batches", type=int, default=8, help="micro-batches per step")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per grid")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per grid")
+    add_boolean_flag(parser, "--context",
+                     help="context parallelism instead: CP1 vs CP2 over sequence lengths")
     args = parser.parse_args()
+    if args.context:
+        if args.smoke:
+            args.hidden, args.layers, args.seq_len, args.steps, args.warmup = 32, 2, 64, 1, 0
+        if args.quick:
+            args.steps = 2
+        bench_context(args)
+        return
     if args.smoke:
         args.world_size, args.hidden, args.layers, args.seq_len = 2, 32, 2, 16
         args.micro_batches, args.steps, args.warmup = 2, 1, 0

@@ -58,6 +58,7 @@ from utils.atomic_io import atomic_write_json
 from utils.data_files import DataFiles, locate_data
 
 TASK_TYPES = ("pretrain", "sft", "dpo")
+PAD_TO_MULTIPLE_OF = 8  # padded batches' lengths: tensor cores like multiples of 8
 CACHE_DIR_NAME = ".z2all_cache"  # hidden: the readers skip it when listing raw files
 
 
@@ -117,7 +118,7 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
                    valid_ratio: float = DEFAULT_VALID_RATIO, system_prompt: str | None = None,
                    cache_dir: str | Path | None = None, num_workers: int = DEFAULT_WORKERS,
                    prepare_timeout_s: float = DEFAULT_PREPARE_TIMEOUT_S,
-                   pad_to_multiple_of: int = 8, pack_samples: bool = False
+                   pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF, pack_samples: bool = False
                    ) -> tuple[Dataset, Dataset, Any]:
     """(train, valid, collate_fn) for `task_type`; see the module docstring for the sources.
     pack_samples (sft): each batch's samples end to end in rows of max_seq_len
@@ -155,7 +156,8 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
 
 def build_stream_datasets(config: DataConfig, seed: int, *, batch_size: int,
                           valid_samples: int, rank: int = 0, world_size: int = 1,
-                          system_prompt: str | None = None, pad_to_multiple_of: int = 8
+                          system_prompt: str | None = None,
+                          pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF
                           ) -> tuple[StreamLoader, list, Any]:
     """(train StreamLoader, valid samples, collate_fn) read straight from raw shards.
 

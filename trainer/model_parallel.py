@@ -91,27 +91,34 @@ TIED_EMBEDDING = "model.embed_tokens.weight"
 
 @dataclass(frozen=True)
 class DataShare:
-    """Which part of each global batch this rank reads: on a grid the T x P ranks of one
-    data-parallel replica read the same batches, and one of them counts their tokens."""
+    """Which part of each global batch this rank reads: on a grid the T x P x C ranks of one
+    data-parallel replica read the same batches (with context parallelism each then computes
+    its share of every sequence: parallel/context_parallel/context_shard.py), and one of them
+    counts their tokens. `sequence_multiple`: every batch's length is a multiple of it (2C:
+    context parallelism cuts each sequence into 2C equal chunks)."""
 
     rank: int
     world_size: int
     counts_tokens: bool
+    sequence_multiple: int = 1
 
 
-def data_share(rank: int, world_size: int, tensor_parallel: int, pipeline_parallel: int
-               ) -> DataShare:
+def data_share(rank: int, world_size: int, tensor_parallel: int, pipeline_parallel: int,
+               context_parallel: int = 1) -> DataShare:
     """ValueError (one line) when the world does not divide into the grid."""
-    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, rank=rank)
-    return DataShare(dims.dp_rank, dims.data_parallel, dims.tp_rank == 0 and dims.pp_rank == 0)
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, context_parallel,
+                        rank=rank)
+    counts_tokens = dims.tp_rank == 0 and dims.pp_rank == 0 and dims.cp_rank == 0
+    return DataShare(dims.dp_rank, dims.data_parallel, counts_tokens,
+                     sequence_multiple=2 * context_parallel if context_parallel > 1 else 1)
 
 
-def data_leader_ranks(world_size: int, tensor_parallel: int, pipeline_parallel: int
-                      ) -> list[int]:
+def data_leader_ranks(world_size: int, tensor_parallel: int, pipeline_parallel: int,
+                      context_parallel: int = 1) -> list[int]:
     """One global rank per data-parallel replica, in dp order (their data states are the
     replicas'; the other ranks of a replica hold copies)."""
-    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel)
-    return [dims.rank_of(0, dp, 0) for dp in range(dims.data_parallel)]
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, context_parallel)
+    return [dims.rank_of(0, dp, 0, 0) for dp in range(dims.data_parallel)]
 
 
 def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
@@ -119,7 +126,7 @@ def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
     run resumed on another grid reads the right ranks' data states)."""
     saved = trainer_state["config"]
     return data_leader_ranks(trainer_state["world_size"], saved.get("tensor_parallel", 1),
-                             saved.get("pipeline_parallel", 1))
+                             saved.get("pipeline_parallel", 1), saved.get("context_parallel", 1))
 
 
 class GridOptimizer:
@@ -255,23 +262,25 @@ def pipelined_forward_backward(schedule: PipelineSchedule, forward_step: Forward
 def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_parallel: int,
                      sequence_parallel: bool, pp_schedule: str, zero_stage: int, comm_hook: str,
                      ddp_config: DistributedDataParallelConfig,
-                     optimizer_config: OptimizerConfig
+                     optimizer_config: OptimizerConfig, context_parallel: int = 1
                      ) -> tuple[DistributedDataParallel | ShardedDataParallel, GridOptimizer,
                                 PipelineSchedule, ParallelDims]:
-    """(the data-parallel wrapper over the dp group, the optimizer, the schedule, the grid):
-    the module docstring's steps. `comm_hook` allreduce or bf16 (the option check refuses the
-    rest on a grid): the same wrapper and optimizer as data parallelism alone
-    (optimizer/data_parallel_factory.py), over the dp group."""
+    """(the data-parallel wrapper, the optimizer, the schedule, the grid): the module
+    docstring's steps. `comm_hook` allreduce or bf16 (the option check refuses the rest on a
+    grid): the same wrapper and optimizer as data parallelism alone
+    (optimizer/data_parallel_factory.py), over the dp group (with context parallelism the
+    dp x cp group: its ranks hold the same weights and see different tokens; the caller then
+    gives the model its share of the sequences, trainer/parallelize.py)."""
     check_parallel_shapes(model.config, dist.get_world_size(), tensor_parallel,
-                          pipeline_parallel, sequence_parallel)
+                          pipeline_parallel, sequence_parallel, context_parallel=context_parallel)
     dims = ParallelDims(dist.get_world_size(), tensor_parallel,  # Step 1
-                        pipeline_parallel).build_groups()
+                        pipeline_parallel, context_parallel).build_groups()
     split_into_stage(model, dims)  # Step 2
     if tensor_parallel > 1:
         parallelize_model(model, dims, sequence_parallel)
     ddp, inner, _ = build_data_parallel(  # Steps 3 and 4
         model, zero_stage, ddp_config, dataclasses.replace(optimizer_config, clip_grad=0.0),
-        process_group=dims.dp_group, comm_hook=comm_hook,
+        process_group=dims.dp_cp_group, comm_hook=comm_hook,
         is_unit=zero_units(model, dims))
     schedule = PipelineSchedule(model, dims, pp_schedule, sequence_parallel, grad_sync=ddp)
     optimizer = GridOptimizer(inner, model, dims, max_norm=optimizer_config.clip_grad)

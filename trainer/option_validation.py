@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from model.loading import resolve_model_dir
-from parallel.parallel_dims import check_parallel_shapes
+from parallel.parallel_dims import check_context_parallel_length, check_parallel_shapes
 from trainer.model_setup import model_config_at, preset_model_config
 from trainer.options import TrainingOptions
 from trainer.parallelize import effective_zero_stage
@@ -64,7 +64,7 @@ def check_options(options: TrainingOptions) -> None:
             preset_model_config(options.model, options.data.max_seq_len, vocab_size=1)
         except ValueError as error:  # (the tokenizer is not loaded yet)
             problems.append(f"model: {error}")
-    raise_problems(problems)
+    raise_problems(dict.fromkeys(problems))  # a problem two checks find is named once
 
 
 def check_paths(options: TrainingOptions) -> None:
@@ -137,7 +137,8 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
             problems.append(f"--lora_rank with --zero_stage={zero_stage} is not supported yet "
                             "(the frozen base gets no gradient to shard): use --zero_stage 0 or "
                             "1; the adapters are small")
-    problems += _grid_problems(options) + _fp16_problems(options)
+    problems += (_grid_problems(options) + _context_parallel_problems(options)
+                 + _fp16_problems(options))
     device = options.system.device
     if device not in ("auto", "cpu", "cuda"):
         problems.append(f"--device must be auto, cpu or cuda, got {device!r}")
@@ -196,9 +197,51 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
         try:  # the vocabulary is known (and checked) once the tokenizer is loaded
             config = preset_model_config(options.model, options.data.max_seq_len,
                                          vocab_size=parallel.tensor_parallel)
-            check_parallel_shapes(config, grid, parallel.tensor_parallel,
-                                  parallel.pipeline_parallel, parallel.sequence_parallel,
-                                  seq_len=options.data.max_seq_len)
+            check_parallel_shapes(config, grid * max(parallel.context_parallel, 1),
+                                  parallel.tensor_parallel, parallel.pipeline_parallel,
+                                  parallel.sequence_parallel, seq_len=options.data.max_seq_len,
+                                  context_parallel=max(parallel.context_parallel, 1))
         except ValueError as error:
             problems.append(str(error))
     return problems
+
+
+def _context_parallel_problems(options: TrainingOptions) -> list[str]:
+    """--context_parallel: the sequence length it needs, and what it does not compose with
+    yet. It takes data parallelism, --tensor_parallel (+ --sequence_parallel), --zero_stage=1
+    without a tensor grid, --comm_hook=bf16, pretraining, SFT (padded or packed) and DPO."""
+    parallel, context = options.parallel, options.parallel.context_parallel
+    if problem := range_problem("--context_parallel", context, low=1):
+        return [problem]
+    if context == 1:
+        return []
+    try:
+        check_context_parallel_length(options.data.max_seq_len, context)
+        problems = []
+    except ValueError as error:
+        problems = [str(error)]
+    dropout = options.model.dropout
+    unsupported = [  # (option, refused, why and what to use instead)
+        (f"--pipeline_parallel={parallel.pipeline_parallel}", parallel.pipeline_parallel > 1,
+         "pipeline stages exchange whole-sequence activations, not a rank's share; use "
+         "--tensor_parallel or data parallelism with it"),
+        (f"--zero_stage={parallel.zero_stage}", parallel.zero_stage >= 2,
+         "ZeRO-2/3 units are not wired to context parallelism yet; use --zero_stage=1 (the "
+         "optimizer state sharded over the dp x cp ranks)"),
+        ("--zero_stage=1 with --tensor_parallel",
+         parallel.tensor_parallel > 1 and (parallel.zero_stage == 1
+                                           or parallel.use_distributed_optimizer),
+         "the grid optimizer shards over the data-parallel group only; use --zero_stage=0 "
+         "there, or ZeRO-1 with --tensor_parallel=1"),
+        (f"--comm_hook={parallel.comm_hook}", parallel.comm_hook in ("powersgd", "overlap_optim"),
+         "not tested with context parallelism; use --comm_hook=allreduce or bf16"),
+        (f"--lora_rank={options.lora.lora_rank}", options.lora.lora_rank > 0,
+         "adapters are not tested with context parallelism; use --context_parallel=1"),
+        ("--dtype=fp16", options.system.dtype == "fp16",
+         "its loss scaling is not tested with context parallelism; use --dtype=bf16 or fp32"),
+        (f"--dropout={dropout}", bool(dropout), "ring attention has no dropout; use 0"),
+        ("--compile", options.system.compile, "the ring's collectives are not compiled "
+         "(not tested); drop it"),
+    ]
+    return problems + [f"{name} with --context_parallel={context} is not supported yet: {why}"
+                       for name, refused, why in unsupported if refused]

@@ -148,13 +148,14 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
         for note in notes:
             print(note, flush=True)
 
-    share = data_share(env.rank, env.world_size, options.parallel.tensor_parallel,
-                       options.parallel.pipeline_parallel)
+    parallel_options = options.parallel
+    share = data_share(env.rank, env.world_size, parallel_options.tensor_parallel,
+                       parallel_options.pipeline_parallel, parallel_options.context_parallel)
     eval_samples = options.eval.eval_iters * optimization.batch_size * share.world_size
     data, valid_dataset, collate_fn = build_train_data(
         data_options, seed=optimization.seed, batch_size=optimization.batch_size,
         eval_samples=eval_samples, rank=share.rank, world_size=share.world_size,
-        pin_memory=env.device.type == "cuda")
+        pin_memory=env.device.type == "cuda", sequence_multiple=share.sequence_multiple)
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
@@ -191,6 +192,8 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
                 dtype_name: str) -> str:
     """Which implementation runs each hot op and the optimizer, and why not a faster one."""
     choices = kernel_choices(env.device, DTYPES[dtype_name], model.config.head_dim)
+    if options.parallel.context_parallel > 1:
+        choices["attention"] = "ring (context parallel; plain matmul/softmax blocks in fp32)"
     optimizer_device = torch.device("cpu") if options.parallel.cpu_offload else env.device
     choices["adamw"] = adamw_implementation(optimizer_device)
     choices["torch.compile"] = "on" if options.system.compile else "off"
@@ -216,6 +219,10 @@ def _log_start(run: Run) -> None:
         print(run.kernels, flush=True)
         kernels_already_reported(env.device, DTYPES[run.precision.dtype])
         _print_memory_plan(run)
+        if run.parallel.context is not None:
+            context = run.parallel.context
+            print(f"context parallel: each sequence over {context.size} ranks, each holding "
+                  f"2 of its {2 * context.size} chunks (ring attention)", flush=True)
         if run.resumed_from is not None and run.counters.step >= run.stop_step:
             print(f"note: the run is already at step {run.counters.step} = --max_iters: "
                   "nothing to train; raise --max_iters to continue it", flush=True)
@@ -240,7 +247,7 @@ def _print_memory_plan(run: Run) -> None:
           f"parallel x {dims.tensor_parallel} tensor parallel; the plan above is rank 0's "
           "(stage 0)", flush=True)
     for stage in range(1, dims.pipeline_parallel):
-        rank = dims.rank_of(stage, 0, 0)
+        rank = dims.rank_of(stage, 0, 0, 0)
         total = memory_plan(run.options, run.model.config, world_size, rank,
                             run.precision.dtype).total
         print(f"  stage {stage} (rank {rank}): total {total / 2**30:.3f} GiB  {total:,} B",
@@ -251,10 +258,13 @@ def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, 
                 dtype: str) -> MemoryPlan:
     """Rank `rank`'s bytes for params, grads, optimizer state and activations, predicted from
     the options (optimizer/memory_plan.py); after the first step every rank's measured bytes
-    are logged next to it (`"kind": "memory"`, trainer/loop_actions.py)."""
+    are logged next to it (`"kind": "memory"`, trainer/loop_actions.py). With context
+    parallelism a rank holds the activations of S/C tokens of each sequence, and the
+    data-parallel states are sharded over the dp x cp group."""
     parallel, optimization = options.parallel, options.optimization
     return plan_memory(config, world_size, effective_zero_stage(parallel), dtype,
-                       optimization.batch_size, options.data.max_seq_len,
+                       optimization.batch_size,
+                       options.data.max_seq_len // parallel.context_parallel,
                        options.model.activation_checkpointing,
                        grad_reduce_in_fp32=parallel.grad_reduce_in_fp32,
                        bucket_size=parallel.bucket_size, rank=rank,

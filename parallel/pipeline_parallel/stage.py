@@ -85,9 +85,9 @@ def stage_forward(model: Z2allForCausalLM, dims: ParallelDims, stage_input: torc
     (`per_token`: its token log-probs [B, S], as `Z2allForCausalLM.token_log_probs`, for DPO).
     The model's own parts (`Z2allModel.forward` composes the same ones), those this stage
     holds: positions, RoPE and attention layout come from the whole micro-batch, whatever
-    part of the sequence `hidden` holds under sequence parallelism."""
+    part of the sequence `hidden` holds under sequence or context parallelism."""
     inner, input_ids = model.model, micro_batch["input_ids"]
-    hidden = inner.embed_tokens(input_ids) if dims.is_first_stage else stage_input
+    hidden = inner.embed(input_ids) if dims.is_first_stage else stage_input
     inputs = inner.block_inputs(micro_batch.get("attention_mask"), input_ids.shape[1], 0,
                                 hidden)
     hidden = inner.run_blocks(hidden, inputs)

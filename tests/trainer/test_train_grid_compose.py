@@ -1,6 +1,8 @@
-"""Options that compose with a tensor/pipeline grid, from the command line on 4 gloo ranks:
-ZeRO-1/2/3 (the optimizer state, then the gradients, then the weights sharded over the grid's
-data-parallel group), ZeRO-1's bf16-compressed reduce-scatter, and compiled decoder blocks.
+"""Options that compose with a tensor/pipeline/context grid, from the command line on 4 gloo
+ranks: ZeRO-1/2/3 (the optimizer state, then the gradients, then the weights sharded over the
+grid's data-parallel group), ZeRO-1's bf16-compressed reduce-scatter, compiled decoder blocks,
+and context parallelism with data and tensor parallelism (2-rank context-parallel runs:
+test_train_context_parallel.py).
 
 One table, one row per layout; all rows train in one spawn of 4 ranks (a spawn costs more
 than a run). Reference: the same command in one process on the same global batch (the
@@ -40,6 +42,7 @@ from trainer.setup import memory_plan
 STEPS, STOP = 3, 2
 DP2_TP2, DP2_PP2 = ["--tensor_parallel=2"], ["--pipeline_parallel=2"]
 ONE_PROCESS = ["--tensor_parallel=1", "--pipeline_parallel=1"]
+CP2 = ["--context_parallel=2"]
 BF16_ATOL = 1e-2
 """Adam moves an element whose gradient is rounding noise by up to lr (3e-3) per step: bf16
 noise there is fp32 rounding's x 2^14, so such weights differ by up to a few lr."""
@@ -84,6 +87,8 @@ LAYOUTS = {
     # The grid's one optimizer file, read by ZeRO-3 in one process (the same global batch).
     "dp2_pp2_zero3_to_one_process": Layout([*ONE_PROCESS, "--zero_stage=3", "--batch_size=4"],
                                            2, resumed_from=DP2_PP2_ZERO3),
+    "dp2_cp2_zero1": Layout([*CP2, "--zero_stage=1"], 2),  # ZeRO-1 over dp x cp
+    "cp2_tp2_sp": Layout([*CP2, *DP2_TP2, "--sequence_parallel"], 1),
 }
 
 
