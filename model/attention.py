@@ -23,8 +23,6 @@ alone in its row:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,9 +30,7 @@ from torch import nn
 from model import kernels
 from model.configuration_z2all import Z2allConfig
 from model.kv_cache import KVCache
-
-if TYPE_CHECKING:
-    from parallel.context_parallel.context_shard import ContextShard
+from model.sequence_shard import SequenceShard
 
 
 def position_ids_for(key_padding_mask: torch.Tensor | None, query_len: int, past_len: int,
@@ -105,7 +101,7 @@ def attention_layout_for(key_padding_mask: torch.Tensor | None, query_len: int, 
     return kernels.AttentionLayout("sdpa", allowed=allowed, is_causal=is_causal)
 
 
-def context_parallel_layout(context: ContextShard, position_ids: torch.Tensor,
+def context_parallel_layout(context: SequenceShard, position_ids: torch.Tensor,
                             key_padding_mask: torch.Tensor | None, past_len: int
                             ) -> tuple[torch.Tensor, kernels.AttentionLayout]:
     """Under context parallelism (parallel/context_parallel/context_shard.py), from the whole

@@ -24,11 +24,11 @@ Layout: activations are token-major, [batch, seq, heads, head_dim], as flash-att
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from model.sequence_shard import SequenceShard
 from utils import gpu_libraries
 from utils.gpu_libraries import (
     OptionalImport,
@@ -37,9 +37,6 @@ from utils.gpu_libraries import (
     import_optional,
     runs_gpu_kernels,
 )
-
-if TYPE_CHECKING:  # the model calls context parallelism through the layout, never imports it
-    from parallel.context_parallel.context_shard import ContextShard
 
 FLASH_MAX_HEAD_DIM = 256  # flash-attn 2 kernels exist for head dims up to 256
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -151,7 +148,7 @@ class AttentionLayout:
     allowed: torch.Tensor | None = None
     is_causal: bool = False
     packed: PackedTokens | None = None
-    context: ContextShard | None = None
+    context: SequenceShard | None = None
     sample_ids: torch.Tensor | None = None
 
 

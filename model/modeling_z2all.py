@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +39,9 @@ from model.kv_cache import KVCache
 from model.mlp import SwiGLUMLP
 from model.rms_norm import RMSNorm
 from model.rope import rotary_cos_sin
+from model.sequence_shard import SequenceShard
 from utils.atomic_io import atomic_write_bytes
 from utils.labels import IGNORE_INDEX
-
-if TYPE_CHECKING:  # set by a context-parallel plan, never imported at run time
-    from parallel.context_parallel.context_shard import ContextShard
 
 logger = logging.getLogger(__name__)
 _logged_kernel_choices: set[tuple[str, torch.dtype]] = set()
@@ -120,7 +118,7 @@ class Z2allModel(nn.Module):
     `norm`, so that a pipeline or tensor-parallel stage composes the very same code from the
     parts it holds (parallel/pipeline_parallel/stage.py) instead of a copy.
 
-    Context parallelism is one attribute, `context_parallel` (a `ContextShard`, set by the
+    Context parallelism is one attribute, `context_parallel` (a `SequenceShard`, set by the
     plan; None: off): the inputs stay whole [B, S], and `embed`, `block_inputs` and the head
     (`Z2allForCausalLM.head_loss`) then compute this rank's share of every sequence
     (parallel/context_parallel/context_shard.py's steps 1-4)."""
@@ -132,7 +130,7 @@ class Z2allModel(nn.Module):
         self.layers = nn.ModuleList(DecoderBlock(config, i)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.context_parallel: ContextShard | None = None
+        self.context_parallel: SequenceShard | None = None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 kv_cache: KVCache | None = None) -> torch.Tensor:

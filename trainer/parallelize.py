@@ -146,8 +146,9 @@ class Parallelized:
         the model from its stages and slices on rank 0 and yields None elsewhere)."""
         gathered = self.ddp.gathered_params() if self.zero_stage == 3 else contextlib.nullcontext()
         with gathered:
-            if self.dims is None:
-                yield self.ddp.module
+            if self.dims is not None:  # a fresh whole model: no slices, no ring
+                with whole_model_on_rank0(self.ddp.module, self.dims) as whole:
+                    yield whole
             elif self.context is not None:  # rank 0 alone generates: whole sequences, no ring
                 self.ddp.module.model.context_parallel = None
                 try:
@@ -155,8 +156,7 @@ class Parallelized:
                 finally:
                     self.ddp.module.model.context_parallel = self.context
             else:
-                with whole_model_on_rank0(self.ddp.module, self.dims) as whole:
-                    yield whole
+                yield self.ddp.module
 
     def split_like_policy(self, reference: torch.nn.Module) -> Any:
         """DPO's frozen reference, run as the policy is: on a grid cut into the same stage and

@@ -149,9 +149,12 @@ def test_unsupported_combinations_are_refused_in_one_line(changes, expected):
     assert expected in _problems(**{"context_parallel": 2, "max_seq_len": 32, **changes})
 
 
-def test_supported_combinations_pass_the_option_check():
-    """What the tests above and test_train_grid_compose.py train with context parallelism."""
+def test_supported_combinations_pass_the_option_check(tmp_path):
+    """What the tests above and test_train_grid_compose.py train with context parallelism (a
+    --data_dir not made yet: the check reads the data's kind where it exists, as in a
+    checkout where `make demo` ran)."""
     for changes in ({}, {"zero_stage": 1, "comm_hook": "bf16"}, {"tensor_parallel": 2},
                     {"tensor_parallel": 2, "sequence_parallel": True}, {"pack_samples": True,
                                                                          "task_type": "sft"}):
-        check_options(options_with(**{"context_parallel": 2, "max_seq_len": 32, **changes}))
+        check_options(options_with(**{"context_parallel": 2, "max_seq_len": 32,
+                                      "data_dir": str(tmp_path / "data"), **changes}))
