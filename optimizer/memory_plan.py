@@ -15,6 +15,12 @@ gradient (4 with grad_reduce_in_fp32) and AdamW:
 (+ padding to multiples of W, + 4 bytes of Adam step counter per tensor piece.) Stages 2 and 3
 also hold, transiently, one or two units' whole gradient (and stage 3 params) while reducing.
 
+LoRA (`lora=`, model/lora.py): P counts the adapters only, since only they are trainable, so only
+they reach the buckets, the units, the gradients and the optimizer state. The frozen base is a
+line of its own, `frozen_base` = P_frozen b on every rank at every stage: it stays replicated
+even under ZeRO-3, because with no gradient and no optimizer state, sharding it would save only
+its parameter bytes at the price of gathering every block's base in every forward and backward.
+
 Activations are an *estimate*, by counting the tensors our decoder block saves for backward,
 per token (h hidden, i intermediate, kv = key/value heads x head size):
     each RMSNorm    8h + 4 + hb    its input and output in fp32, 1/rms, the output cast to b
@@ -39,6 +45,7 @@ import torch
 from torch import nn
 
 from model.configuration_z2all import Z2allConfig
+from model.lora import LoraConfig, apply_lora
 from model.modeling_z2all import Z2allForCausalLM
 from parallel.distributed_data_parallel.param_and_grad_buffer import pad_to_multiple, plan_layout
 from parallel.sharded_data_parallel import is_decoder_block
@@ -123,10 +130,13 @@ def _pieces_on_rank(region: _Region, rank: int, world_size: int) -> tuple[int, i
 def plan_memory(config: Z2allConfig, world_size: int, zero_stage: int, dtype: str,
                 batch_size: int, max_seq_len: int, activation_checkpointing: bool = False,
                 grad_reduce_in_fp32: bool = True, bucket_size: int | None = 40_000_000,
-                rank: int = 0) -> MemoryPlan:
-    """Bytes held by rank `rank` (module docstring); `dtype` is fp32, bf16 or fp16."""
+                rank: int = 0, lora: LoraConfig | None = None) -> MemoryPlan:
+    """Bytes held by rank `rank` (module docstring); `dtype` is fp32, bf16 or fp16; `lora`:
+    the adapters of a LoRA run (None: every parameter trains)."""
     with torch.device("meta"):
         model = Z2allForCausalLM(config)
+        if lora is not None:
+            apply_lora(model, lora)
     b = DTYPES[dtype].itemsize
     g = 4 if grad_reduce_in_fp32 else b
     W, stage = world_size, zero_stage
@@ -141,8 +151,14 @@ def plan_memory(config: Z2allConfig, world_size: int, zero_stage: int, dtype: st
     param_bytes = {0: P * b, 1: padded * b, 2: padded * b, 3: shard * b}[stage]
     param_formula = {0: "P b", 1: "P b (+ padding)", 2: "P b (+ padding)",
                      3: "P b / W (+ padding)"}[stage]
+    trainable = " trainable (LoRA adapters)" if lora is not None else ""
     plan.lines.append(MemoryLine("params", param_bytes,
-                                 f"{param_formula}, P = {P:,}, b = {b}, W = {W}"))
+                                 f"{param_formula}, P = {P:,}{trainable}, b = {b}, W = {W}"))
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    if frozen:
+        plan.lines.append(MemoryLine("frozen_base", frozen * b,
+                                     f"P_frozen b, P_frozen = {frozen:,} (the LoRA base, "
+                                     "replicated: no grads, no optimizer state)"))
     grad_bytes = padded * g if stage <= 1 else shard * g
     plan.lines.append(MemoryLine("grads", grad_bytes,
                                  f"P g{' / W' if stage >= 2 else ''} (+ padding), g = {g}"))
@@ -186,7 +202,8 @@ def plan_memory(config: Z2allConfig, world_size: int, zero_stage: int, dtype: st
 
 def measure_memory(wrapped: nn.Module, optimizer) -> dict[str, int]:
     """The bytes of the same tensors, read from a live wrapper and optimizer (after a step, when
-    Adam's state exists): what `plan_memory`'s params, grads and optimizer lines predict."""
+    Adam's state exists): what `plan_memory`'s params, grads, optimizer and (LoRA)
+    frozen_base lines predict; `params` counts the trainable parameters only."""
     if hasattr(wrapped, "resident_bytes"):  # ZeRO-2/3
         resident = wrapped.resident_bytes()
         params, grads = resident["params"], resident["grads"]
@@ -197,8 +214,12 @@ def measure_memory(wrapped: nn.Module, optimizer) -> dict[str, int]:
             params = sum(buf.param_data.numel() * buf.param_data.element_size()
                          for buf in buffers)
         else:
-            params = sum(p.numel() * p.element_size() for p in wrapped.module.parameters())
-    return {"params": params, "grads": grads, "optimizer": optimizer.state_bytes()}
+            params = sum(p.numel() * p.element_size() for p in wrapped.module.parameters()
+                         if p.requires_grad)
+    frozen = sum(p.numel() * p.element_size() for p in wrapped.module.parameters()
+                 if not p.requires_grad)
+    return {"params": params, "grads": grads, "optimizer": optimizer.state_bytes(),
+            "frozen_base": frozen}
 
 
 def measure_activation_bytes(model: nn.Module, *args, **kwargs) -> int:

@@ -1,12 +1,14 @@
 """Will it fit? Print the bytes one rank holds for a model preset at a ZeRO stage.
 
     python -m tools.memory_plan --model_preset 0.5B --world_size 8 --zero_stage 3 --dtype bf16 \\
-        --batch_size 4 --max_seq_len 2048 [--activation_checkpointing]
+        --batch_size 4 --max_seq_len 2048 [--activation_checkpointing] [--lora_rank 8]
 
 Parameters, gradients and optimizer state are computed exactly as the code lays them out
 (optimizer/memory_plan.py; the trainer prints the same plan at start-up); activations are an
-estimate. Not counted: the CUDA context, allocator fragmentation, temporary buffers of one
-collective (one unit's whole gradient at stages 2/3, two units' params at stage 3).
+estimate. With --lora_rank only the adapters have gradients and optimizer state; the frozen
+base is its own line, whole on every rank at every stage. Not counted: the CUDA context,
+allocator fragmentation, temporary buffers of one collective (one unit's whole gradient at
+stages 2/3, two units' params at stage 3).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import sys
 
 from model.configuration_z2all import PRESETS, Z2allConfig
+from model.lora import LoraConfig
 from optimizer.memory_plan import plan_memory
 from utils.cli_errors import run_main
 from utils.option_checks import raise_problems, range_problem
@@ -34,18 +37,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--activation_checkpointing", action="store_true")
     parser.add_argument("--no_grad_reduce_in_fp32", action="store_true",
                         help="gradients in the params' dtype instead of fp32")
+    parser.add_argument("--lora_rank", type=int, default=0,
+                        help="LoRA adapters of this rank on a frozen base (0 = full training)")
+    parser.add_argument("--lora_targets", default=LoraConfig.targets,
+                        help="comma list of HF Llama projections that get adapters")
     args = parser.parse_args(argv)
     raise_problems([range_problem("--world_size", args.world_size, low=1),
                     range_problem("--batch_size", args.batch_size, low=1),
                     range_problem("--max_seq_len", args.max_seq_len, low=1)])
+    lora = (LoraConfig(rank=args.lora_rank, targets=args.lora_targets) if args.lora_rank
+            else None)
     overrides = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
     config = Z2allConfig.from_preset(args.model_preset, **overrides)
     plan = plan_memory(config, args.world_size, args.zero_stage, args.dtype, args.batch_size,
                        args.max_seq_len, args.activation_checkpointing,
-                       grad_reduce_in_fp32=not args.no_grad_reduce_in_fp32)
+                       grad_reduce_in_fp32=not args.no_grad_reduce_in_fp32, lora=lora)
     print(f"model {args.model_preset}, ZeRO stage {args.zero_stage}, {args.world_size} rank(s), "
           f"{args.dtype}, micro-batch {args.batch_size} x {args.max_seq_len}, activation "
-          f"checkpointing {'on' if args.activation_checkpointing else 'off'}; per rank:")
+          f"checkpointing {'on' if args.activation_checkpointing else 'off'}"
+          f"{f', LoRA rank {args.lora_rank}' if lora else ''}; per rank:")
     print(plan.render())
     return 0
 

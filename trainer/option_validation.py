@@ -120,10 +120,6 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
             problems.append("--compile cannot be combined with --zero_stage=3 yet (its hooks "
                             "gather and free weights around each compiled block): drop "
                             "--compile or use --zero_stage 2")
-        if zero_stage >= 2 and options.lora.lora_rank > 0:
-            problems.append(f"--lora_rank with --zero_stage={zero_stage} is not supported yet "
-                            "(the frozen base gets no gradient to shard): use --zero_stage 0 or "
-                            "1; the adapters are small")
     problems += _grid_problems(options) + _fp16_problems(options)
     device = options.system.device
     if device not in ("auto", "cpu", "cuda"):

@@ -236,7 +236,8 @@ def memory_plan(run: Run) -> MemoryPlan:
                        run.precision.dtype, options.optimization.batch_size,
                        options.data.max_seq_len, options.model.activation_checkpointing,
                        grad_reduce_in_fp32=options.parallel.grad_reduce_in_fp32,
-                       bucket_size=options.parallel.bucket_size, rank=run.env.rank)
+                       bucket_size=options.parallel.bucket_size, rank=run.env.rank,
+                       lora=options.lora.config())
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
