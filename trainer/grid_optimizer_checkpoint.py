@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from model.configuration_z2all import Z2allConfig
+from model.lora import LoraConfig, apply_lora
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer.adamw import read_adam_state, write_adam_state
 from optimizer.distributed_optimizer.zero1_checkpoint import (
@@ -95,11 +96,15 @@ def _whole_on_this_rank(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
 
 
 def load_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
-                        config: Z2allConfig, dims: ParallelDims, optim_dir: Path) -> None:
-    """This rank's pieces of a save made on any grid (or by ZeRO-1 at any world size)."""
-    with torch.device("meta"):
-        shapes = {name: list(param.shape)
-                  for name, param in Z2allForCausalLM(config).named_parameters()}
+                        config: Z2allConfig, dims: ParallelDims, optim_dir: Path,
+                        lora: LoraConfig | None = None) -> None:
+    """This rank's pieces of a save made on any grid (or by ZeRO-1 at any world size); `lora`:
+    the adapters that `params` belong to (the base is frozen: it has no state)."""
+    with torch.device("meta"):  # the whole model's trainable shapes, as the save records them
+        whole = Z2allForCausalLM(config) if lora is None else apply_lora(
+            Z2allForCausalLM(config), lora)
+    shapes = {name: list(param.shape) for name, param in whole.named_parameters()
+              if param.requires_grad}
     state = load_resharded_state(optim_dir, [(name, 0, math.prod(shapes[name])) for name in params],
                                  shapes, dims.rank, dims.world_size)
     full = {key: {piece["name"]: piece[key].view(shapes[piece["name"]])

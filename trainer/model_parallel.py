@@ -51,6 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from model.lora import apply_lora, lora_config_of
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
 from optimizer.clip_grads import clip_grads_
@@ -164,11 +165,11 @@ class GridOptimizer:
 
     # ---- checkpoints: layout-neutral, in ZeRO-1's shard-file format (module docstring) --------
     def _named_pieces(self) -> NamedPieces:
-        """{whole-model name: (this rank's parameter, its pieces this rank updates)}. The last
-        stage's copy of a tied embedding goes by the embedding's name: its state is the same,
-        saved once."""
+        """{whole-model name: (this rank's trainable parameter, its pieces this rank
+        updates)}; a frozen one (a LoRA base's) has no optimizer state. The last stage's copy
+        of a tied embedding goes by the embedding's name: its state is the same, saved once."""
         named = {param: (TIED_EMBEDDING if param is self._tied_copy else name, [])
-                 for name, param in self.model.named_parameters()}
+                 for name, param in self.model.named_parameters() if param.requires_grad}
         for piece in self.inner.main_pieces():
             named[piece.param][1].append(piece)
         return {name: (param, pieces) for param, (name, pieces) in named.items()}
@@ -182,7 +183,7 @@ class GridOptimizer:
 
     def load_checkpoint(self, optim_dir: str | Path) -> None:
         load_grid_optimizer(self.inner, self._named_pieces(), self.model.config, self.dims,
-                            Path(optim_dir))
+                            Path(optim_dir), lora=lora_config_of(self.model))
 
 
 class PipelinedEval:
@@ -270,12 +271,16 @@ def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_par
 def whole_model_on_rank0(model: Z2allForCausalLM, dims: ParallelDims
                          ) -> Iterator[Z2allForCausalLM | None]:
     """Collective: the whole model, rebuilt from every rank's pieces, on rank 0 (None
-    elsewhere), for sample generation and model.safetensors."""
+    elsewhere), for sample generation and model.safetensors (with LoRA: with its adapters, for
+    the adapter file)."""
     full = gather_full_tensors(model.state_dict(), model.config, dims)
     if full is None:
         yield None
         return
     whole = Z2allForCausalLM(model.config).to(next(iter(full.values())).device)
+    lora = lora_config_of(model)
+    if lora is not None:
+        apply_lora(whole, lora)
     whole.load_state_dict(full)
     whole.to(next(iter(full.values())).dtype).eval()
     yield whole

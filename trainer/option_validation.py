@@ -171,9 +171,15 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
         ("--cpu_offload", parallel.cpu_offload, "not tested on a grid; drop it"),
         ("--overlap_param_gather", parallel.overlap_param_gather,
          "not tested on a grid; drop it"),
-        (f"--lora_rank={options.lora.lora_rank}", options.lora.lora_rank > 0,
-         "adapters are not sliced by tensor parallelism yet; use --tensor_parallel=1 "
-         "--pipeline_parallel=1"),
+        (f"--lora_dropout={options.lora.lora_dropout}",
+         options.lora.lora_rank > 0 and options.lora.lora_dropout > 0
+         and parallel.tensor_parallel > 1,
+         "the tensor-parallel ranks would each drop other elements of the same replicated "
+         "input; use --lora_dropout=0"),
+        ("LoRA DPO (--lora_rank, --task_type=dpo)",
+         options.lora.lora_rank > 0 and options.data.task_type == "dpo",
+         "its reference, the policy with the adapters off, is not run through the stages yet; "
+         "use --tensor_parallel=1 --pipeline_parallel=1"),
     ]
     problems += [f"{name} with {flag} is not supported yet: {why}"
                  for name, refused, why in unsupported if refused]

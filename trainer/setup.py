@@ -37,6 +37,7 @@ import torch
 from dataset.train_data import TrainData, build_train_data
 from model.configuration_z2all import Z2allConfig
 from model.kernels import kernel_choices
+from model.lora import apply_lora
 from model.modeling_z2all import Z2allForCausalLM, kernels_already_reported
 from model.run_tokenizer import save_run_tokenizer
 from optimizer import TrainingOptimizer
@@ -195,8 +196,9 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
 def _log_start(run: Run) -> None:
     """The run's shape in metrics.jsonl, and on stdout for people."""
     num_params = whole_shape(run.model.config).num_parameters()
-    trainable = (sum(p.numel() for p in run.model.parameters() if p.requires_grad)
-                 if run.lora_base else num_params)
+    lora = run.options.lora.config()
+    trainable = (sum(p.numel() for p in apply_lora(whole_shape(run.model.config), lora)
+                     .parameters() if p.requires_grad) if lora else num_params)
     optimization, env = run.options.optimization, run.env
     run.log.log("run", run.counters.step, quiet=True, effective_batch=run.global_batch,
                 world_size=env.world_size, dtype=run.precision.dtype, device=str(env.device),
@@ -223,7 +225,8 @@ def _log_start(run: Run) -> None:
 
 
 def whole_shape(config: Z2allConfig) -> Z2allForCausalLM:
-    """The whole model without memory (its parameter count and FLOPs, however it is split)."""
+    """The whole model without memory (its parameter and adapter counts and FLOPs, however it
+    is split over ranks)."""
     with torch.device("meta"):
         return Z2allForCausalLM(config)
 

@@ -58,9 +58,10 @@ def tied_embedding_param(model: Z2allForCausalLM, dims: ParallelDims) -> nn.Para
 
 def sync_tied_embedding_grads(model: Z2allForCausalLM, dims: ParallelDims) -> None:
     """Sum the two copies' gradients (the one the optimizer reads: DDP's `main_grad` if
-    present, else `.grad`), as if they were one Parameter."""
+    present, else `.grad`), as if they were one Parameter. A frozen embedding (LoRA's base) has
+    none."""
     param = tied_embedding_param(model, dims)
-    if param is None:
+    if param is None or not param.requires_grad:
         return
     grad = param.main_grad if hasattr(param, "main_grad") else param.grad
     dist.all_reduce(grad, group=dims.embedding_group)
