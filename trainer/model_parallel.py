@@ -30,7 +30,8 @@ What differs from a data-parallel run, and how the loop is kept the same:
                       --tensor_parallel / --pipeline_parallel (and the data-parallel size,
                       as any world-size change: the data position carries over)
     evaluation        a forward-only pass through the stages (`PipelinedEval`)
-    DPO               the frozen reference cut like the policy (`split_reference`); each
+    DPO               the frozen reference cut like the policy (`split_reference`; with
+                      LoRA the policy's own stages, adapters off: `PipelinedBase`); each
                       micro-batch's reference log-probs come first (forward only through the
                       reference's stages), then the schedule runs the policy with DPO's
                       objective on the last stage, from vocab-parallel token log-probs
@@ -67,7 +68,7 @@ from parallel.pipeline_parallel.schedules import PipelineSchedule
 from parallel.pipeline_parallel.stage import split_into_stage, tied_embedding_param
 from parallel.tensor_parallel.parallelize import parallelize_model
 from parallel.tensor_parallel.sharding import layout_for
-from trainer.forward_steps import Batch, DPOStep, ForwardStep
+from trainer.forward_steps import Batch, DPOStep, ForwardStep, as_base_model
 from trainer.grid_optimizer_checkpoint import (
     GRID_OPTIMIZER_FILES,
     NamedPieces,
@@ -210,6 +211,16 @@ class PipelinedEval:
         if attention_mask is not None:
             batch["attention_mask"] = attention_mask
         return self.schedule.forward_only(batch, per_token=True)
+
+
+class PipelinedBase(PipelinedEval):
+    """LoRA DPO's reference on a grid: the policy's own stages as its frozen base (adapters
+    off, eval mode), forward only; no second model, as in one process."""
+
+    def token_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        with as_base_model(self.schedule.model):
+            return super().token_log_probs(input_ids, labels, attention_mask)
 
 
 def split_reference(reference: Z2allForCausalLM, policy_schedule: PipelineSchedule

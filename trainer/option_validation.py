@@ -176,10 +176,6 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
          and parallel.tensor_parallel > 1,
          "the tensor-parallel ranks would each drop other elements of the same replicated "
          "input; use --lora_dropout=0"),
-        ("LoRA DPO (--lora_rank, --task_type=dpo)",
-         options.lora.lora_rank > 0 and options.data.task_type == "dpo",
-         "its reference, the policy with the adapters off, is not run through the stages yet; "
-         "use --tensor_parallel=1 --pipeline_parallel=1"),
     ]
     problems += [f"{name} with {flag} is not supported yet: {why}"
                  for name, refused, why in unsupported if refused]

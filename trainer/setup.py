@@ -158,7 +158,8 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
     forward_step = build_forward_step(data_options.task_type, options.dpo,
                                       options.model.init_from, env.device, precision.dtype,
                                       lora=options.lora.config() is not None,
-                                      split_reference=parallel.split_like_policy)
+                                      split_reference=parallel.split_like_policy,
+                                      base_of_policy=parallel.base_of_policy)
 
     counters = Counters()
     if saved_state is not None:

@@ -93,8 +93,6 @@ def _problems(**changes) -> str:
     ({"pipeline_parallel": 2, "zero_stage": 2}, "--zero_stage=2 with"),
     ({"tensor_parallel": 2, "comm_hook": "powersgd"}, "--comm_hook=powersgd with"),
     ({"tensor_parallel": 2, "lora_rank": 8, "lora_dropout": 0.1}, "--lora_dropout=0.1 with"),
-    ({"pipeline_parallel": 2, "lora_rank": 8, "task_type": "dpo"},
-     "LoRA DPO (--lora_rank, --task_type=dpo) with"),
     ({"sequence_parallel": True}, "--sequence_parallel needs --tensor_parallel > 1"),
     ({"pipeline_parallel": 0}, "--pipeline_parallel"),
     ({"pipeline_parallel": 2, "num_hidden_layers": 3}, "not divisible by --pipeline_parallel 2"),

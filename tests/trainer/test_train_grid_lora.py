@@ -1,21 +1,23 @@
 """LoRA (`--lora_rank`) on tensor/pipeline grids, from the command line on 4 gloo ranks.
 
 The base is a tiny z2all model pretrained for one step (an HF test base has an odd
-vocabulary, which tensor parallelism cannot split). One table, one row per layout, all rows
-in one spawn of 4 ranks: LoRA SFT for 3 steps on every projection (column-split q/k/v and
-gate/up: B sliced by rows; row-split o and down: A sliced by columns, the adapter's partial
-product reduced with the base's). Reference: the same command in one process, each sequence
-a micro-batch of its own (--batch_size=1: a data-parallel rank's loss is the mean over its own
-tokens, and so is each micro-batch's), fp32. Compared: every step's loss and gradient norm
-(clipping uses the whole model's norm: replicated adapter factors counted once) and the
-adapter file of step 3, gathered whole on rank 0: the one-process names and shapes, values to
-fp32 rounding. The row with `STOP` stops there and resumes on the same grid: bitwise the
-uninterrupted row. Then the grid run's adapters load with our loader (merged) and, exported
-with `--adapter`, in peft, with the one-process run's logits.
+vocabulary, which tensor parallelism cannot split). One table, one row per (task, layout), all
+rows in one spawn of 4 ranks: LoRA for 3 steps on every projection (column-parallel q/k/v and
+gate/up: B sliced by rows; row-parallel o and down: A sliced by columns, the adapter's partial
+product reduced with the base's); DPO's reference is the policy's own stages with the adapters
+off. Reference: the same command in one process, each sequence a micro-batch of its own
+(--batch_size=1: a data-parallel rank's loss is the mean over its own tokens, and so is each
+micro-batch's), fp32. Compared: every step's loss, gradient norm (clipping uses the whole
+model's norm: replicated adapter factors counted once) and DPO reward margin, the validation
+loss, and the adapter file of step 3, gathered whole on rank 0: the one-process names and
+shapes, values to fp32 rounding. A row that stops at `STOP` resumes on the same grid: bitwise
+the uninterrupted row. Then the grid run's adapters load with our loader (merged) and,
+exported with `--adapter`, in peft, with the one-process run's logits.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ from model import convert_to_hf
 from model.loading import load_model
 from model.lora_checkpoint import ADAPTERS_FILE
 from parallel.local_ranks import run_on_ranks
+from tests.parallel.grid_helpers import ADAM_EPS
 from tests.train_helpers import TINY_ARGS, data_args, records, run_main, train_losses
 from tests.trainer.test_train_grid import _runs_on_rank
 from utils.cli_errors import run_main as run_cli
@@ -35,38 +38,49 @@ from utils.cli_errors import run_main as run_cli
 STEPS, STOP, ACCUMULATION = 3, 2, 2
 BASE_SHAPE = ["--num_hidden_layers=2", "--num_key_value_heads=2"]  # splits by TP2 and PP2
 LORA_ARGS = ["--lora_rank=4", "--lora_alpha=8"]  # every projection (the default targets)
-# name: (grid options, data-parallel size, stop at STOP and resume)
+TP2_PP2 = ["--tensor_parallel=2", "--pipeline_parallel=2"]
+# name: (grid options, data-parallel size, task, stop at STOP and resume)
 LAYOUTS = {
-    "tp2_pp2": (["--tensor_parallel=2", "--pipeline_parallel=2"], 1, False),
-    "tp2_pp2_resumed": (["--tensor_parallel=2", "--pipeline_parallel=2"], 1, True),
-    "dp2_tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2, False),
-    "dp2_pp2_zero1": (["--pipeline_parallel=2", "--zero_stage=1"], 2, False),
+    "sft_tp2_pp2": (TP2_PP2, 1, "sft", False),
+    "sft_tp2_pp2_resumed": (TP2_PP2, 1, "sft", True),
+    "sft_dp2_tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2, "sft", False),
+    "sft_dp2_pp2_zero1": (["--pipeline_parallel=2", "--zero_stage=1"], 2, "sft", False),
+    "dpo_tp2_pp2": (TP2_PP2, 1, "dpo", False),
 }
+# DPO's loss is a difference of sequence log-probs near log 2: its gradients are small, so
+# Adam's eps is raised as in test_train_grid_dpo.py (rounding noise not blown up to a whole lr)
+TASK_OPTIONS = {"sft": [], "dpo": ["--dpo_beta=0.5", f"--adam_eps={ADAM_EPS}"]}
+TOLERANCE = {"sft": 1e-5, "dpo": 1e-4}  # relative, for every compared metric
+COMPARED = ("loss", "grad_norm", "rewards/margins")  # per step, where the task logs it
 
 
-def _sft_args(data, base: Path, *extra: str) -> list[str]:
-    return [*TINY_ARGS, *data_args(data, "sft"), f"--init_from={base}", *LORA_ARGS,
-            f"--max_iters={STEPS}", "--eval_interval=3", "--save_interval=100",
+def _lora_args(data, base: Path, task: str, *extra: str) -> list[str]:
+    return [*TINY_ARGS, *data_args(data, task), *TASK_OPTIONS[task], f"--init_from={base}",
+            *LORA_ARGS, f"--max_iters={STEPS}", "--eval_interval=3", "--save_interval=100",
             "--eval_prompts=[]", "--batch_size=1", *extra]
+
+
+def _reference(root: Path, task: str, data_parallel: int) -> Path:
+    return root / f"single_{task}_dp{data_parallel}"
 
 
 @pytest.fixture(scope="module")
 def trained(data, tmp_path_factory) -> Path:
     """The base, every row of the table (one 4-rank spawn) and the one-process references
-    (single_dp1, single_dp2: the same global batch as ACCUMULATION x D micro-batches)."""
+    (the same global batch as ACCUMULATION x D micro-batches)."""
     root = tmp_path_factory.mktemp("grid_lora")
     assert run_main([*TINY_ARGS, *data_args(data, "pretrain"), *BASE_SHAPE, "--max_iters=1",
                      "--eval_prompts=[]", f"--out_dir={root / 'base'}"]) == 0
     runs = []
-    for name, (grid, _, resumed) in LAYOUTS.items():
-        args = _sft_args(data, root / "base", *grid, f"--out_dir={root / name}",
-                         f"--gradient_accumulation_steps={ACCUMULATION}")
+    for name, (grid, _, task, resumed) in LAYOUTS.items():
+        args = _lora_args(data, root / "base", task, *grid, f"--out_dir={root / name}",
+                          f"--gradient_accumulation_steps={ACCUMULATION}")
         runs += [[*args, f"--stop_at_iter={STOP}"], [*args, "--resume"]] if resumed else [args]
     assert run_on_ranks(_runs_on_rank, runs, world_size=4, timeout=900) == [[0] * len(runs)] * 4
-    for data_parallel in sorted({row[1] for row in LAYOUTS.values()}):
-        assert run_main(_sft_args(
-            data, root / "base", f"--gradient_accumulation_steps={ACCUMULATION * data_parallel}",
-            f"--out_dir={root / f'single_dp{data_parallel}'}")) == 0
+    for data_parallel, task in sorted({(row[1], row[2]) for row in LAYOUTS.values()}):
+        assert run_main(_lora_args(
+            data, root / "base", task, f"--out_dir={_reference(root, task, data_parallel)}",
+            f"--gradient_accumulation_steps={ACCUMULATION * data_parallel}")) == 0
     return root
 
 
@@ -76,12 +90,18 @@ def _adapters(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_lora_on_the_grid_trains_like_one_process(trained, name):
-    _, data_parallel, resumed = LAYOUTS[name]
-    single, run = trained / f"single_dp{data_parallel}", trained / name
-    assert train_losses(run) == pytest.approx(train_losses(single), rel=1e-5)
-    assert len(train_losses(run)) == STEPS
-    assert ([r["grad_norm"] for r in records(run, "train")] == pytest.approx(
-        [r["grad_norm"] for r in records(single, "train")], rel=1e-5))
+    _, data_parallel, task, resumed = LAYOUTS[name]
+    single, run = _reference(trained, task, data_parallel), trained / name
+    steps, expected_steps = records(run, "train"), records(single, "train")
+    assert len(steps) == len(expected_steps) == STEPS
+    for key in [key for key in COMPARED if key in expected_steps[0]]:
+        assert ([step[key] for step in steps] == pytest.approx(
+            [step[key] for step in expected_steps], rel=TOLERANCE[task], abs=1e-7)), key
+    if task == "dpo":  # the reference is the base: the adapters start at B = 0
+        assert steps[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    if data_parallel == 1:  # (the eval set has eval_iters x batch_size x D samples)
+        assert (records(run, "eval")[-1]["val_loss"] == pytest.approx(
+            records(single, "eval")[-1]["val_loss"], rel=TOLERANCE[task]))
     assert (records(run, "run")[0]["trainable_params"]
             == records(single, "run")[0]["trainable_params"])
     expected, saved = _adapters(single), _adapters(run)
@@ -100,7 +120,7 @@ def test_lora_on_the_grid_trains_like_one_process(trained, name):
 def test_the_grids_adapter_loads_like_one_process(trained, tmp_path):
     """Our loader (adapters merged on load) and peft on the `--adapter` export give the
     one-process run's logits."""
-    run, single = trained / "tp2_pp2", trained / "single_dp1"
+    run, single = trained / "sft_tp2_pp2", _reference(trained, "sft", 1)
     ours, reference = (load_model(directory)[0].eval() for directory in (run, single))
     input_ids = torch.randint(0, ours.config.vocab_size, (2, 12))
     with torch.no_grad():
