@@ -177,7 +177,7 @@ class GridOptimizer:
 
     def save_checkpoint(self, optim_dir: str | Path) -> None:
         save_grid_optimizer(self.inner, self._named_pieces(), self.model.config, self.dims,
-                            Path(optim_dir))
+                            Path(optim_dir), lora=lora_config_of(self.model))
 
     def checkpoint_files(self) -> list[str]:
         return GRID_OPTIMIZER_FILES

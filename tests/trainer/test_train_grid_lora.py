@@ -10,9 +10,10 @@ off. Reference: the same command in one process, each sequence a micro-batch of 
 micro-batch's), fp32. Compared: every step's loss, gradient norm (clipping uses the whole
 model's norm: replicated adapter factors counted once) and DPO reward margin, the validation
 loss, and the adapter file of step 3, gathered whole on rank 0: the one-process names and
-shapes, values to fp32 rounding. A row that stops at `STOP` resumes on the same grid: bitwise
-the uninterrupted row. Then the grid run's adapters load with our loader (merged) and,
-exported with `--adapter`, in peft, with the one-process run's logits.
+shapes, values to fp32 rounding. A row that stops at `STOP` resumes on the same grid (bitwise
+the uninterrupted row) or in one process (the optimizer state is layout-neutral). Then the
+grid run's adapters load with our loader (merged) and, exported with `--adapter`, in peft,
+with the one-process run's logits.
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ STEPS, STOP, ACCUMULATION = 3, 2, 2
 BASE_SHAPE = ["--num_hidden_layers=2", "--num_key_value_heads=2"]  # splits by TP2 and PP2
 LORA_ARGS = ["--lora_rank=4", "--lora_alpha=8"]  # every projection (the default targets)
 TP2_PP2 = ["--tensor_parallel=2", "--pipeline_parallel=2"]
-# name: (grid options, data-parallel size, task, stop at STOP and resume)
+ONE_PROCESS = ["--tensor_parallel=1", "--pipeline_parallel=1", "--zero_stage=1"]
+# name: (grid options, data-parallel size, task, where a run stopped at STOP resumes: None =
+# not stopped, "grid" = on its own grid, "one process" = with ONE_PROCESS)
 LAYOUTS = {
-    "sft_tp2_pp2": (TP2_PP2, 1, "sft", False),
-    "sft_tp2_pp2_resumed": (TP2_PP2, 1, "sft", True),
-    "sft_dp2_tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2, "sft", False),
-    "sft_dp2_pp2_zero1": (["--pipeline_parallel=2", "--zero_stage=1"], 2, "sft", False),
-    "dpo_tp2_pp2": (TP2_PP2, 1, "dpo", False),
+    "sft_tp2_pp2": (TP2_PP2, 1, "sft", None),
+    "sft_tp2_pp2_resumed": (TP2_PP2, 1, "sft", "grid"),
+    "sft_tp2_pp2_resumed_in_one_process": (TP2_PP2, 1, "sft", "one process"),
+    "sft_dp2_tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2, "sft", None),
+    "sft_dp2_pp2_zero1": (["--pipeline_parallel=2", "--zero_stage=1"], 2, "sft", None),
+    "dpo_tp2_pp2": (TP2_PP2, 1, "dpo", None),
 }
 # DPO's loss is a difference of sequence log-probs near log 2: its gradients are small, so
 # Adam's eps is raised as in test_train_grid_dpo.py (rounding noise not blown up to a whole lr)
@@ -54,10 +58,10 @@ TOLERANCE = {"sft": 1e-5, "dpo": 1e-4}  # relative, for every compared metric
 COMPARED = ("loss", "grad_norm", "rewards/margins")  # per step, where the task logs it
 
 
-def _lora_args(data, base: Path, task: str, *extra: str) -> list[str]:
-    return [*TINY_ARGS, *data_args(data, task), *TASK_OPTIONS[task], f"--init_from={base}",
-            *LORA_ARGS, f"--max_iters={STEPS}", "--eval_interval=3", "--save_interval=100",
-            "--eval_prompts=[]", "--batch_size=1", *extra]
+def _lora_args(data, out_dir: Path, task: str, *extra: str) -> list[str]:
+    return [*TINY_ARGS, *data_args(data, task), *TASK_OPTIONS[task], *LORA_ARGS,
+            f"--max_iters={STEPS}", "--eval_interval=3", "--save_interval=100",
+            "--eval_prompts=[]", "--batch_size=1", f"--out_dir={out_dir}", *extra]
 
 
 def _reference(root: Path, task: str, data_parallel: int) -> Path:
@@ -66,20 +70,26 @@ def _reference(root: Path, task: str, data_parallel: int) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(data, tmp_path_factory) -> Path:
-    """The base, every row of the table (one 4-rank spawn) and the one-process references
-    (the same global batch as ACCUMULATION x D micro-batches)."""
+    """The base, every row of the table (one 4-rank spawn; a resume in one process after it)
+    and the one-process references (the same global batch as ACCUMULATION x D micro-batches)."""
     root = tmp_path_factory.mktemp("grid_lora")
     assert run_main([*TINY_ARGS, *data_args(data, "pretrain"), *BASE_SHAPE, "--max_iters=1",
                      "--eval_prompts=[]", f"--out_dir={root / 'base'}"]) == 0
-    runs = []
-    for name, (grid, _, task, resumed) in LAYOUTS.items():
-        args = _lora_args(data, root / "base", task, *grid, f"--out_dir={root / name}",
+    on_grid, in_one_process = [], []
+    for name, (grid, _, task, resumed_on) in LAYOUTS.items():
+        args = _lora_args(data, root / name, task, f"--init_from={root / 'base'}",
                           f"--gradient_accumulation_steps={ACCUMULATION}")
-        runs += [[*args, f"--stop_at_iter={STOP}"], [*args, "--resume"]] if resumed else [args]
-    assert run_on_ranks(_runs_on_rank, runs, world_size=4, timeout=900) == [[0] * len(runs)] * 4
+        on_grid.append([*args, *grid] + ([f"--stop_at_iter={STOP}"] if resumed_on else []))
+        if resumed_on == "grid":
+            on_grid.append([*args, *grid, "--resume"])
+        elif resumed_on == "one process":
+            in_one_process.append([*args, *ONE_PROCESS, "--resume"])
+    assert (run_on_ranks(_runs_on_rank, on_grid, world_size=4, timeout=900)
+            == [[0] * len(on_grid)] * 4)
+    assert [run_main(args) for args in in_one_process] == [0] * len(in_one_process)
     for data_parallel, task in sorted({(row[1], row[2]) for row in LAYOUTS.values()}):
         assert run_main(_lora_args(
-            data, root / "base", task, f"--out_dir={_reference(root, task, data_parallel)}",
+            data, _reference(root, task, data_parallel), task, f"--init_from={root / 'base'}",
             f"--gradient_accumulation_steps={ACCUMULATION * data_parallel}")) == 0
     return root
 
@@ -90,7 +100,7 @@ def _adapters(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_lora_on_the_grid_trains_like_one_process(trained, name):
-    _, data_parallel, task, resumed = LAYOUTS[name]
+    _, data_parallel, task, resumed_on = LAYOUTS[name]
     single, run = _reference(trained, task, data_parallel), trained / name
     steps, expected_steps = records(run, "train"), records(single, "train")
     assert len(steps) == len(expected_steps) == STEPS
@@ -109,8 +119,9 @@ def test_lora_on_the_grid_trains_like_one_process(trained, name):
     for key in expected:
         torch.testing.assert_close(saved[key], expected[key], rtol=1e-4, atol=1e-5,
                                    msg=lambda message, key=key: f"{name}: {key}: {message}")
-    if resumed:
+    if resumed_on is not None:
         assert [r["step"] for r in records(run, "resume")] == [STOP]
+    if resumed_on == "grid":  # bitwise
         uninterrupted = trained / name.removesuffix("_resumed")
         assert train_losses(run) == train_losses(uninterrupted)
         assert ((run / "ckpt" / f"step_{STEPS:06d}" / ADAPTERS_FILE).read_bytes()
