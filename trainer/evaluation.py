@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -52,13 +52,18 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
-def batches_on_every_rank(loader: DataLoader, env: DistributedEnv
+def batches_on_every_rank(loader: Iterable[dict[str, torch.Tensor]], env: DistributedEnv
                           ) -> Iterator[tuple[dict[str, torch.Tensor], bool]]:
     """(batch on the device, whether it counts) for this rank's share of the valid split, then
     uncounted one-sample batches until it has run as many forwards as the rank with the longest
     share. ZeRO-3's forward all-gathers each block's shards with the other ranks, so a rank
     whose share of a small valid split ran out (1 sample over 2 ranks: rank 1 has none) would
-    leave them waiting in that gather."""
+    leave them waiting in that gather. The shares are counted first (`len(loader)`: an
+    `eval_loader`), since no rank may enter another collective while others still run forwards;
+    one process takes any iterable of batches."""
+    if not env.is_distributed:
+        yield from ((to_device(batch, env.device), True) for batch in loader)
+        return
     mine = len(loader)
     shares = all_reduce_sum([float(mine if rank == env.rank else 0)
                              for rank in range(env.world_size)], env)
