@@ -28,6 +28,7 @@ from model.loading import (
     load_for_inference,
     resolve_model_arguments,
 )
+from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.log_setup import configure_logging
@@ -38,8 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--prompt", default="", help="text to continue (or the user message)")
-    parser.add_argument("--chat", action="store_true",
-                        help="format as a chat turn (ChatML) and stop at <|im_end|>")
+    add_boolean_flag(parser, "--chat",
+                     help="format as a chat turn (ChatML) and stop at <|im_end|>")
     parser.add_argument("--system", default=None, help="system message for --chat")
     parser.add_argument("--max_new_tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")

@@ -13,23 +13,29 @@ near copy (1% of words changed) and an exact copy, plus generated junk, repeated
    datatrove's GopherQualityFilter + GopherRepetitionFilter (target: ours >= 1.0x theirs);
    our MinHash signature + band keys vs datasketch's MinHash + MinHashLSH.insert.
 4. Peak resident memory of a single-process run at two corpus sizes.
+5. The MinHash band pass alone (cleaning/dedup.near_duplicates) on synthetic band keys of
+   growing corpora, each in a fresh process: how far it raises the peak RSS, with every band
+   sorted in RAM (one run) and with the external sort (runs of 65,536 records). The external
+   sort's line should stay flat; the in-RAM one grows by ~28 bytes per document.
 If datatrove / datasketch are not importable, that is printed and only our side runs.
 """
 
 from __future__ import annotations
 
+import json
 import random
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from bench.size_flags import bench_parser
 from data.dirty_corpus import junk, near_copy, shakespeare_scenes
 from data_preprocess.clean_pretrain_data import build_parser, clean_pretrain_data
-from data_preprocess.cleaning import filters, minhash
+from data_preprocess.cleaning import dedup, filters, minhash
 from data_preprocess.cleaning.text import normal_words
 
 
@@ -44,7 +50,6 @@ def corpus(documents: int) -> list[str]:
 
 
 def write_corpus(texts: list[str], folder: Path) -> int:
-    import json
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "corpus.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
@@ -119,18 +124,81 @@ def side_by_side(texts: list[str]) -> None:
         print(f"  datasketch not importable ({error}); our side only")
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory, from VmHWM in /proc/self/status (Linux). Not
+    getrusage's ru_maxrss: a child started by fork + exec inherits its parent's peak there
+    (a 400 MB parent made every child read 406 MB), which hid all of section 4's figures."""
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
+
+
 def peak_memory(sizes: list[int], scratch: Path) -> None:
     for documents in sizes:
         folder = scratch / f"mem{documents}"
         size = write_corpus(corpus(documents), folder / "raw")
-        code = ("import resource, sys; from data_preprocess.clean_pretrain_data import main; "
+        code = ("from bench.bench_clean import peak_rss_mb; "
+                "from data_preprocess.clean_pretrain_data import main; "
                 f"main(['--data_dir', '{folder / 'raw'}', '--out_dir', '{folder / 'out'}', "
-                "'--num_workers', '0']); "
-                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+                "'--num_workers', '0']); print(peak_rss_mb())")
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 check=True)
-        peak_kb = int(result.stderr.strip().splitlines()[-1])
-        print(f"  {documents:,} documents ({size / 1e6:.1f} MB): peak RSS {peak_kb / 1024:.0f} MB")
+        peak_mb = float(result.stdout.strip().splitlines()[-1])
+        print(f"  {documents:,} documents ({size / 1e6:.1f} MB): peak RSS {peak_mb:.0f} MB")
+
+
+DOCUMENTS_PER_BAND_FILE = 100_000  # like an input file's .bands.npy
+
+
+def synthetic_band_files(documents: int, folder: Path, bands: int) -> list[dedup.BandFile]:
+    """Band keys as the analysis writes them, one .npy per 100,000 documents: random keys,
+    except that 1% of the documents repeat another one's keys (so buckets form, and the
+    union-find, which grows with the duplicates, stays a small part of the figure)."""
+    rng = np.random.default_rng(documents)
+    folder.mkdir(parents=True, exist_ok=True)
+    band_files = []
+    for first in range(0, documents, DOCUMENTS_PER_BAND_FILE):
+        rows = min(DOCUMENTS_PER_BAND_FILE, documents - first)
+        keys = rng.integers(0, np.iinfo(np.uint64).max, size=(rows, bands), dtype=np.uint64)
+        copies = np.flatnonzero(rng.random(rows) < 0.01)
+        keys[copies] = keys[rng.integers(0, rows, size=len(copies))]
+        path = folder / f"part{first // DOCUMENTS_PER_BAND_FILE:05d}.bands.npy"
+        np.save(path, keys)
+        band_files.append(dedup.BandFile(path, first, rows))
+    return band_files
+
+
+def measure_band_pass(spec: str) -> None:
+    """In a fresh process (started by `band_pass_memory`): run the band pass and print, as
+    JSON, its seconds and how far it raised this process's peak RSS above the imports'."""
+    options = json.loads(spec)
+    band_files = [dedup.BandFile(Path(path), first, rows) for path, first, rows in options["files"]]
+    before_mb = peak_rss_mb()
+    started = time.perf_counter()
+    dedup.near_duplicates(band_files, options["bands"], np.empty(0, np.int64),
+                          Path(options["work_dir"]), options["run_records"])
+    seconds = time.perf_counter() - started
+    print(json.dumps({"seconds": seconds, "raised_mb": peak_rss_mb() - before_mb}))
+
+
+def band_pass_memory(sizes: list[int], run_records: int, scratch: Path) -> None:
+    bands, _ = minhash.choose_bands(0.7, 128)  # the default --minhash_threshold's bands
+    print(f"  {'documents':>10}  {'in RAM (one run)':<34}  external (runs of {run_records:,})")
+    for documents in sizes:
+        band_files = synthetic_band_files(documents, scratch / f"bands{documents}", bands)
+        cells = []
+        for records in (documents, run_records):
+            spec = json.dumps({"files": [[str(f.path), f.first_document, f.rows]
+                                         for f in band_files],
+                               "bands": bands, "work_dir": str(scratch), "run_records": records})
+            result = subprocess.run(
+                [sys.executable, "-c", "import sys; from bench.bench_clean import "
+                 "measure_band_pass; measure_band_pass(sys.argv[1])", spec],
+                capture_output=True, text=True, check=True)
+            measured = json.loads(result.stdout.strip().splitlines()[-1])
+            rate = documents * bands / measured["seconds"] / 1e6
+            cells.append(f"+{measured['raised_mb']:.1f} MB, {measured['seconds']:.1f} s, "
+                         f"{rate:.2f}M rec/s")
+        print(f"  {documents:>10,}  {cells[0]:<34}  {cells[1]}")
 
 
 def main() -> None:
@@ -150,8 +218,11 @@ def main() -> None:
         if not args.smoke:
             print("4. peak memory vs corpus size (one process)")
             peak_memory([documents // 2, documents], Path(scratch))
-    print(f"(this process's peak RSS: "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB)")
+        print("5. MinHash band pass: peak RSS raised vs corpus size (fresh process each)")
+        band_sizes = ([2_000, 4_000] if args.smoke else [100_000, 200_000, 400_000]
+                      if args.quick else [250_000, 500_000, 1_000_000, 2_000_000])
+        band_pass_memory(band_sizes, 1_000 if args.smoke else 65_536, Path(scratch))
+    print(f"(this process's peak RSS: {peak_rss_mb():.0f} MB)")
 
 
 if __name__ == "__main__":

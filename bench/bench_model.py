@@ -31,6 +31,7 @@ from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.convert_to_hf import export_hf
 from model.modeling_z2all import Z2allForCausalLM
+from utils.boolean_flags import add_boolean_flag
 from utils.precision import measure_cpu_dtype, time_matmul
 
 # name -> (config overrides on the tiny preset, batch size, sequence length)
@@ -194,8 +195,8 @@ def main() -> None:
                           smoke="seconds: the smallest model, one round; proves the bench runs")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 gives steadier numbers on a shared machine)")
-    parser.add_argument("--profile", action="store_true",
-                        help="print where the time goes (torch.profiler) for each run")
+    add_boolean_flag(parser, "--profile",
+                     help="print where the time goes (torch.profiler) for each run")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = THROUGHPUT_MODELS[:1 if args.smoke else 2 if args.quick else 3]

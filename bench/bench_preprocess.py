@@ -32,7 +32,7 @@ from data.toy_corpus import multilingual_corpus
 from data_preprocess import worker_pool
 from data_preprocess.build_pretrain_sample_index_map import build_sample_index
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
-from utils.readers import iter_texts_from
+from utils.data_files import iter_texts_from
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "data" / "demo" / "pretrain"

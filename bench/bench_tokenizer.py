@@ -27,7 +27,7 @@ from bench.size_flags import bench_parser
 from data.toy_corpus import multilingual_corpus
 from tokenizer import load_tokenizer
 from tokenizer.train_tokenizer import build_tokenizer
-from utils.readers import iter_texts_from
+from utils.data_files import iter_texts_from
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "data" / "demo" / "pretrain"

@@ -28,7 +28,7 @@ from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
 from optimizer.data_parallel_factory import build_data_parallel
-from optimizer.memory_plan import measure_memory, plan_memory
+from optimizer.memory_plan import MemoryPlan, measure_memory, plan_memory
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.local_ranks import run_on_ranks
 
@@ -50,21 +50,40 @@ def timed_steps(step, count: int) -> float:
     return statistics.median(times)
 
 
+def sample_peak(wrapped: torch.nn.Module, model: Z2allForCausalLM) -> list[int]:
+    """[the most params + grads bytes ZeRO-2/3's wrapper held so far], sampled by hooks at
+    every block's forward and every gradient (our DDP's buffers never change size)."""
+    peak = [0]
+
+    def sample(*_) -> None:
+        if hasattr(wrapped, "resident_bytes"):
+            peak[0] = max(peak[0], sum(wrapped.resident_bytes().values()))
+    for block in model.model.layers.children():
+        block.register_forward_hook(sample)
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(sample)
+    return peak
+
+
+def at_rest_and_peak(wrapped: torch.nn.Module, optimizer, peak: list[int]) -> tuple[int, int]:
+    """(bytes held between steps: params, grads, optimizer state; their most during a step)."""
+    measured = measure_memory(wrapped, optimizer)
+    at_rest = sum(measured.values())
+    params_and_grads = measured["params"] + measured["grads"]
+    return at_rest, at_rest - params_and_grads + max(peak[0], params_and_grads)
+
+
+def planned_at_rest(plan: MemoryPlan) -> int:
+    return sum(line.bytes for line in plan.lines if line.name != "activations")
+
+
 def ours(args: argparse.Namespace, zero_stage: int, ids: torch.Tensor) -> dict:
     torch.manual_seed(0)
     model = Z2allForCausalLM(model_config(args))
     wrapped, optimizer, _ = build_data_parallel(model, zero_stage,
                                                 DistributedDataParallelConfig(),
                                                 OptimizerConfig())
-    peak = [0]
-
-    def sample(*_) -> None:
-        if hasattr(wrapped, "resident_bytes"):
-            peak[0] = max(peak[0], sum(wrapped.resident_bytes().values()))
-    for block in model.model.layers:
-        block.register_forward_hook(sample)
-    for param in model.parameters():
-        param.register_post_accumulate_grad_hook(sample)
+    peak = sample_peak(wrapped, model)
 
     def step() -> None:
         optimizer.zero_grad()
@@ -72,14 +91,11 @@ def ours(args: argparse.Namespace, zero_stage: int, ids: torch.Tensor) -> dict:
         wrapped.finish_grad_sync()
         optimizer.step()
     seconds = timed_steps(step, args.steps)
-    measured = measure_memory(wrapped, optimizer)
+    at_rest, peak_bytes = at_rest_and_peak(wrapped, optimizer, peak)
     plan = plan_memory(model_config(args), dist.get_world_size(), zero_stage, "fp32",
                        ids.shape[0], ids.shape[1], rank=dist.get_rank())
-    planned = sum(line.bytes for line in plan.lines if line.name != "activations")
-    at_rest = sum(measured.values())
-    at_rest_params_grads = measured["params"] + measured["grads"]
-    return {"at_rest": at_rest, "planned": planned, "step": seconds,
-            "peak": at_rest - at_rest_params_grads + max(peak[0], at_rest_params_grads)}
+    return {"at_rest": at_rest, "planned": planned_at_rest(plan), "step": seconds,
+            "peak": peak_bytes}
 
 
 def fsdp2(args: argparse.Namespace, ids: torch.Tensor) -> dict:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from utils.boolean_flags import add_boolean_flag
+
 
 def bench_parser(description: str, quick: str,
                  smoke: str = "seconds: tiny sizes, only checks that it runs"
@@ -18,6 +20,6 @@ def bench_parser(description: str, quick: str,
     """A parser with --quick and --smoke (one or the other); `quick` says what it shortens."""
     parser = argparse.ArgumentParser(description=description)
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help=quick)
-    size.add_argument("--smoke", action="store_true", help=smoke)
+    add_boolean_flag(size, "--quick", help=quick)
+    add_boolean_flag(size, "--smoke", help=smoke)
     return parser

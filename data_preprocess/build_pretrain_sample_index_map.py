@@ -48,8 +48,8 @@ import numpy as np
 from data_preprocess.indexed_dataset import IndexedDataset
 from utils.atomic_io import atomic_open, atomic_write_json
 from utils.cli_errors import run_main
+from utils.data_files import find_data_files
 from utils.option_checks import raise_problems, range_problem
-from utils.readers import find_data_files
 
 INDEX_FORMAT, INDEX_VERSION = "z2all-sample-index", 1
 CHUNK_SLOTS = 1 << 20  # slots generated per numpy step (16 MiB of int64 pairs)

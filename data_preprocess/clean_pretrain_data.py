@@ -13,10 +13,14 @@ per kept document, in source order. Three passes:
    MinHash band keys. Results per input file are kept in `CLEAN/.clean/` (band keys as .npy),
    committed by a sidecar written last, so a re-run skips files already analysed.
 2. deduplicate (main process, the whole corpus): exact copies, then LSH clusters band by band
-   from the .npy files (cleaning/dedup.py); the first document of a group is kept.
+   from the .npy files (cleaning/dedup.py); the first document of a group is kept. Each
+   band's keys are sorted externally (cleaning/external_sort.py): at most
+   --minhash_sort_records in RAM, the rest as sorted runs in `CLEAN/.clean/sort-*`, deleted
+   when the band is done (and, if a killed run left some, when the next run starts).
 3. write: each shard atomically (temp file, fsync, rename), then its sidecar; a shard whose
    sidecar matches this run's inputs and settings is skipped. Last, `clean_report.json/.md`.
-The output depends only on the input and the options, never on --num_workers.
+The output depends only on the input and the options, never on --num_workers or
+--minhash_sort_records.
 """
 
 from __future__ import annotations
@@ -34,12 +38,13 @@ from typing import Any
 import numpy as np
 
 from data_preprocess import pipeline
-from data_preprocess.cleaning import analyse, dedup, filters, minhash
+from data_preprocess.cleaning import analyse, dedup, external_sort, filters, minhash
 from data_preprocess.cleaning.decontaminate import build_eval_index
 from data_preprocess.cleaning.report import CleanReport, write_reports
 from data_preprocess.cleaning.text import UNICODE_FORMS, normalise_unicode
 from data_preprocess.worker_pool import batched, ordered_map, worker_context
 from utils.atomic_io import atomic_open, atomic_write_json
+from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import BadRecordError, ReadStats, iter_raw_items, text_of
@@ -59,12 +64,13 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="clean_pretrain_data", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--data_dir", required=True, help="folder (or file) of .jsonl/.json/.parquet/.txt")
+    add("--data_dir", required=True, help="folder (or file) of .jsonl/.json/.parquet/.txt, "
+        "DIR@split, or hf:org/name[:config][@split] (utils/data_files.py)")
     add("--out_dir", required=True, help="where the cleaned .jsonl shards and report go")
     add("--num_workers", type=int, default=pipeline.DEFAULT_WORKERS, help="0: in-process")
     add("--batch_size", type=int, default=256, help="documents per worker task")
     add("--text_key", nargs="+", default=["text"], help="record key(s) holding the text")
-    add("--skip_bad_records", action="store_true", help="skip and count malformed records")
+    add_boolean_flag(parser, "--skip_bad_records", help="skip and count malformed records")
     add("--filters", nargs="*", default=list(filters.RULE_GROUPS), choices=filters.RULE_GROUPS,
         help="rule groups to apply (none: no filtering)")
     add("--unicode_form", default="NFC", choices=UNICODE_FORMS, help="Unicode normalisation")
@@ -73,7 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num_perm", type=int, default=128, help="MinHash hash functions")
     add("--shingle_words", type=int, default=5, help="words per shingle")
     add("--seed", type=int, default=0, help="seed of the MinHash permutations")
-    add("--decontaminate", nargs="+", default=[], help="eval .jsonl/.json/.parquet files/dirs")
+    add("--minhash_sort_records", type=int, default=external_sort.DEFAULT_RUN_RECORDS,
+        help=f"band records sorted in RAM at once, {external_sort.BYTES_PER_RECORD_SORTED} bytes "
+             "each (default ~96 MB); more spill to disk as sorted runs, merged streaming")
+    add("--decontaminate", nargs="+", default=[], help="eval .jsonl/.json/.parquet files/dirs "
+        "(of a datasets folder or hf: id, its validation/test split)")
     add("--decontaminate_ngram", type=int, default=13, help="words of a leaked n-gram")
     add("--decontaminate_min_words", type=int, default=8, help="shorter eval items are ignored")
     group = parser.add_argument_group("filter thresholds (Gopher's values by default)")
@@ -93,6 +103,8 @@ def settings_from(args: argparse.Namespace) -> analyse.CleanSettings:
                       high_open=True),
         range_problem("--num_perm", args.num_perm, 1),
         range_problem("--shingle_words", args.shingle_words, 1),
+        range_problem("--minhash_sort_records", args.minhash_sort_records,
+                      external_sort.MIN_RUN_RECORDS),
         range_problem("--decontaminate_ngram", args.decontaminate_ngram, 1),
         range_problem("--decontaminate_min_words", args.decontaminate_min_words, 1),
         f"--dedup: unknown {unknown}; choose from {','.join(DEDUP_KINDS)}" if unknown else None])
@@ -202,25 +214,26 @@ def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.C
 
 
 def decide_drops(jobs: list[pipeline.FileJob], analyses: list[dict[str, Any]], out_dir: Path,
-                 settings: analyse.CleanSettings) -> list[dict[int, tuple[str, Any]]]:
+                 settings: analyse.CleanSettings,
+                 sort_records: int) -> list[dict[int, tuple[str, Any]]]:
     """Pass 2, over the whole corpus: {record number: (rule, value)} of every dropped
     document, per file. Survivors of the filters are numbered in source order; exact copies
-    go first, then near-duplicate clusters among what is left."""
+    go first, then near-duplicate clusters among what is left (their band keys sorted
+    externally, `sort_records` at a time, in CLEAN/.clean/sort-*)."""
     drops: list[dict[int, tuple[str, Any]]] = [{} for _ in jobs]
     where: list[tuple[int, int]] = []  # survivor number -> (file index, record number)
     exact_keys, band_files = [], []
     for file_index, analysis in enumerate(analyses):
-        survivors = []
+        first_survivor = len(where)
         for number, _, rule, value, key in analysis["verdicts"]:
             if rule is not None:
                 drops[file_index][number] = (rule, value)
                 continue
-            survivors.append(len(where))
             if key is not None:
                 exact_keys.append((len(where), key))
             where.append((file_index, number))
-        band_files.append((np.array(survivors, dtype=np.int64),
-                           state_path(out_dir, jobs[file_index], "bands.npy")))
+        band_files.append(dedup.BandFile(state_path(out_dir, jobs[file_index], "bands.npy"),
+                                         first_survivor, len(where) - first_survivor))
 
     def name(survivor: int) -> str:
         file_index, number = where[survivor]
@@ -231,9 +244,12 @@ def decide_drops(jobs: list[pipeline.FileJob], analyses: list[dict[str, Any]], o
         file_index, number = where[survivor]
         drops[file_index][number] = ("exact_duplicate", name(first))
     if "minhash" in settings.dedup:
-        dropped = np.array(sorted(copies), dtype=np.int64)
-        band_files = [(np.where(np.isin(ids, dropped), -1, ids), path) for ids, path in band_files]
-        for survivor, first in dedup.near_duplicates(band_files, settings.bands).items():
+        work_dir = out_dir / STATE_DIR
+        if removed := external_sort.remove_leftover_work_dirs(work_dir):
+            print(f"removed {removed} sort folder(s) left in {work_dir} by an interrupted run")
+        for survivor, first in dedup.near_duplicates(
+                band_files, settings.bands, np.array(sorted(copies), dtype=np.int64), work_dir,
+                sort_records).items():
             file_index, number = where[survivor]
             drops[file_index][number] = ("near_duplicate", name(first))
     return drops
@@ -270,14 +286,14 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
     """All three passes; returns the report (also written as clean_report.json/.md)."""
     settings = settings_from(args)
     out_dir = Path(args.out_dir)
-    jobs = pipeline.plan_file_jobs(Path(args.data_dir), out_dir)
+    jobs = pipeline.plan_file_jobs(args.data_dir, out_dir)
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
               f"hashes; S-curve 50% point at Jaccard "
               f"{minhash.s_curve_midpoint(settings.bands, settings.rows):.3f}")
     fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
     analyses = analyse_all(jobs, out_dir, settings, fingerprint, args)
-    drops = decide_drops(jobs, analyses, out_dir, settings)
+    drops = decide_drops(jobs, analyses, out_dir, settings, args.minhash_sort_records)
     inputs = [[job.relative, pipeline.source_identity(job.source)] for job in jobs]
     run = hashlib.sha256(json.dumps([fingerprint, inputs]).encode()).hexdigest()
     report, reused = CleanReport(), 0

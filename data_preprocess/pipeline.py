@@ -33,8 +33,10 @@ from data_preprocess.indexed_dataset import IndexedDatasetWriter, prefix_paths, 
 from data_preprocess.worker_pool import batched, make_worker_pool, ordered_map
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
+from utils.boolean_flags import add_boolean_flag
+from utils.data_files import is_data_spec, locate_data
 from utils.option_checks import raise_problems, range_problem
-from utils.readers import ReadStats, find_data_files
+from utils.readers import ReadStats
 
 SIDECAR_VERSION = 1
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
@@ -43,14 +45,16 @@ DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 def add_common_arguments(parser: argparse.ArgumentParser, inputs: str, batch_size: int,
                          batch_unit: str) -> None:
     """The options every pretokenize command shares (its own ones are added by the caller)."""
-    parser.add_argument("--data_dir", required=True, help=f"folder of {inputs} (recursive)")
+    parser.add_argument("--data_dir", required=True,
+                        help=f"folder of {inputs} (recursive), DIR@split, or a Hugging Face "
+                             "dataset hf:org/name[:config][@split] (utils/data_files.py)")
     parser.add_argument("--tokenizer_dir", required=True, help="a saved z2all tokenizer")
     parser.add_argument("--out_dir", default=None,
                         help="where the .bin/.idx pairs go (default: <data_dir>_pretok)")
     parser.add_argument("--num_workers", type=int, default=DEFAULT_WORKERS,
                         help="tokenizer worker processes (0: tokenize in the main process)")
-    parser.add_argument("--skip_bad_records", action="store_true",
-                        help="skip and count malformed records instead of stopping at the first")
+    add_boolean_flag(parser, "--skip_bad_records",
+                     help="skip and count malformed records instead of stopping at the first")
     parser.add_argument("--batch_size", type=int, default=batch_size,
                         help=f"{batch_unit} per worker task")
 
@@ -74,23 +78,24 @@ class FileJob:
         return self.prefix.with_name(self.prefix.name + ".json")
 
 
-def plan_file_jobs(data_dir: Path, out_dir: Path) -> list[FileJob]:
-    """One job per data file under `data_dir`, in sorted order, outputs mirrored under out_dir."""
-    data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir).resolve()
-    inside = out_dir == data_dir or data_dir in out_dir.parents
-    if inside and not any(part.startswith(".") for part in out_dir.relative_to(data_dir).parts):
+def plan_file_jobs(data_dir: str | Path, out_dir: Path) -> list[FileJob]:
+    """One job per data file `data_dir` names (a folder, its split, a Hub dataset:
+    utils/data_files.py), in sorted order, their paths below its folder mirrored under out_dir."""
+    located = locate_data(Path(data_dir).resolve() if Path(data_dir).exists() else data_dir)
+    root, out_dir = located.root.resolve(), Path(out_dir).resolve()
+    inside = out_dir == root or root in out_dir.parents
+    if inside and not any(part.startswith(".") for part in out_dir.relative_to(root).parts):
         raise ValueError(f"--out_dir {out_dir} lies inside --data_dir {data_dir}: its .json "
                          "sidecars would be read back as input; choose a directory outside it "
                          "(or a hidden one: the readers skip folders named '.*')")
     jobs, owners = [], {}
-    for source in find_data_files(data_dir):
-        relative = source.relative_to(data_dir)
-        prefix = out_dir / relative.with_suffix("")
+    for source, relative in zip(located.files, located.relative_names()):
+        prefix = out_dir / Path(relative).with_suffix("")
         if prefix in owners:
             raise ValueError(f"{owners[prefix]} and {relative} would both be written to {prefix}.*"
                              "; rename one of them")
         owners[prefix] = relative
-        jobs.append(FileJob(source, relative.as_posix(), prefix))
+        jobs.append(FileJob(source, relative, prefix))
     if not jobs:
         raise FileNotFoundError(f"no .jsonl/.json/.parquet/.txt files under {data_dir}")
     return jobs
@@ -201,12 +206,16 @@ def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | 
                     worker_settings: dict[str, Any]) -> dict[str, Any]:
     """Every file under data_dir -> out_dir (reusing finished ones); returns the run report.
 
-    out_dir defaults to `<data_dir>_pretok`, next to the data dir (never inside it).
+    out_dir defaults to `<data_dir>_pretok`, next to the data dir (never inside it); data
+    named by id or split (`hf:org/name`, `DIR@test`) needs an explicit one.
     """
     started = time.perf_counter()
-    data_dir = Path(data_dir)
-    out_dir = Path(out_dir) if out_dir else data_dir.with_name(data_dir.name + "_pretok")
-    jobs = plan_file_jobs(Path(data_dir), Path(out_dir))
+    if not out_dir:
+        if is_data_spec(data_dir):
+            raise ValueError(f"--data_dir {data_dir} names data by id or split: give --out_dir "
+                             "(the default, <data_dir>_pretok, is for a folder)")
+        out_dir = Path(data_dir).with_name(Path(data_dir).name + "_pretok")
+    jobs = plan_file_jobs(data_dir, Path(out_dir))
     per_file, todo = [], []
     for job in jobs:
         done = finished_sidecar(job, {**task.settings, **source_identity(job.source)})

@@ -6,11 +6,13 @@ pretrain  data_dir holds `.bin`/`.idx` files (data_preprocess/pretokenize_pretra
           Train and valid are the two halves of the `.ibin` sample index for max_seq_len; if
           it does not exist yet, rank 0 builds it (seeded valid subset, `valid_ratio`).
 sft, dpo  data_dir holds either pretokenized output (pretokenize_sft_data / _dpo_data) or raw
-          records. Raw records are rendered once into a cache, `<data_dir>/.z2all_cache/
-          <task>_<key>/`, where key hashes the data files' paths, sizes and mtimes, the
-          tokenizer fingerprint, max_seq_len and the system prompt: changing any of them builds
-          a new cache, a repeated run reuses the old one. Train/valid: files named valid* or
-          eval* are validation, else a seeded `valid_ratio` of samples (dataset/chat_store.py).
+          records (or names them: `DIR@split`, `hf:org/name`, utils/data_files.py). Raw records
+          are rendered once into a cache, `<data_dir>/.z2all_cache/<task>_<key>/` (a Hub
+          dataset's: `~/.cache/z2all/<org>--<name>/<task>_<key>/`), where key hashes the data
+          files' paths, sizes and mtimes, the tokenizer fingerprint, max_seq_len and the
+          system prompt: changing any of them builds a new cache, a repeated run reuses the old
+          one. Train/valid: files named valid* or eval* are validation, else a seeded
+          `valid_ratio` of samples (dataset/chat_store.py).
 
 stream    (`build_stream_datasets`, --data_format=stream) raw shards tokenized on the fly by
           DataLoader workers, nothing prepared or cached (dataset/stream.py).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -52,21 +55,32 @@ from dataset.stream import StreamDataset, StreamLoader, StreamSettings, holdout_
 from dataset.stream_shards import find_sources
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
-from utils.readers import find_data_files
+from utils.data_files import DataFiles, locate_data
 
 TASK_TYPES = ("pretrain", "sft", "dpo")
+PAD_TO_MULTIPLE_OF = 8  # padded batches' lengths: tensor cores like multiples of 8
 CACHE_DIR_NAME = ".z2all_cache"  # hidden: the readers skip it when listing raw files
 
 
-def cache_key(data_dir: Path, kind: str, fingerprint: str, max_seq_len: int,
+def cache_key(located: DataFiles, kind: str, fingerprint: str, max_seq_len: int,
               system_prompt: str | None) -> tuple[str, dict[str, Any]]:
     """A short hash of everything the cached samples depend on (and the inputs, for the record)."""
-    files = [{"path": path.relative_to(data_dir).as_posix(), "size": path.stat().st_size,
-              "mtime_ns": path.stat().st_mtime_ns} for path in find_data_files(data_dir)]
+    files = [{"path": name, "size": path.stat().st_size, "mtime_ns": path.stat().st_mtime_ns}
+             for path, name in zip(located.files, located.relative_names())]
     identity = {"kind": kind, "files": files, "tokenizer": fingerprint,
                 "max_seq_len": max_seq_len, "system_prompt": system_prompt}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return digest, identity
+
+
+def default_cache_dir(located: DataFiles) -> Path:
+    """Where rendered samples are cached: `<data_dir>/.z2all_cache` (hidden, so never read as
+    data); for a Hub dataset, whose snapshot z2all never writes into, the user's cache
+    (`$XDG_CACHE_HOME`, else ~/.cache) under z2all/<org>--<name>/."""
+    if located.hub_id is not None:
+        user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return user_cache / "z2all" / located.hub_id.replace("/", "--")
+    return located.root / CACHE_DIR_NAME
 
 
 def check_pretok_tokenizer(data_dir: Path, fingerprint: str) -> None:
@@ -77,16 +91,17 @@ def check_pretok_tokenizer(data_dir: Path, fingerprint: str) -> None:
                              f"--tokenizer_dir has {fingerprint}; re-run pretokenization")
 
 
-def chat_store_dir(kind: str, data_dir: Path, tokenizer_dir: str | Path, fingerprint: str,
+def chat_store_dir(kind: str, data_dir: str | Path, tokenizer_dir: str | Path, fingerprint: str,
                    max_seq_len: int, system_prompt: str | None, cache_dir: str | Path | None,
                    num_workers: int, prepare_timeout_s: float) -> Path:
     """The folder of pretokenized samples: data_dir itself, or the cache built from it."""
     if find_store_sidecars(data_dir, kind):
-        return data_dir
+        return Path(data_dir)
     if problem := other_task_problem(data_dir, kind):  # before any cache is made
         raise ValueError(problem)
-    key, identity = cache_key(data_dir, kind, fingerprint, max_seq_len, system_prompt)
-    store_dir = Path(cache_dir or data_dir / CACHE_DIR_NAME) / f"{kind}_{key}"
+    located = locate_data(data_dir)
+    key, identity = cache_key(located, kind, fingerprint, max_seq_len, system_prompt)
+    store_dir = Path(cache_dir or default_cache_dir(located)) / f"{kind}_{key}"
     done_path = store_dir / "DONE.json"
 
     def build() -> None:
@@ -103,7 +118,7 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
                    valid_ratio: float = DEFAULT_VALID_RATIO, system_prompt: str | None = None,
                    cache_dir: str | Path | None = None, num_workers: int = DEFAULT_WORKERS,
                    prepare_timeout_s: float = DEFAULT_PREPARE_TIMEOUT_S,
-                   pad_to_multiple_of: int = 8, pack_samples: bool = False
+                   pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF, pack_samples: bool = False
                    ) -> tuple[Dataset, Dataset, Any]:
     """(train, valid, collate_fn) for `task_type`; see the module docstring for the sources.
     pack_samples (sft): each batch's samples end to end in rows of max_seq_len
@@ -112,9 +127,9 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
         raise ValueError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
     if pack_samples and task_type != "sft":
         raise ValueError(f"packing is for sft samples, not {task_type}")
-    data_dir = Path(data_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
     if task_type == "pretrain":
+        data_dir = Path(data_dir)
         check_pretok_tokenizer(data_dir, tokenizer.fingerprint)
         def build_index() -> None:
             build_sample_index(data_dir, max_seq_len, valid_ratio=valid_ratio, seed=seed)
@@ -141,7 +156,8 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
 
 def build_stream_datasets(config: DataConfig, seed: int, *, batch_size: int,
                           valid_samples: int, rank: int = 0, world_size: int = 1,
-                          system_prompt: str | None = None, pad_to_multiple_of: int = 8
+                          system_prompt: str | None = None,
+                          pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF
                           ) -> tuple[StreamLoader, list, Any]:
     """(train StreamLoader, valid samples, collate_fn) read straight from raw shards.
 

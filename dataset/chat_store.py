@@ -26,15 +26,18 @@ from torch.utils.data import Dataset
 
 from data_preprocess.indexed_dataset import IndexedDataset
 from data_preprocess.pretokenize_chat import MASK_SUFFIX
-from utils.readers import find_data_files
+from utils.data_files import find_data_files
 
 VALID_FILE_PREFIXES = ("valid", "eval")
 
 
-def find_store_sidecars(directory: Path, kind: str) -> list[tuple[Path, dict]]:
+def find_store_sidecars(directory: str | Path, kind: str) -> list[tuple[Path, dict]]:
     """(prefix, sidecar) of every `z2all-<kind>` output under directory (kind: sft, dpo or
-    pretok), sorted by path; hidden folders such as the online cache are skipped."""
-    found = []
+    pretok), sorted by path; hidden folders such as the online cache are skipped. Data named
+    by id or split (`hf:org/name`, `DIR@test`) is raw records: none."""
+    found: list[tuple[Path, dict]] = []
+    if not Path(directory).is_dir():
+        return found
     for idx_path in find_data_files(directory, extensions=(".idx",)):
         # Only token files have sidecars: never json-parse a (possibly huge) raw .json.
         path = idx_path.with_suffix(".json")

@@ -12,6 +12,7 @@ from typing import Literal
 
 from dataset.chat_store import other_task_problem
 from dataset.stream_shards import parse_data_mix
+from utils.data_files import is_data_spec
 from utils.option_checks import option
 
 DEFAULT_SHUFFLE_BUFFER = 1000
@@ -26,7 +27,9 @@ class DataFormatMismatch(Exception):
 class DataConfig:
     task_type: Literal["pretrain", "sft", "dpo"] = option("pretrain", "what to train")
     data_dir: str = option("data/demo/pretrain_pretok", "pretokenized data (pretrain) or "
-                           "raw/pretok sft/dpo data, as dataset.build.build_datasets expects")
+                           "raw/pretok sft/dpo data, as dataset.build.build_datasets expects; "
+                           "raw data (sft/dpo, stream) may be DIR@split or a Hugging Face "
+                           "dataset hf:org/name[:config][@split] (utils/data_files.py)")
     tokenizer_dir: str | None = option(None, "tokenizer dir or Hub id (default: "
                                        "--init_from's own, else tokenizer/demo_hf; recorded "
                                        "absolute)")
@@ -38,8 +41,9 @@ class DataConfig:
     data_format: Literal["pretok", "stream"] = option(
         "pretok", "pretok: .bin/.idx (+ sample index) made offline; stream: raw shards "
         "tokenized on the fly (dataset/stream.py)")
-    data_mix: str = option("", "stream: weighted sources, subfolders of data_dir, "
-                           "e.g. web:0.7,books:0.3 (empty: data_dir is one source)")
+    data_mix: str = option("", "stream: weighted sources, subfolders of data_dir (configs of "
+                           "an hf: dataset), e.g. web:0.7,books:0.3 (empty: data_dir is one "
+                           "source)")
     shuffle_buffer: int = option(DEFAULT_SHUFFLE_BUFFER,
                                  "stream: samples in each rank's shuffle buffer")
     skip_bad_records: bool = option(False, "stream: skip and count malformed records "
@@ -59,6 +63,11 @@ class DataConfig:
         if self.pack_samples and (self.task_type != "sft" or self.data_format == "stream"):
             problems.append("--pack_samples packs SFT samples from --data_format=pretok: use "
                             "it with --task_type=sft only")
+        if self.data_format == "pretok" and self.task_type == "pretrain" and \
+                is_data_spec(self.data_dir):
+            problems.append(f"--data_dir={self.data_dir} names raw records: pretrain on them "
+                            "with --data_format=stream, or pretokenize them first "
+                            "(data_preprocess.pretokenize_pretrain_data --out_dir DIR)")
         if self.data_format == "pretok" and (problem := other_task_problem(self.data_dir,
                                                                           self.task_type)):
             problems.append(problem)  # checked here so that a refused run leaves nothing

@@ -1,7 +1,9 @@
 """Which raw records a streaming worker reads, in which order: sources, shards, shares.
 
-A *source* is a set of raw shards (`.jsonl`/`.json`/`.parquet`/`.txt` files): the whole data dir,
-or with `--data_mix=web:0.7,books:0.3` one subfolder per name, drawn with those weights.
+A *source* is a set of raw shards (`.jsonl`/`.json`/`.parquet`/`.txt`/`.arrow` files): the whole
+data dir (or its split, or a Hub dataset: utils/data_files.py), or with
+`--data_mix=web:0.7,books:0.3` one subfolder (a Hub dataset: one config) per name, drawn with
+those weights.
 A *global worker* is one DataLoader worker of one rank: worker g of G = world_size x workers.
 
 Per source and epoch, the shards are put in a seeded order (sorted when not shuffling), and
@@ -30,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from utils.readers import BadRecordError, Record, find_data_files, iter_raw_items
+from utils.data_files import locate_data, mix_source
+from utils.readers import BadRecordError, Record, iter_raw_items
 
 
 @dataclass(frozen=True)
@@ -74,18 +77,18 @@ def parse_data_mix(text: str) -> list[tuple[str, float]]:
 
 
 def find_sources(data_dir: str | Path, data_mix: str = "") -> list[StreamSource]:
-    """The sources of a stream: data_dir itself, or its subfolders named in data_mix."""
-    data_dir = Path(data_dir)
+    """The sources of a stream: data_dir itself, or its parts named in data_mix (subfolders of a
+    folder, configs of a Hub dataset: utils/data_files.py `mix_source`)."""
     mix = parse_data_mix(data_mix) or [("", 1.0)]
     sources = []
     for name, weight in mix:
-        root = data_dir / name if name else data_dir
-        if not root.is_dir():
-            raise FileNotFoundError(f"--data_mix source {name!r}: no folder {root}")
-        shards = tuple(find_data_files(root))
-        if not shards:
-            raise FileNotFoundError(f"{root}: no .jsonl/.json/.parquet/.txt shards to stream")
-        sources.append(StreamSource(name or data_dir.name, weight, root, shards))
+        spec = mix_source(data_dir, name) if name else data_dir
+        located = locate_data(spec, option=f"--data_mix source {name!r}:" if name else
+                              "--data_dir")
+        if not located.files:
+            raise FileNotFoundError(f"{spec}: no .jsonl/.json/.parquet/.txt shards to stream")
+        sources.append(StreamSource(name or located.name, weight, located.root,
+                                    tuple(located.files)))
     return sources
 
 

@@ -18,13 +18,14 @@ The loop and the checkpoint code never ask which one they hold.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from dataset.build import build_datasets, build_stream_datasets
+from dataset.build import PAD_TO_MULTIPLE_OF, build_datasets, build_stream_datasets
 from dataset.data_config import DataConfig, DataFormatMismatch
 from dataset.sampler import STATE_KEYS, StatefulDistributedSampler
 from utils.worker_signals import ignore_stop_signals
@@ -87,19 +88,23 @@ class SampledTrainData:
 
 
 def build_train_data(config: DataConfig, *, seed: int, batch_size: int, eval_samples: int,
-                     rank: int, world_size: int, pin_memory: bool = False
-                     ) -> tuple[TrainData, Any, Any]:
+                     rank: int, world_size: int, pin_memory: bool = False,
+                     sequence_multiple: int = 1) -> tuple[TrainData, Any, Any]:
     """(training data, validation samples, collate_fn) of `config` for this rank.
     `eval_samples`: how many validation samples all ranks evaluate together (the stream holds
-    out exactly those; the pretokenized valid split is fixed by its index)."""
+    out exactly those; the pretokenized valid split is fixed by its index).
+    `sequence_multiple`: padded batches (SFT, DPO) are as long as a multiple of it too (2C for
+    context parallelism's 2C equal chunks; --max_seq_len is one)."""
+    pad_to_multiple_of = math.lcm(PAD_TO_MULTIPLE_OF, sequence_multiple)
     if config.data_format == "stream":
         stream, valid, collate_fn = build_stream_datasets(config, seed, batch_size=batch_size,
                                                           valid_samples=eval_samples, rank=rank,
-                                                          world_size=world_size)
+                                                          world_size=world_size,
+                                                          pad_to_multiple_of=pad_to_multiple_of)
         return stream, valid, collate_fn
     train, valid, collate_fn = build_datasets(
         config.task_type, config.data_dir, config.tokenizer_dir, config.max_seq_len, seed=seed,
-        pack_samples=config.pack_samples)
+        pack_samples=config.pack_samples, pad_to_multiple_of=pad_to_multiple_of)
     data = SampledTrainData(train, collate_fn, batch_size, rank, world_size, seed,
                             num_workers=config.num_workers, pin_memory=pin_memory)
     return data, valid, collate_fn

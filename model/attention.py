@@ -23,6 +23,8 @@ alone in its row:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,6 +32,9 @@ from torch import nn
 from model import kernels
 from model.configuration_z2all import Z2allConfig
 from model.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from parallel.context_parallel.context_shard import ContextShard
 
 
 def position_ids_for(key_padding_mask: torch.Tensor | None, query_len: int, past_len: int,
@@ -98,6 +103,21 @@ def attention_layout_for(key_padding_mask: torch.Tensor | None, query_len: int, 
             "flash-varlen", packed=packed_tokens_for(key_padding_mask, query_len))
     allowed, is_causal = attention_mask_for(key_padding_mask, query_len, past_len, device)
     return kernels.AttentionLayout("sdpa", allowed=allowed, is_causal=is_causal)
+
+
+def context_parallel_layout(context: ContextShard, position_ids: torch.Tensor,
+                            key_padding_mask: torch.Tensor | None, past_len: int
+                            ) -> tuple[torch.Tensor, kernels.AttentionLayout]:
+    """Under context parallelism (parallel/context_parallel/context_shard.py), from the whole
+    sequence's position ids and key padding mask: this rank's share of the positions (RoPE
+    rotates its tokens by their true positions) and the ring layout with its share of the
+    sample ids (None: one unpadded sample per row, plain causal)."""
+    if past_len:
+        raise ValueError("context parallelism runs whole sequences, not a KV cache: generate "
+                         "with the whole model")
+    sample_ids = None if key_padding_mask is None else context.shard(key_padding_mask)
+    return context.shard(position_ids), kernels.AttentionLayout("ring", context=context,
+                                                                sample_ids=sample_ids)
 
 
 class Attention(nn.Module):

@@ -52,6 +52,7 @@ from model.run_tokenizer import model_tokenizer
 from tokenizer import PretrainedTokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
 from utils.atomic_io import atomic_write_bytes, atomic_write_json
+from utils.boolean_flags import add_boolean_flag
 from utils.checkpoint import is_step_dir
 from utils.cli_errors import run_main
 from utils.conversation import IM_END
@@ -161,11 +162,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer_dir", default=None,
                         help="default: the model's own (model/run_tokenizer.py); another one "
                              "is refused")
-    parser.add_argument("--adapter", action="store_true",
-                        help="LoRA runs only: write a peft adapter directory instead of the "
+    add_boolean_flag(parser, "--adapter",
+                     help="LoRA runs only: write a peft adapter directory instead of the "
                              "merged model")
-    parser.add_argument("--base_path_relative", action="store_true",
-                        help="with --adapter: write base_model_name_or_path relative to the "
+    add_boolean_flag(parser, "--base_path_relative",
+                     help="with --adapter: write base_model_name_or_path relative to the "
                              "adapter directory, to move adapter and base together (default: "
                              "absolute)")
     args = parser.parse_args(argv)

@@ -24,6 +24,7 @@ Layout: activations are token-major, [batch, seq, heads, head_dim], as flash-att
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,9 @@ from utils.gpu_libraries import (
     import_optional,
     runs_gpu_kernels,
 )
+
+if TYPE_CHECKING:  # the model calls context parallelism through the layout, never imports it
+    from parallel.context_parallel.context_shard import ContextShard
 
 FLASH_MAX_HEAD_DIM = 256  # flash-attn 2 kernels exist for head dims up to 256
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -138,12 +142,17 @@ class AttentionLayout:
 
     kernel "flash": no padding, causal (bottom-right aligned, so T new queries after a KV cache
     see every cached key); "flash-varlen": padded, `packed` says where the real tokens are;
-    "sdpa": torch, with `allowed` (bool [B, 1, T, S], True = may attend) or `is_causal`.
+    "sdpa": torch, with `allowed` (bool [B, 1, T, S], True = may attend) or `is_causal`;
+    "ring": context parallelism, this rank's share of every sequence attends to all of it
+    around the group's ring (`context.attention`; `sample_ids` this rank's share of the key
+    padding mask, None when unpadded).
     """
     kernel: str
     allowed: torch.Tensor | None = None
     is_causal: bool = False
     packed: PackedTokens | None = None
+    context: ContextShard | None = None
+    sample_ids: torch.Tensor | None = None
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -157,6 +166,8 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                                  causal=True)
     if layout.kernel == "flash-varlen":
         return _flash_attention_varlen(query, key, value, layout.packed, dropout_p)
+    if layout.kernel == "ring":  # no dropout: refused with context parallelism
+        return layout.context.attention(query, key, value, layout.sample_ids)
     # SDPA wants [B, heads, seq, D]; enable_gqa shares each key/value head with its group of
     # query heads without materialising repeated copies.
     out = F.scaled_dot_product_attention(

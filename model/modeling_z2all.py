@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from model import kernels
-from model.attention import Attention, attention_layout_for, position_ids_for
+from model.attention import (
+    Attention,
+    attention_layout_for,
+    context_parallel_layout,
+    position_ids_for,
+)
 from model.chunked_lm_head import LMHead
 from model.configuration_z2all import Z2allConfig
 from model.generation import GenerationMixin
@@ -35,6 +40,10 @@ from model.mlp import SwiGLUMLP
 from model.rms_norm import RMSNorm
 from model.rope import rotary_cos_sin
 from utils.atomic_io import atomic_write_bytes
+from utils.labels import IGNORE_INDEX
+
+if TYPE_CHECKING:  # set by a context-parallel plan, never imported at run time
+    from parallel.context_parallel.context_shard import ContextShard
 
 logger = logging.getLogger(__name__)
 _logged_kernel_choices: set[tuple[str, torch.dtype]] = set()
@@ -49,8 +58,9 @@ class CausalLMOutput:
     loss: torch.Tensor | None = None
     """Mean cross-entropy over labels != -100 (fp32 scalar), when labels were given."""
     logits: torch.Tensor | None = None
-    """[B, T, vocab] when no labels were given. With labels the loss is computed chunk by
-    chunk without ever holding all logits (`model/chunked_lm_head.py`), and this is None."""
+    """[B, T, vocab] when no labels were given (under context parallelism: of this rank's
+    share of the tokens). With labels the loss is computed chunk by chunk without ever holding
+    all logits (`model/chunked_lm_head.py`), and this is None."""
 
 
 class DecoderBlock(nn.Module):
@@ -106,9 +116,14 @@ class BlockInputs(NamedTuple):
 class Z2allModel(nn.Module):
     """The transformer body: token ids -> final normalised hidden states.
 
-    Its parts are methods (or modules) of their own, `embed_tokens`, `block_inputs`,
-    `run_blocks`, `norm`, so that a pipeline or tensor-parallel stage composes the very same
-    code from the parts it holds (parallel/pipeline_parallel/stage.py) instead of a copy."""
+    Its parts are methods (or modules) of their own, `embed`, `block_inputs`, `run_blocks`,
+    `norm`, so that a pipeline or tensor-parallel stage composes the very same code from the
+    parts it holds (parallel/pipeline_parallel/stage.py) instead of a copy.
+
+    Context parallelism is one attribute, `context_parallel` (a `ContextShard`, set by the
+    plan; None: off): the inputs stay whole [B, S], and `embed`, `block_inputs` and the head
+    (`Z2allForCausalLM.head_loss`) then compute this rank's share of every sequence
+    (parallel/context_parallel/context_shard.py's steps 1-4)."""
 
     def __init__(self, config: Z2allConfig) -> None:
         super().__init__()
@@ -117,32 +132,47 @@ class Z2allModel(nn.Module):
         self.layers = nn.ModuleList(DecoderBlock(config, i)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.context_parallel: ContextShard | None = None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 kv_cache: KVCache | None = None) -> torch.Tensor:
         """attention_mask [B, past + T] as `Z2allForCausalLM.forward`'s, or None."""
         query_len, past_len = input_ids.shape[1], (kv_cache.length if kv_cache else 0)
-        hidden = self.embed_tokens(input_ids)
+        hidden = self.embed(input_ids)
         inputs = self.block_inputs(attention_mask, query_len, past_len, hidden)
         hidden = self.run_blocks(hidden, inputs, kv_cache)
         if kv_cache is not None:
             kv_cache.advance(query_len)
         return self.norm(hidden)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of the tokens this rank computes: all of them, or under context
+        parallelism its share of each sequence."""
+        if self.context_parallel is not None:
+            input_ids = self.context_parallel.shard(input_ids)
+        return self.embed_tokens(input_ids)
+
     def block_inputs(self, attention_mask: torch.Tensor | None, query_len: int, past_len: int,
                      hidden: torch.Tensor) -> BlockInputs:
         """Positions, RoPE and attention layout of the `query_len` new tokens, in the dtype
         `hidden` computes in. `hidden` is read for its dtype and device only (a stage's input
-        or, under sequence parallelism, a slice of the sequence: hence `query_len`)."""
+        or, under sequence or context parallelism, a part of the sequence: hence `query_len`).
+        Positions and samples are always the whole sequence's: under context parallelism this
+        rank then keeps its share of them and attends around the ring."""
         config, device = self.config, hidden.device
         dtype = _compute_dtype(hidden)
         _log_kernels_once(device, dtype, config.head_dim)
         key_padding_mask = _key_padding_mask(attention_mask)
         position_ids = position_ids_for(key_padding_mask, query_len, past_len, device)
+        if self.context_parallel is not None:
+            position_ids, layout = context_parallel_layout(self.context_parallel, position_ids,
+                                                           key_padding_mask, past_len)
+        else:
+            use_flash = not kernels.why_not_flash_attention(device, dtype, config.head_dim)
+            layout = attention_layout_for(key_padding_mask, query_len, past_len, device,
+                                          use_flash)
         cos, sin = rotary_cos_sin(position_ids, config.head_dim, config.rope_theta, dtype,
                                   config.rope_scaling)
-        use_flash = not kernels.why_not_flash_attention(device, dtype, config.head_dim)
-        layout = attention_layout_for(key_padding_mask, query_len, past_len, device, use_flash)
         return BlockInputs(cos, sin, layout)
 
     def run_blocks(self, hidden: torch.Tensor, inputs: BlockInputs,
@@ -214,9 +244,19 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
                   ) -> torch.Tensor:
         """From the final normalised hidden states [B, T, H]: the mean cross-entropy of
         `labels` (fp32 scalar), or with `per_token` the log-probs [B, T] `token_log_probs`
-        returns. The part of the forward a pipeline's last stage runs after its blocks."""
+        returns. The part of the forward a pipeline's last stage runs after its blocks.
+        Under context parallelism `hidden` holds this rank's share of each sequence and
+        `labels` are whole: the result is the whole sequence's, on every rank of the group."""
+        context = self.model.context_parallel
+        if context is not None:
+            labels = context.shard(labels)
         flat = self.lm_head(hidden.flatten(0, 1), labels.flatten(), per_token=per_token)
-        return flat.view(labels.shape) if per_token else flat
+        if per_token:
+            token_log_probs = flat.view(labels.shape)
+            return token_log_probs if context is None else context.gather(token_log_probs)
+        if context is None:
+            return flat
+        return context.mean_over_ranks(flat, (labels != IGNORE_INDEX).sum())
 
     # ---- incremental decoding (used by model/generation.py) ---------------------------------
     def new_kv_cache(self, batch_size: int, capacity: int) -> KVCache:

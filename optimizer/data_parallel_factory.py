@@ -15,6 +15,7 @@ applies to our DDP: ZeRO-2/3 reduce-scatter unit by unit themselves.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,7 @@ from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (
     PowerSGDState,
     powerSGD_hook,
 )
-from parallel.sharded_data_parallel import ShardedDataParallel
+from parallel.sharded_data_parallel import ShardedDataParallel, is_decoder_block
 
 ZERO_STAGES = (0, 1, 2, 3)
 COMM_HOOKS = ("allreduce", "bf16", "powersgd", "overlap_optim")
@@ -85,15 +86,18 @@ def build_data_parallel(model: torch.nn.Module, zero_stage: int,
                         process_group: dist.ProcessGroup | None = None,
                         comm_hook: str = "allreduce",
                         powersgd_state: PowerSGDState | None = None,
+                        is_unit: Callable[[torch.nn.Module], bool] = is_decoder_block,
                         ) -> tuple[torch.nn.Module, TrainingOptimizer, PowerSGDState | None]:
     """(the wrapped model, the optimizer the loop steps, the comm hook state a checkpoint must
-    save or None). `process_group` is the data-parallel group (None = all ranks)."""
+    save or None). `process_group` is the data-parallel group (None = all ranks); `is_unit`
+    the ZeRO-2/3 unit boundaries (parallel/sharded_data_parallel/)."""
     zero_stage = check_zero_options(
         zero_stage, comm_hook, optimizer_config.use_distributed_optimizer,
         optimizer_config.cpu_offload, optimizer_config.overlap_param_gather)
     if zero_stage >= 2:
         wrapped = ShardedDataParallel(model, zero_stage, process_group,
-                                      grad_reduce_in_fp32=ddp_config.grad_reduce_in_fp32)
+                                      grad_reduce_in_fp32=ddp_config.grad_reduce_in_fp32,
+                                      is_unit=is_unit)
         return wrapped, ShardedOptimizer(optimizer_config, wrapped), None
 
     sharded = zero_stage == 1

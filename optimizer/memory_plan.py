@@ -1,11 +1,12 @@
 """Will it fit? Bytes per rank for parameters, gradients, optimizer state and activations.
 
-`plan_memory(...)` predicts, for one rank of a data-parallel run at ZeRO stage 0-3, the bytes of
-every tensor the model wrapper and the optimizer keep between steps, laid out exactly as the
-code lays them out (DDP's padded buckets for stages 0/1, one padded unit per decoder block plus
-the root for stages 2/3), so on a CPU run the prediction equals `measure_memory(...)` to the
-byte (a test checks it). With P parameters, W ranks, b bytes per param (bf16: 2), g per
-gradient (4 with grad_reduce_in_fp32) and AdamW:
+`plan_memory(...)` predicts, for one rank at ZeRO stage 0-3, the bytes of every tensor the
+model wrapper and the optimizer keep between steps, laid out exactly as the code lays them out
+(DDP's padded buckets for stages 0/1, one padded unit per decoder block plus the root for
+stages 2/3), so on a CPU run the prediction equals `measure_memory(...)` to the byte (tests
+check it on data-parallel runs and on every rank of tensor/pipeline grids). With P
+parameters, W data-parallel ranks, b bytes per param (bf16: 2), g per gradient (4 with
+grad_reduce_in_fp32) and AdamW:
 
     stage   params      grads       optimizer (exp_avg + exp_avg_sq, + fp32 master if b < 4)
     0       P b         P g         8P (+ 4P)
@@ -15,11 +16,23 @@ gradient (4 with grad_reduce_in_fp32) and AdamW:
 (+ padding to multiples of W, + 4 bytes of Adam step counter per tensor piece.) Stages 2 and 3
 also hold, transiently, one or two units' whole gradient (and stage 3 params) while reducing.
 
+On a grid of T tensor x P pipeline x D data-parallel ranks (`tensor_parallel`,
+`pipeline_parallel`; W = D) "the model" is this rank's part of it, built exactly as the
+trainer builds it (on the meta device: no memory): its stage's blocks (the first stage also
+the embedding, the last the final norm and head, with a tied embedding's copy), every matrix
+sliced to 1/T (norm weights whole), then laid out in buckets or units and sharded over the
+D ranks as above, with the same unit boundaries (a pipeline's tied embedding alone in its
+unit). Worked example, the tests' 2-layer model (hidden 32, vocab 512 tied, MLP 64; P =
+37,024) on DP2 x PP2 at ZeRO-3, fp32: stage 0 holds the embedding (16,384) and layer 0
+(10,304), each unit cut in 2, so rank 0 keeps 13,344 parameters (53,376 B); the last stage
+16 more (its half of the final norm; its head is the embedding's copy: 8,192 + 5,152 + 16).
+
 LoRA (`lora=`, model/lora.py): P counts the adapters only, since only they are trainable, so only
-they reach the buckets, the units, the gradients and the optimizer state. The frozen base is a
-line of its own, `frozen_base` = P_frozen b on every rank at every stage: it stays replicated
-even under ZeRO-3, because with no gradient and no optimizer state, sharding it would save only
-its parameter bytes at the price of gathering every block's base in every forward and backward.
+they reach the buckets, the units, the gradients and the optimizer state. The frozen base (this
+rank's part of it, on a grid) is a line of its own, `frozen_base` = P_frozen b, at every stage:
+it stays replicated over the data-parallel ranks even under ZeRO-3, because with no gradient
+and no optimizer state, sharding it would save only its parameter bytes at the price of
+gathering every block's base in every forward and backward.
 
 Activations are an *estimate*, by counting the tensors our decoder block saves for backward,
 per token (h hidden, i intermediate, kv = key/value heads x head size):
@@ -30,7 +43,10 @@ per token (h hidden, i intermediate, kv = key/value heads x head size):
 The head (final norm, the chunked lm_head's gradient w.r.t. the hidden states, the token ids)
 adds 8h + 4 + hb + 4h + 8 per token and its fp32 weight gradient 4Vh, computed in forward.
 With activation checkpointing a block keeps only its input (hb) and one block at a time is
-recomputed in backward. `measure_activation_bytes` counts what autograd really saves (a
+recomputed in backward. On a grid: the stage's blocks (and the head on the last stage only),
+the tensors tensor parallelism slices (attention's, the MLP's, the head's weight gradient)
+1/T, times the micro-batches in flight (a pipeline stage holds several: `in_flight`).
+`measure_activation_bytes` counts what autograd really saves (a
 saved-tensor hook, parameters excluded): the test holds the estimate within
 `ACTIVATION_MARGIN` of it without checkpointing, and within `CHECKPOINTED_ACTIVATION_MARGIN`
 with it (the forward's saved tensors against the estimate minus the recomputed block: what is
@@ -47,8 +63,13 @@ from torch import nn
 from model.configuration_z2all import Z2allConfig
 from model.lora import LoraConfig, apply_lora
 from model.modeling_z2all import Z2allForCausalLM
+from optimizer.distributed_optimizer.shard_map import overlaps_with_shard
 from parallel.distributed_data_parallel.param_and_grad_buffer import pad_to_multiple, plan_layout
-from parallel.sharded_data_parallel import is_decoder_block
+from parallel.parallel_dims import ParallelDims
+from parallel.pipeline_parallel.schedules import micro_batches_in_flight
+from parallel.pipeline_parallel.stage import split_into_stage, zero_units
+from parallel.sharded_data_parallel import group_into_units
+from parallel.tensor_parallel.parallelize import parallelize_model
 from utils.precision import DTYPES
 
 ACTIVATION_MARGIN = 0.15
@@ -78,6 +99,14 @@ class MemoryPlan:
     def total(self) -> int:
         return sum(line.bytes for line in self.lines)
 
+    def as_measured(self) -> dict[str, int]:
+        """The plan under `measure_memory`'s keys, to compare the two: optimizer = Adam's
+        moments and counters + fp32 master copies; frozen_base is 0 without LoRA."""
+        lines_of = {"params": ("params",), "grads": ("grads",),
+                    "optimizer": ("adam_state", "fp32_master"), "frozen_base": ("frozen_base",)}
+        return {key: sum(line.bytes for line in self.lines if line.name in names)
+                for key, names in lines_of.items()}
+
     def render(self) -> str:
         rows = [f"{line.name:<12} {line.bytes / 2**30:10.3f} GiB  {line.bytes:>16,} B   "
                 f"{line.formula}" for line in self.lines]
@@ -92,8 +121,25 @@ class _Region:
     numel: int        # padded to a multiple of W
 
 
+def stage_model(config: Z2allConfig, dims: ParallelDims, lora: LoraConfig | None = None
+                ) -> Z2allForCausalLM:
+    """The part of the model rank `dims.rank` holds, on the meta device (no memory): the
+    trainer's own split and slicing (trainer/model_parallel.py), so names, shapes and the
+    order of registration are the real ones; with `lora`, its adapters on the frozen base."""
+    with torch.device("meta"):
+        model = Z2allForCausalLM(config)
+        if lora is not None:
+            apply_lora(model, lora)
+    if dims.pipeline_parallel > 1:
+        split_into_stage(model, dims)
+    if dims.tensor_parallel > 1:  # the layers only keep their group: none is needed here
+        parallelize_model(model, dims)
+    return model
+
+
 def _regions(model: nn.Module, zero_stage: int, world_size: int,
-             bucket_size: int | None) -> list[_Region]:
+             bucket_size: int | None, dims: ParallelDims) -> list[_Region]:
+    """The flat stretches the wrappers shard: DDP's buckets (stages 0/1) or ZeRO's units."""
     params = [p for p in model.parameters() if p.requires_grad]
     if zero_stage <= 1:
         index_map, ranges = plan_layout(params, bucket_size, world_size)
@@ -101,14 +147,8 @@ def _regions(model: nn.Module, zero_stage: int, world_size: int,
         for start, end, bucket in index_map.values():
             per_bucket[bucket].append(end - start)
         return [_Region(sizes, end - start) for sizes, (start, end) in zip(per_bucket, ranges)]
-    claimed: set[nn.Parameter] = set()
-    groups = []
-    for module in model.modules():
-        if module is not model and is_decoder_block(module):
-            group = [p for p in module.parameters() if p.requires_grad and p not in claimed]
-            claimed.update(group)
-            groups.append(group)
-    groups.insert(0, [p for p in params if p not in claimed])
+    units, root = group_into_units(model, zero_units(model, dims))
+    groups = [root] + [unit_params for _, unit_params in units]
     return [_Region([p.numel() for p in group],
                     pad_to_multiple(sum(p.numel() for p in group), world_size))
             for group in groups if group]
@@ -117,44 +157,54 @@ def _regions(model: nn.Module, zero_stage: int, world_size: int,
 def _pieces_on_rank(region: _Region, rank: int, world_size: int) -> tuple[int, int]:
     """(number of parameter pieces, their elements) inside rank `rank`'s shard of `region`."""
     shard = region.numel // world_size
-    low, high = rank * shard, (rank + 1) * shard
-    count = numel = start = 0
-    for size in region.sizes:
-        overlap = min(start + size, high) - max(start, low)
-        if overlap > 0:
-            count, numel = count + 1, numel + overlap
-        start += size
-    return count, numel
+    starts = [sum(region.sizes[:index]) for index in range(len(region.sizes))]
+    overlaps = overlaps_with_shard([(start, start + size) for start, size
+                                    in zip(starts, region.sizes)], rank * shard, (rank + 1) * shard)
+    return len(overlaps), sum(high - low for _, low, high in overlaps)
 
 
 def plan_memory(config: Z2allConfig, world_size: int, zero_stage: int, dtype: str,
                 batch_size: int, max_seq_len: int, activation_checkpointing: bool = False,
                 grad_reduce_in_fp32: bool = True, bucket_size: int | None = 40_000_000,
-                rank: int = 0, lora: LoraConfig | None = None) -> MemoryPlan:
-    """Bytes held by rank `rank` (module docstring); `dtype` is fp32, bf16 or fp16; `lora`:
-    the adapters of a LoRA run (None: every parameter trains)."""
-    with torch.device("meta"):
-        model = Z2allForCausalLM(config)
-        if lora is not None:
-            apply_lora(model, lora)
-    b = DTYPES[dtype].itemsize
-    g = 4 if grad_reduce_in_fp32 else b
-    W, stage = world_size, zero_stage
+                rank: int = 0, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                pp_schedule: str = "1f1b", micro_batches: int = 1,
+                lora: LoraConfig | None = None) -> MemoryPlan:
+    """Bytes held by rank `rank` of `world_size` (module docstring); `dtype` is fp32, bf16 or
+    fp16; `micro_batches` per step (a pipeline stage holds several at once); `lora`: the
+    adapters of a LoRA run (None: every parameter trains)."""
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, rank=rank)
+    model = stage_model(config, dims, lora)
+    plan = MemoryPlan()
+    _plan_states(plan, model, dims, zero_stage, DTYPES[dtype].itemsize,
+                 4 if grad_reduce_in_fp32 else DTYPES[dtype].itemsize, bucket_size)
+    in_flight = micro_batches_in_flight(pp_schedule, pipeline_parallel, dims.pp_rank,
+                                        micro_batches)
+    _plan_activations(plan, config, dims, DTYPES[dtype].itemsize, batch_size * max_seq_len,
+                      activation_checkpointing, in_flight)
+    return plan
+
+
+def _plan_states(plan: MemoryPlan, model: nn.Module, dims: ParallelDims, stage: int, b: int,
+                 g: int, bucket_size: int | None) -> None:
+    """Steps 1 and 2: parameters, gradients and AdamW's state, as the wrappers lay them out."""
+    W, rank = dims.data_parallel, dims.dp_rank
     params = [p for p in model.parameters() if p.requires_grad]
     P = sum(p.numel() for p in params)
-    regions = _regions(model, stage, W, bucket_size)
+    regions = _regions(model, stage, W, bucket_size, dims)
     padded = sum(region.numel for region in regions)
     shard = padded // W
-    plan = MemoryPlan()
+    parts = [f"stage {dims.pp_rank} of {dims.pipeline_parallel}"] * (dims.pipeline_parallel > 1)
+    parts += [f"1/{dims.tensor_parallel} of each sliced matrix"] * (dims.tensor_parallel > 1)
+    whose = f", this rank's part ({', '.join(parts)})" if parts else ""
 
-    # Step 1: parameters and gradients, as the wrappers lay them out.
+    # Step 1: parameters and gradients.
     param_bytes = {0: P * b, 1: padded * b, 2: padded * b, 3: shard * b}[stage]
     param_formula = {0: "P b", 1: "P b (+ padding)", 2: "P b (+ padding)",
                      3: "P b / W (+ padding)"}[stage]
-    trainable = " trainable (LoRA adapters)" if lora is not None else ""
-    plan.lines.append(MemoryLine("params", param_bytes,
-                                 f"{param_formula}, P = {P:,}{trainable}, b = {b}, W = {W}"))
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    trainable = " trainable (LoRA adapters)" if frozen else ""
+    plan.lines.append(MemoryLine("params", param_bytes, f"{param_formula}, P = {P:,}{trainable}"
+                                                        f"{whose}, b = {b}, W = {W}"))
     if frozen:
         plan.lines.append(MemoryLine("frozen_base", frozen * b,
                                      f"P_frozen b, P_frozen = {frozen:,} (the LoRA base, "
@@ -180,24 +230,31 @@ def plan_memory(config: Z2allConfig, world_size: int, zero_stage: int, dtype: st
                                      f"4 P{over_w} (fp32 master params"
                                      f"{' and grads' if grad_copy else ''})"))
 
-    # Step 3: activations (an estimate, see the module docstring).
-    h, i, L = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+
+def _plan_activations(plan: MemoryPlan, config: Z2allConfig, dims: ParallelDims, b: int,
+                      tokens: int, activation_checkpointing: bool, in_flight: int) -> None:
+    """Step 3: activations, an estimate (module docstring)."""
+    h, i = config.hidden_size, config.intermediate_size
+    L = config.num_hidden_layers // dims.pipeline_parallel
+    T = dims.tensor_parallel
     kv, heads = config.num_key_value_heads * config.head_dim, config.num_attention_heads
-    tokens = batch_size * max_seq_len
     norm = 8 * h + 4 + h * b
-    per_block = tokens * (2 * norm + b * (3 * h + 3 * kv) + 4 * heads + 4 * i * b)
-    head = tokens * (norm + 4 * h + 8) + 4 * config.vocab_size * h
+    per_block = tokens * (2 * norm + (b * (3 * h + 3 * kv) + 4 * heads + 4 * i * b) // T)
+    head = (tokens * (norm + 4 * h + 8) + 4 * config.vocab_size * h // T
+            if dims.is_last_stage else 0)
     plan.recomputed_block_bytes = per_block if activation_checkpointing else 0
     if activation_checkpointing:
-        activations = L * tokens * h * b + per_block + head
+        activations = in_flight * (L * tokens * h * b + head) + per_block
         formula = "L B T h b (block inputs) + one block recomputed + head"
     else:
-        activations = L * per_block + head
+        activations = in_flight * (L * per_block + head)
         formula = "L B T (2(8h + 4 + hb) + b(3h + 3kv) + 4 heads + 4ib) + head"
+    if T > 1 or dims.pipeline_parallel > 1:
+        formula += (f"; L = {L} blocks of this stage, sliced terms / T = {T}, x {in_flight} "
+                    "micro-batches in flight")
     margin = CHECKPOINTED_ACTIVATION_MARGIN if activation_checkpointing else ACTIVATION_MARGIN
     plan.lines.append(MemoryLine("activations", activations,
                                  f"~{formula}, B T = {tokens:,} (estimate, ±{margin:.0%})"))
-    return plan
 
 
 def measure_memory(wrapped: nn.Module, optimizer) -> dict[str, int]:

@@ -48,7 +48,7 @@ REPLICATED_CHECKPOINT_FILE = "optimizer.pt"
 @dataclass(frozen=True)
 class MainPiece:
     """Elements [start, end) of a model parameter (flattened) and the fp32 tensor AdamW updates
-    for them: a whole parameter, or (ZeRO-1) the part of it in this rank's shard. What code
+    for them: a whole parameter, or (ZeRO-1/2/3) the part of it in this rank's shard. What code
     outside the optimizer addresses the optimizer state by (a grid's whole-model gradient norm
     and its layout-neutral checkpoint), whatever the wrapper."""
 
@@ -56,6 +56,9 @@ class MainPiece:
     start: int
     end: int
     main: Tensor
+    grad: Tensor
+    """The same elements' reduced gradient where the wrapper keeps it (flat; DDP's
+    `main_grad`, ZeRO-2/3's grad shard): what `step()` reads, so scaling it clips."""
 
 
 def build_grad_scaler(config: OptimizerConfig) -> DynamicGradScaler | None:
@@ -253,7 +256,8 @@ class FP32Optimizer(MixedPrecisionOptimizer):
         pass  # updated in place
 
     def main_pieces(self) -> list[MainPiece]:
-        return [MainPiece(param, 0, param.numel(), param) for param in self._main_params()]
+        return [MainPiece(param, 0, param.numel(), param, model_grad(param).view(-1))
+                for param in self._main_params()]
 
 
 class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
@@ -278,7 +282,8 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
             model_param.detach().copy_(main_param)  # rounds fp32 -> bf16/fp16
 
     def main_pieces(self) -> list[MainPiece]:
-        return [MainPiece(model_param, 0, model_param.numel(), main_param)
+        return [MainPiece(model_param, 0, model_param.numel(), main_param,
+                          model_grad(model_param).view(-1))
                 for model_param, main_param in zip(self.model_params, self.main_params)]
 
     def _saved_main_params(self) -> list[Tensor]:

@@ -28,7 +28,7 @@ from optimizer.distributed_optimizer.distributed_optimizer import (
     DistributedOptimizer,
     fp32_shard,
 )
-from optimizer.distributed_optimizer.shard_map import ShardPiece
+from optimizer.distributed_optimizer.shard_map import ShardPiece, pieces_in_range
 from optimizer.optimizer import MixedPrecisionOptimizer
 from optimizer.optimizer_config import OptimizerConfig
 
@@ -36,15 +36,8 @@ from optimizer.optimizer_config import OptimizerConfig
 def unit_pieces(unit: Any) -> list[ShardPiece]:
     """Intersect each parameter's [start, end) in the unit's flat buffer with this rank's shard
     (the same cut as shard_map.py's, with a unit in place of a bucket)."""
-    shard_start, shard_end = unit.shard_start, unit.shard_start + unit.shard_size
-    pieces = []
-    for param, name, (start, end) in zip(unit.params, unit.param_names, unit.ranges):
-        low, high = max(start, shard_start), min(end, shard_end)
-        if low < high:
-            pieces.append(ShardPiece(param=param, name=name, param_start=low - start,
-                                     param_end=high - start, shard_start=low - shard_start,
-                                     shard_end=high - shard_start))
-    return pieces
+    return pieces_in_range(unit.params, unit.param_names, unit.ranges, unit.shard_start,
+                           unit.shard_start + unit.shard_size)
 
 
 class ShardedOptimizer(DistributedOptimizer):

@@ -6,9 +6,9 @@ of a stage (the model's state dict, or one optimizer state such as Adam's `exp_a
 
     Step 1  tensor parallel: all-gather each split tensor over the TP group and reassemble it
             (sharding.unshard_tensors); replicated tensors (norms) are taken as they are.
-    Step 2  pipeline parallel: the (dp 0, tp 0) rank of every stage sends its full tensors to
-            global rank 0 (gather over rank 0's pipeline group), which merges the stages.
-            Data-parallel replicas hold the same values and send nothing.
+    Step 2  pipeline parallel: the (dp 0, cp 0, tp 0) rank of every stage sends its full
+            tensors to global rank 0 (gather over rank 0's pipeline group), which merges the
+            stages. Data- and context-parallel replicas hold the same values and send nothing.
 
 Loading (`shard_full_tensors`, no communication): each rank keeps the names its stage holds
 and slices them with the same layouts. Worked example, a 2x2 grid (TP=2, PP=2) saving the
@@ -48,7 +48,7 @@ def gather_full_tensors(local: dict[str, torch.Tensor], config: Z2allConfig,
     # Step 2: merge the pipeline stages on global rank 0.
     if dims.pipeline_parallel == 1:
         return full if dims.rank == 0 else None
-    if dims.dp_rank != 0 or dims.tp_rank != 0:
+    if dims.dp_rank != 0 or dims.cp_rank != 0 or dims.tp_rank != 0:
         return None
     stages = [None] * dims.pipeline_parallel if dims.rank == 0 else None
     dist.gather_object(full, stages, dst=0, group=dims.pp_group)

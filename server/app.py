@@ -189,97 +189,44 @@ class HostAndOriginCheck:
         await self.app(scope, receive, send)
 
 
-def create_app(engine: Engine, served: ServedModel, api_key: str | None = None,
-               allowed_hosts: set[str] | None = None) -> FastAPI:
-    """The FastAPI app; it starts the engine's thread on startup and stops it on shutdown.
-    `allowed_hosts`: the Host header's accepted names (None: any)."""
+async def respond(engine: Engine, served: ServedModel, http_request: Request,
+                  request: SamplingRequest, prompt_ids: list[int], chat: bool) -> Response:
+    """One completion for `request`: streamed as server-sent events, or whole as JSON (499
+    when the client left before it was done)."""
+    if request.model not in (None, served.name):
+        raise InvalidRequest(f"model: {request.model!r} is not served here; this server "
+                             f"serves {served.name!r} (GET /v1/models)", "model",
+                             status=404, code="model_not_found")
+    budget = served.token_budget(request, len(prompt_ids), "messages" if chat else "prompt")
+    generation = Generation(engine, served.tokenizer, prompt_ids,
+                            stop_ids(served.tokenizer), budget, sampling_params(request),
+                            request.stop)
+    generation.submit()
+    header = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+              "object": "chat.completion" if chat else "text_completion",
+              "created": int(time.time()), "model": served.name}
+    if request.stream:
+        if chat:
+            header["object"] = "chat.completion.chunk"
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        return StreamingResponse(
+            _event_stream(generation, header, chat, include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    completing = asyncio.create_task(generation.complete())
+    await _until_done_or_disconnected(completing, http_request)
+    if completing.cancelled():
+        return Response(status_code=499)  # nobody reads it: the client has left
+    try:
+        text, finish_reason = completing.result()
+    except GenerationFailed as error:
+        return error_response(500, str(error), "server_error")
+    return JSONResponse({**header, "choices": [_choice(text, finish_reason, chat, False)],
+                         "usage": generation.usage()})
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine.start()
-        yield
-        engine.stop()
 
-    app = FastAPI(title="z2all", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)  # no schema page: it would bypass the API key
-    app.add_middleware(HostAndOriginCheck, allowed_hosts=allowed_hosts)
-
-    chat_page = CHAT_PAGE.read_text(encoding="utf-8")
-
-    def check_api_key(request: Request) -> None:
-        expected = f"Bearer {api_key}".encode()
-        given = request.headers.get("authorization", "").encode()
-        if api_key and not hmac.compare_digest(given, expected):
-            raise InvalidRequest("missing or wrong API key: send 'Authorization: Bearer <key>' "
-                                 "with the key the server was started with", status=401,
-                                 code="invalid_api_key")
-
-    async def respond(http_request: Request, request: SamplingRequest, prompt_ids: list[int],
-                      chat: bool) -> Response:
-        if request.model not in (None, served.name):
-            raise InvalidRequest(f"model: {request.model!r} is not served here; this server "
-                                 f"serves {served.name!r} (GET /v1/models)", "model",
-                                 status=404, code="model_not_found")
-        budget = served.token_budget(request, len(prompt_ids), "messages" if chat else "prompt")
-        generation = Generation(engine, served.tokenizer, prompt_ids,
-                                stop_ids(served.tokenizer), budget, sampling_params(request),
-                                request.stop)
-        generation.submit()
-        header = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-                  "object": "chat.completion" if chat else "text_completion",
-                  "created": int(time.time()), "model": served.name}
-        if request.stream:
-            if chat:
-                header["object"] = "chat.completion.chunk"
-            include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            return StreamingResponse(
-                _event_stream(generation, header, chat, include_usage),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        completing = asyncio.create_task(generation.complete())
-        await _until_done_or_disconnected(completing, http_request)
-        if completing.cancelled():
-            return Response(status_code=499)  # nobody reads it: the client has left
-        try:
-            text, finish_reason = completing.result()
-        except GenerationFailed as error:
-            return error_response(500, str(error), "server_error")
-        return JSONResponse({**header, "choices": [_choice(text, finish_reason, chat, False)],
-                             "usage": generation.usage()})
-
-    api = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
-
-    @api.post("/chat/completions")
-    async def chat_completions(http_request: Request) -> Response:
-        request = parse_request(await read_body(http_request), ChatCompletionRequest)
-        prompt_ids = await asyncio.to_thread(served.chat_prompt_ids, request)  # maybe 1 MiB
-        return await respond(http_request, request, prompt_ids, chat=True)
-
-    @api.post("/completions")
-    async def completions(http_request: Request) -> Response:
-        request = parse_request(await read_body(http_request), CompletionRequest)
-        prompt_ids = await asyncio.to_thread(served.completion_prompt_ids, request)
-        return await respond(http_request, request, prompt_ids, chat=False)
-
-    @api.get("/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": served.name, "object": "model",
-                                            "created": 0, "owned_by": "z2all",
-                                            "context_length": served.context_length}]}
-
-    app.include_router(api)
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        stats = engine.stats()
-        return JSONResponse({"status": "ok" if stats["healthy"] else "unhealthy",
-                             "model": served.name, "context_length": served.context_length,
-                             **stats},
-                            status_code=200 if stats["healthy"] else 503)
-
-    @app.get("/", response_class=HTMLResponse)
-    async def page() -> str:
-        return chat_page
+def add_error_handlers(app: FastAPI) -> None:
+    """Every failure answered in OpenAI's error shape (module docstring)."""
 
     @app.exception_handler(InvalidRequest)
     async def invalid_request(_: Request, error: InvalidRequest) -> JSONResponse:
@@ -305,4 +252,65 @@ def create_app(engine: Engine, served: ServedModel, api_key: str | None = None,
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:
         return error_response(error.status_code, str(error.detail))
 
+
+def create_app(engine: Engine, served: ServedModel, api_key: str | None = None,
+               allowed_hosts: set[str] | None = None) -> FastAPI:
+    """The FastAPI app; it starts the engine's thread on startup and stops it on shutdown.
+    `allowed_hosts`: the Host header's accepted names (None: any)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        engine.stop()
+
+    app = FastAPI(title="z2all", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)  # no schema page: it would bypass the API key
+    app.add_middleware(HostAndOriginCheck, allowed_hosts=allowed_hosts)
+
+    chat_page = CHAT_PAGE.read_text(encoding="utf-8")
+
+    def check_api_key(request: Request) -> None:
+        expected = f"Bearer {api_key}".encode()
+        given = request.headers.get("authorization", "").encode()
+        if api_key and not hmac.compare_digest(given, expected):
+            raise InvalidRequest("missing or wrong API key: send 'Authorization: Bearer <key>' "
+                                 "with the key the server was started with", status=401,
+                                 code="invalid_api_key")
+
+    api = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+
+    @api.post("/chat/completions")
+    async def chat_completions(http_request: Request) -> Response:
+        request = parse_request(await read_body(http_request), ChatCompletionRequest)
+        prompt_ids = await asyncio.to_thread(served.chat_prompt_ids, request)  # maybe 1 MiB
+        return await respond(engine, served, http_request, request, prompt_ids, chat=True)
+
+    @api.post("/completions")
+    async def completions(http_request: Request) -> Response:
+        request = parse_request(await read_body(http_request), CompletionRequest)
+        prompt_ids = await asyncio.to_thread(served.completion_prompt_ids, request)
+        return await respond(engine, served, http_request, request, prompt_ids, chat=False)
+
+    @api.get("/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": served.name, "object": "model",
+                                            "created": 0, "owned_by": "z2all",
+                                            "context_length": served.context_length}]}
+
+    app.include_router(api)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        stats = engine.stats()
+        return JSONResponse({"status": "ok" if stats["healthy"] else "unhealthy",
+                             "model": served.name, "context_length": served.context_length,
+                             **stats},
+                            status_code=200 if stats["healthy"] else 503)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> str:
+        return chat_page
+
+    add_error_handlers(app)
     return app

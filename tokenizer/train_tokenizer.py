@@ -3,8 +3,9 @@
     python -m tokenizer.train_tokenizer --type hf --input data/demo/pretrain \\
         --vocab_size 8192 --out tokenizer/demo_hf
 
-1. Stream the documents of every .jsonl/.json/.parquet/.txt file under --input (utils.readers),
-   never holding the corpus in memory;
+1. Stream the documents of every .jsonl/.json/.parquet/.txt/.arrow file --input names (folders,
+   `DIR@split`, Hub datasets `hf:org/name`: utils/data_files.py), never holding the corpus in
+   memory;
 2. train the raw library model (byte-level BPE or sentencepiece BPE) with V-3 base pieces, as a
    `tokenizers` model (sentencepiece's is converted; its own model file is kept beside it);
 3. add the 3 special tokens at ids V-3, V-2, V-1 (tokenizer/z2all_tokenizer.py);
@@ -36,9 +37,11 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from utils.atomic_io import fsync_dir
+from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
+from utils.data_files import iter_texts_from
 from utils.option_checks import raise_problems, range_problem
-from utils.readers import ReadStats, iter_texts_from
+from utils.readers import ReadStats
 
 from . import load_tokenizer
 from .byte_level_bpe import train_byte_level_bpe
@@ -59,7 +62,8 @@ class TrainTokenizerConfig:
     type: str = field(metadata={"help": "hf: byte-level BPE (HF tokenizers); sp: sentencepiece BPE",
                                 "choices": ["hf", "sp"]})
     input: list[str] = field(metadata={
-        "help": "files or directories of .jsonl/.json/.parquet/.txt"})
+        "help": "files or directories of .jsonl/.json/.parquet/.txt, DIR@split, or "
+                "hf:org/name[:config][@split]"})
     vocab_size: int = field(metadata={"help": "total vocabulary V, the 3 special tokens included"})
     out: str = field(metadata={"help": "output directory (tokenizer.json + tokenizer_config.json)"})
     text_key: list[str] = field(default_factory=lambda: ["text"], metadata={
@@ -78,13 +82,14 @@ def parse_args(argv: list[str] | None = None) -> TrainTokenizerConfig:
     """Command-line flags generated from TrainTokenizerConfig: the dataclass is the doc."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for option in dataclasses.fields(TrainTokenizerConfig):
-        kwargs = {"help": option.metadata["help"], "dest": option.name}
-        if option.type == "bool":
-            kwargs["action"] = "store_true"
-        else:
-            kwargs["nargs"] = "+" if option.type == "list[str]" else None
-            kwargs["type"] = int if "int" in option.type else str
-            kwargs["choices"] = option.metadata.get("choices")
+        if option.type == "bool":  # --flag, --flag true|false, --no_flag
+            add_boolean_flag(parser, f"--{option.name}", help=option.metadata["help"],
+                             default=option.default)
+            continue
+        kwargs = {"help": option.metadata["help"], "dest": option.name,
+                  "nargs": "+" if option.type == "list[str]" else None,
+                  "type": int if "int" in option.type else str,
+                  "choices": option.metadata.get("choices")}
         if option.default is not dataclasses.MISSING:
             kwargs["default"] = option.default
         elif option.default_factory is not dataclasses.MISSING:

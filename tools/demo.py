@@ -124,6 +124,7 @@ from pathlib import Path
 
 from data_preprocess.cleaning.report import CleanReport
 from tools.stage_progress import run_with_progress, training_steps
+from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
 
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     group.add_argument("--only", choices=STAGE_NAMES, help="run one stage")
     group.add_argument("--from", dest="start", choices=STAGE_NAMES,
                        help="run from this stage on")
-    group.add_argument("--list", action="store_true", help="print the stages and exit")
+    add_boolean_flag(group, "--list", help="print the stages and exit")
     parser.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                         help="precision of every training and evaluation stage (auto: measured "
                              "on this CPU; bf16 on a CPU without avx512_bf16/AMX is ~4x slower)")

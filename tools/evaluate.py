@@ -6,7 +6,9 @@
 
 `--ckpt` is anything `model.loading.load_model` takes (a run dir, a checkpoint, an HF Llama dir).
 
-Language modelling (`--data`, files or folders of .jsonl/.json/.parquet/.txt, streamed):
+Language modelling (`--data`, files or folders of .jsonl/.json/.parquet/.txt, streamed; a
+`datasets` folder or a Hub dataset `hf:org/name` gives its validation split, else its test
+split, unless `@split` names one: utils/data_files.py):
 Step 1. each file's texts are tokenized and packed exactly as the trainer packs pretraining
         data (documents + EOS back to back, windows of L+1 tokens every L tokens, never across
         files; dataset/stream_samples.py), L = the run's --max_seq_len. A pretokenized data
@@ -58,10 +60,12 @@ from trainer.evaluation import evaluate_language_model
 from trainer.report import EVALUATIONS_MARKER
 from utils.atomic_io import atomic_write_json
 from utils.cli_errors import run_main
+from utils.data_files import find_data_files
+from utils.dataset_splits import EVAL_SPLITS
 from utils.hub import snapshot_of
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
-from utils.readers import ReadStats, find_data_files, iter_records
+from utils.readers import ReadStats, iter_records
 
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 SHIPPED_PREFIX = "z2all_"  # names of the tasks in TASKS_DIR
@@ -130,7 +134,7 @@ def language_model_metrics(model: torch.nn.Module, tokenizer: Any, data: list[st
     if data_dir is not None:
         windows, progress = validation_windows(data_dir, tokenizer, seq_len, limit)
     else:
-        files = find_data_files(data)
+        files = find_data_files(data, splits=EVAL_SPLITS, option="--data")
         if not files:
             raise ValueError(f"--data {' '.join(data)}: no .jsonl/.json/.parquet/.txt files "
                              "there (or a pretokenized data dir)")
@@ -238,8 +242,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--data", nargs="+", default=None,
-                        help="files/folders of .jsonl/.json/.parquet/.txt, or a pretokenized "
-                             "data dir (its valid split), for loss, perplexity and bits per byte")
+                        help="files/folders of .jsonl/.json/.parquet/.txt, DIR@split, "
+                             "hf:org/name[:config][@split] (a dataset's validation split, else "
+                             "test), or a pretokenized data dir (its valid split), for loss, "
+                             "perplexity and bits per byte")
     parser.add_argument("--text_key", nargs="+", default=["text"],
                         help="field(s) holding the text in .jsonl/.json/.parquet records")
     parser.add_argument("--seq_len", type=int, default=None,

@@ -28,6 +28,7 @@ from trainer.options import (
     default_value,
 )
 from trainer.parallelize import OPTION_FOR_FIELD
+from utils.boolean_flags import add_boolean_flag
 
 DESIGN_DOC = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 START, END = "<!-- options-table:start -->", "<!-- options-table:end -->"
@@ -84,7 +85,7 @@ def with_table(document: str, table: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"update {DESIGN_DOC.name}")
+    add_boolean_flag(parser, "--write", help=f"update {DESIGN_DOC.name}")
     args = parser.parse_args(argv)
     table = options_table()
     if args.write:

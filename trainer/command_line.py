@@ -6,9 +6,10 @@
 
 Every option takes its value as `--key=value` or `--key value` (as HF `TrainingArguments`,
 litgpt and torchtitan do). A boolean is `--flag` (true), `--flag true|false` or `--no_flag`
-(also spelled `--no-flag`). An unknown name suggests the closest ones; the common Hugging Face
-names (`--learning_rate`, `--output_dir`, ...) are not aliases but point at z2all's own name,
-so a run's saved config has one spelling per option.
+(also spelled `--no-flag`), as in every z2all tool (utils/boolean_flags.py). An unknown name
+suggests the closest ones; the common Hugging Face names (`--learning_rate`, `--output_dir`,
+...) are not aliases but point at z2all's own name, so a run's saved config has one spelling
+per option.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import fields
 from typing import Any, Literal
 
 from trainer.options import GROUPS, OPTION_GROUP, OPTION_TYPES, default_value
+from utils.boolean_flags import BOOL_WORDS, NEGATION_PREFIXES, parse_bool
 
 # Hugging Face `TrainingArguments` / TRL names -> z2all's option (and what differs).
 HF_NAMES: dict[str, tuple[str, str]] = {
@@ -115,9 +117,7 @@ def parse_value(name: str, text: str) -> Any:
         return None
     try:
         if base is bool:
-            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError
-            return text.lower() in ("true", "1", "yes")
+            return parse_bool(text)
         if base is int:
             return int(float(text)) if "e" in text.lower() and float(text).is_integer() \
                 else int(text)
@@ -135,12 +135,9 @@ def parse_value(name: str, text: str) -> Any:
         raise ValueError(f"--{name}: expects {type_name(hint)}, got {text!r}") from None
 
 
-BOOL_WORDS = ("true", "false", "1", "0", "yes", "no")
-
-
 def _negated_flag(name: str) -> str | None:
     """`no_flag` / `no-flag` -> `flag` where that is a boolean option."""
-    for prefix in ("no_", "no-"):
+    for prefix in NEGATION_PREFIXES:
         if name.startswith(prefix) and OPTION_TYPES.get(name[len(prefix):]) is bool:
             return name[len(prefix):]
     return None

@@ -5,8 +5,9 @@ Precedence, lowest first: defaults < config file < command line. With `--resume`
 saved `config.json` takes the place of the defaults (less `resume` and `stop_at_iter`, which
 describe one invocation), so a resumed run continues with what it was started with, plus
 whatever you pass explicitly (changes that break bitwise reproducibility are warned about).
-The grid's shape (--tensor_parallel, --pipeline_parallel, --sequence_parallel) is inherited
-only whole: passing any of them resets the others to their defaults (`_whole_grid`).
+The grid's shape (--tensor_parallel, --pipeline_parallel, --context_parallel,
+--sequence_parallel) is inherited only whole: passing any of them resets the others to
+their defaults (`_whole_grid`).
 The config file may be `.py`, `.json`, `.yaml`/`.yml` or `.toml` (trainer/config_formats.py),
 and `--print_config [py|json|yaml|toml]` prints the resolved options in that format and exits
 (a file you can start from). A run saves the resolved options twice: `config.json`

@@ -90,10 +90,21 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
                 skipped=not stepped, tokens=run.counters.tokens_seen, **averages, **throughput)
     if not run.memory_measured:  # the plan printed at start-up, checked (Adam state exists)
         run.memory_measured = True
-        run.log.log("memory", run.counters.step, quiet=True,
-                    **measure_memory(run.ddp, run.optimizer))
+        per_rank = _measured_memory_of_every_rank(run)
+        run.log.log("memory", run.counters.step, quiet=True, **per_rank[0], per_rank=per_rank)
     run.progress.update(run.counters.step, throughput.get("tokens_per_sec", 0.0),
                         averages["loss"])
+
+
+def _measured_memory_of_every_rank(run: Run) -> list[dict[str, int]]:
+    """`measure_memory` of each rank, in rank order (collective: a sum of vectors in which
+    each rank fills its own slots). On a grid the ranks differ: stage, slices, shards."""
+    mine = measure_memory(run.ddp, run.optimizer)
+    slots = [0.0] * (len(mine) * run.env.world_size)
+    slots[run.env.rank * len(mine):(run.env.rank + 1) * len(mine)] = map(float, mine.values())
+    summed = all_reduce_sum(slots, run.env)  # float64: exact for byte counts below 2^53
+    return [dict(zip(mine, map(int, summed[rank * len(mine):(rank + 1) * len(mine)])))
+            for rank in range(run.env.world_size)]
 
 
 def stop_diverged(run: Run, what: str) -> None:

@@ -7,12 +7,16 @@ data-parallel replicas x T tensor shards (parallel/parallel_dims.py). `paralleli
     Step 2  the whole model, built with the same seed (or loaded) on every rank, cut to this
             rank's stage, then its matrices to this rank's shard (parallel/pipeline_parallel,
             parallel/tensor_parallel);
-    Step 3  our DDP over the data-parallel group only (gradients reduced once per step, in
-            finish_grad_sync: the schedule runs its micro-batches itself), by the same
-            factory as data parallelism alone: all-reduce, or with --zero_stage=1
-            reduce-scatter (optionally of a bf16 copy, --comm_hook=bf16);
-    Step 4  the optimizer (ZeRO-1: its state sharded over the data-parallel group), wrapped
-            so that clipping uses the norm of the *whole* model.
+    Step 3  the data-parallel wrapper of this stage's (sliced) module over the data-parallel
+            group only, by the same factory as data parallelism alone: our DDP (gradients
+            reduced once per step in finish_grad_sync: all-reduce, or with --zero_stage=1
+            reduce-scatter, optionally of a bf16 copy, --comm_hook=bf16), or with
+            --zero_stage 2/3 ShardedDataParallel (gradients, and at 3 the weights, sharded;
+            its units: this stage's blocks, and a tied embedding's copy alone, so that both
+            stages shard it alike); the schedule drives it through `GradientSync`
+            (parallel/gradient_sync.py);
+    Step 4  the optimizer (ZeRO-1/2/3: its state sharded over the data-parallel group),
+            wrapped so that clipping uses the norm of the *whole* model.
 
 Every rank of one data-parallel replica sees the same batches (the data is split by dp rank).
 What differs from a data-parallel run, and how the loop is kept the same:
@@ -21,11 +25,14 @@ What differs from a data-parallel run, and how the loop is kept the same:
                       micro-batch loop (`GridParallel.forward_backward`)
     grad norm         ||g||^2 summed over the TP and PP groups: TP-split tensors add their
                       shards, replicated ones (norm weights) count once (1/T from each of T
-                      ranks), the tied embedding's second copy (last stage) not at all
+                      ranks), the tied embedding's second copy (last stage) not at all; with
+                      ZeRO-1/2/3 also over the dp group (each rank holds its shard's)
     whole weights     gathered to rank 0 and loaded into a whole model there
-                      (parallel/layout_neutral_checkpoint.py): samples and model.safetensors
-    optimizer state   gathered whole into one ZeRO-1 shard file, loaded on any grid, or by
-                      a --zero_stage=1 data-parallel run of any size, and the other way
+                      (parallel/layout_neutral_checkpoint.py): samples and model.safetensors;
+                      ZeRO-3 first gathers each stage's shards (`gathered_params`)
+    optimizer state   gathered whole into one ZeRO-1 shard file, loaded on any grid (any
+                      --zero_stage), or by a --zero_stage>=1 data-parallel run of any size,
+                      and the other way
                       (trainer/grid_optimizer_checkpoint.py): --resume may change
                       --tensor_parallel / --pipeline_parallel (and the data-parallel size,
                       as any world-size change: the data position carries over)
@@ -65,7 +72,12 @@ from parallel.distributed_data_parallel import (
 from parallel.layout_neutral_checkpoint import gather_full_tensors
 from parallel.parallel_dims import ParallelDims, check_parallel_shapes
 from parallel.pipeline_parallel.schedules import PipelineSchedule
-from parallel.pipeline_parallel.stage import split_into_stage, tied_embedding_param
+from parallel.pipeline_parallel.stage import (
+    split_into_stage,
+    tied_embedding_param,
+    zero_units,
+)
+from parallel.sharded_data_parallel import ShardedDataParallel
 from parallel.tensor_parallel.parallelize import parallelize_model
 from parallel.tensor_parallel.sharding import layout_for
 from trainer.forward_steps import Batch, DPOStep, ForwardStep, as_base_model
@@ -81,27 +93,34 @@ TIED_EMBEDDING = "model.embed_tokens.weight"
 
 @dataclass(frozen=True)
 class DataShare:
-    """Which part of each global batch this rank reads: on a grid the T x P ranks of one
-    data-parallel replica read the same batches, and one of them counts their tokens."""
+    """Which part of each global batch this rank reads: on a grid the T x P x C ranks of one
+    data-parallel replica read the same batches (with context parallelism each then computes
+    its share of every sequence: parallel/context_parallel/context_shard.py), and one of them
+    counts their tokens. `sequence_multiple`: every batch's length is a multiple of it (2C:
+    context parallelism cuts each sequence into 2C equal chunks)."""
 
     rank: int
     world_size: int
     counts_tokens: bool
+    sequence_multiple: int = 1
 
 
-def data_share(rank: int, world_size: int, tensor_parallel: int, pipeline_parallel: int
-               ) -> DataShare:
+def data_share(rank: int, world_size: int, tensor_parallel: int, pipeline_parallel: int,
+               context_parallel: int = 1) -> DataShare:
     """ValueError (one line) when the world does not divide into the grid."""
-    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, rank=rank)
-    return DataShare(dims.dp_rank, dims.data_parallel, dims.tp_rank == 0 and dims.pp_rank == 0)
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, context_parallel,
+                        rank=rank)
+    counts_tokens = dims.tp_rank == 0 and dims.pp_rank == 0 and dims.cp_rank == 0
+    return DataShare(dims.dp_rank, dims.data_parallel, counts_tokens,
+                     sequence_multiple=2 * context_parallel if context_parallel > 1 else 1)
 
 
-def data_leader_ranks(world_size: int, tensor_parallel: int, pipeline_parallel: int
-                      ) -> list[int]:
+def data_leader_ranks(world_size: int, tensor_parallel: int, pipeline_parallel: int,
+                      context_parallel: int = 1) -> list[int]:
     """One global rank per data-parallel replica, in dp order (their data states are the
     replicas'; the other ranks of a replica hold copies)."""
-    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel)
-    return [dims.rank_of(0, dp, 0) for dp in range(dims.data_parallel)]
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, context_parallel)
+    return [dims.rank_of(0, dp, 0, 0) for dp in range(dims.data_parallel)]
 
 
 def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
@@ -109,13 +128,13 @@ def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
     run resumed on another grid reads the right ranks' data states)."""
     saved = trainer_state["config"]
     return data_leader_ranks(trainer_state["world_size"], saved.get("tensor_parallel", 1),
-                             saved.get("pipeline_parallel", 1))
+                             saved.get("pipeline_parallel", 1), saved.get("context_parallel", 1))
 
 
 class GridOptimizer:
-    """The data-parallel optimizer (replicated, or ZeRO-1 over the dp group) with
-    whole-model clipping and layout-neutral checkpoints (module docstring); everything else
-    is delegated to it."""
+    """The data-parallel optimizer (replicated, or sharded over the dp group: ZeRO-1/2/3)
+    with whole-model clipping and layout-neutral checkpoints (module docstring); everything
+    else is delegated to it."""
 
     def __init__(self, inner: MixedPrecisionOptimizer, model: Z2allForCausalLM,
                  dims: ParallelDims, max_norm: float) -> None:
@@ -134,16 +153,15 @@ class GridOptimizer:
 
     def _owned_grads(self) -> list[torch.Tensor]:
         """The averaged gradient (after finish_grad_sync) of each piece this rank updates:
-        whole `main_grad`s, or under ZeRO-1 the parts in this rank's shard (only those were
-        reduce-scattered to it)."""
-        return [piece.param.main_grad.view(-1)[piece.start:piece.end]
-                for piece in self.inner.main_pieces()]
+        whole `main_grad`s, or under ZeRO-1/2/3 the parts in this rank's shard (only those
+        were reduce-scattered to it)."""
+        return [piece.grad for piece in self.inner.main_pieces()]
 
     def grad_norm(self) -> float:
         """||g|| of the whole model: this rank's owned gradients, squared and weighted, summed
-        over the TP and PP groups (and over the dp group when ZeRO-1 shards them)."""
-        pieces, grads = self.inner.main_pieces(), self._owned_grads()
-        norms = torch.stack(torch._foreach_norm(grads, 2.0)).double()
+        over the TP and PP groups (and over the dp group when ZeRO shards them)."""
+        pieces = self.inner.main_pieces()
+        norms = torch.stack(torch._foreach_norm([piece.grad for piece in pieces], 2.0)).double()
         weights = torch.tensor([self._norm_weight[piece.param] for piece in pieces],
                                dtype=torch.float64, device=norms.device)
         squares = (norms.square() * weights).sum()
@@ -256,24 +274,27 @@ def pipelined_forward_backward(schedule: PipelineSchedule, forward_step: Forward
 def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_parallel: int,
                      sequence_parallel: bool, pp_schedule: str, zero_stage: int, comm_hook: str,
                      ddp_config: DistributedDataParallelConfig,
-                     optimizer_config: OptimizerConfig
-                     ) -> tuple[DistributedDataParallel, GridOptimizer, PipelineSchedule,
-                                ParallelDims]:
-    """(our DDP over the dp group, the optimizer, the schedule, the grid): the module
-    docstring's steps. `zero_stage` 0 or 1 and `comm_hook` allreduce or bf16 (the option
-    check refuses the rest on a grid): the same wrapper and optimizer as data parallelism
-    alone (optimizer/data_parallel_factory.py), over the dp group."""
+                     optimizer_config: OptimizerConfig, context_parallel: int = 1
+                     ) -> tuple[DistributedDataParallel | ShardedDataParallel, GridOptimizer,
+                                PipelineSchedule, ParallelDims]:
+    """(the data-parallel wrapper, the optimizer, the schedule, the grid): the module
+    docstring's steps. `comm_hook` allreduce or bf16 (the option check refuses the rest on a
+    grid): the same wrapper and optimizer as data parallelism alone
+    (optimizer/data_parallel_factory.py), over the dp group (with context parallelism the
+    dp x cp group: its ranks hold the same weights and see different tokens; the caller then
+    gives the model its share of the sequences, trainer/parallelize.py)."""
     check_parallel_shapes(model.config, dist.get_world_size(), tensor_parallel,
-                          pipeline_parallel, sequence_parallel)
+                          pipeline_parallel, sequence_parallel, context_parallel=context_parallel)
     dims = ParallelDims(dist.get_world_size(), tensor_parallel,  # Step 1
-                        pipeline_parallel).build_groups()
+                        pipeline_parallel, context_parallel).build_groups()
     split_into_stage(model, dims)  # Step 2
     if tensor_parallel > 1:
         parallelize_model(model, dims, sequence_parallel)
     ddp, inner, _ = build_data_parallel(  # Steps 3 and 4
         model, zero_stage, ddp_config, dataclasses.replace(optimizer_config, clip_grad=0.0),
-        process_group=dims.dp_group, comm_hook=comm_hook)
-    schedule = PipelineSchedule(model, dims, pp_schedule, sequence_parallel)
+        process_group=dims.dp_cp_group, comm_hook=comm_hook,
+        is_unit=zero_units(model, dims))
+    schedule = PipelineSchedule(model, dims, pp_schedule, sequence_parallel, grad_sync=ddp)
     optimizer = GridOptimizer(inner, model, dims, max_norm=optimizer_config.clip_grad)
     return ddp, optimizer, schedule, dims
 
@@ -283,7 +304,8 @@ def whole_model_on_rank0(model: Z2allForCausalLM, dims: ParallelDims
                          ) -> Iterator[Z2allForCausalLM | None]:
     """Collective: the whole model, rebuilt from every rank's pieces, on rank 0 (None
     elsewhere), for sample generation and model.safetensors (with LoRA: with its adapters, for
-    the adapter file)."""
+    the adapter file). Under ZeRO-3 the caller gathers the stage's shards first
+    (`ShardedDataParallel.gathered_params`, as `Parallelized.whole_model` does)."""
     full = gather_full_tensors(model.state_dict(), model.config, dims)
     if full is None:
         yield None

@@ -8,10 +8,11 @@ from pathlib import Path
 import torch
 
 from model.loading import resolve_model_dir
-from parallel.parallel_dims import check_parallel_shapes
+from parallel.parallel_dims import check_context_parallel_length, check_parallel_shapes
 from trainer.model_setup import model_config_at, preset_model_config
 from trainer.options import TrainingOptions
 from trainer.parallelize import effective_zero_stage
+from utils.data_files import is_data_spec, locate_data
 from utils.option_checks import raise_problems, range_problem
 from utils.run_directory import out_dir_problem
 
@@ -63,7 +64,7 @@ def check_options(options: TrainingOptions) -> None:
             preset_model_config(options.model, options.data.max_seq_len, vocab_size=1)
         except ValueError as error:  # (the tokenizer is not loaded yet)
             problems.append(f"model: {error}")
-    raise_problems(problems)
+    raise_problems(dict.fromkeys(problems))  # a problem two checks find is named once
 
 
 def check_paths(options: TrainingOptions) -> None:
@@ -73,14 +74,26 @@ def check_paths(options: TrainingOptions) -> None:
     config can be checked on another machine)."""
     paths = {"--data_dir": options.data.data_dir, "--tokenizer_dir": options.data.tokenizer_dir,
              "--init_from": options.model.init_from}
+    named = options.data.data_dir if is_data_spec(options.data.data_dir) else None
     problems = [f"{flag}={path}: no such file or directory" for flag, path in paths.items()
-                if path is not None and not Path(path).exists()]
+                if path is not None and path != named and not Path(path).exists()]
+    problems.append(named and _named_data_problem(named))
     run = options.run
     if not run.out_dir.strip():
         problems.append("--out_dir is empty: name the run directory, e.g. --out_dir=out/run1")
     else:  # a directory of the run's own (utils/run_directory.py)
         problems.append(out_dir_problem(run.out_dir, reads=paths))
     raise_problems(problems)
+
+
+def _named_data_problem(spec: str) -> str | None:
+    """Why `--data_dir hf:org/name` (or `DIR@split`) names no data files here, or None: asked
+    before the run starts, as for a path (utils/data_files.py)."""
+    try:
+        located = locate_data(spec)
+    except (ValueError, OSError) as error:
+        return str(error)
+    return None if located.files else f"--data_dir={spec}: no data files there"
 
 
 def check_lora_fits(options: TrainingOptions) -> None:
@@ -120,7 +133,8 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
             problems.append("--compile cannot be combined with --zero_stage=3 yet (its hooks "
                             "gather and free weights around each compiled block): drop "
                             "--compile or use --zero_stage 2")
-    problems += _grid_problems(options) + _fp16_problems(options)
+    problems += (_grid_problems(options) + _context_parallel_problems(options)
+                 + _fp16_problems(options))
     device = options.system.device
     if device not in ("auto", "cpu", "cuda"):
         problems.append(f"--device must be auto, cpu or cuda, got {device!r}")
@@ -148,7 +162,8 @@ def _fp16_problems(options: TrainingOptions) -> list[str]:
 
 def _grid_problems(options: TrainingOptions) -> list[str]:
     """--tensor_parallel / --pipeline_parallel: what the grid does not support (yet). It
-    takes --zero_stage=1 (--use_distributed_optimizer), --comm_hook=bf16 and --compile."""
+    takes every --zero_stage (sharded over the data-parallel group), --comm_hook=bf16 and
+    --compile."""
     parallel = options.parallel
     grid = parallel.tensor_parallel * parallel.pipeline_parallel
     problems = [problem for name in ("tensor_parallel", "pipeline_parallel")
@@ -161,9 +176,6 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
             f"--pipeline_parallel={parallel.pipeline_parallel}")
     hook = f"--comm_hook={parallel.comm_hook}"
     unsupported = [  # (option, refused, why and what to use instead)
-        (f"--zero_stage={parallel.zero_stage}", parallel.zero_stage >= 2,
-         "ZeRO-2/3 units are not cut by stage and tensor slice yet; use --zero_stage=1 (the "
-         "optimizer state sharded over the data-parallel group)"),
         (hook, parallel.comm_hook == "powersgd", "its per-rank state is not saved "
          "layout-neutral; use --comm_hook=bf16 (half the bytes) or allreduce"),
         (hook, parallel.comm_hook == "overlap_optim", "a bucket steps before the whole "
@@ -183,9 +195,51 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
         try:  # the vocabulary is known (and checked) once the tokenizer is loaded
             config = preset_model_config(options.model, options.data.max_seq_len,
                                          vocab_size=parallel.tensor_parallel)
-            check_parallel_shapes(config, grid, parallel.tensor_parallel,
-                                  parallel.pipeline_parallel, parallel.sequence_parallel,
-                                  seq_len=options.data.max_seq_len)
+            check_parallel_shapes(config, grid * max(parallel.context_parallel, 1),
+                                  parallel.tensor_parallel, parallel.pipeline_parallel,
+                                  parallel.sequence_parallel, seq_len=options.data.max_seq_len,
+                                  context_parallel=max(parallel.context_parallel, 1))
         except ValueError as error:
             problems.append(str(error))
     return problems
+
+
+def _context_parallel_problems(options: TrainingOptions) -> list[str]:
+    """--context_parallel: the sequence length it needs, and what it does not compose with
+    yet. It takes data parallelism, --tensor_parallel (+ --sequence_parallel), --zero_stage=1
+    without a tensor grid, --comm_hook=bf16, pretraining, SFT (padded or packed) and DPO."""
+    parallel, context = options.parallel, options.parallel.context_parallel
+    if problem := range_problem("--context_parallel", context, low=1):
+        return [problem]
+    if context == 1:
+        return []
+    try:
+        check_context_parallel_length(options.data.max_seq_len, context)
+        problems = []
+    except ValueError as error:
+        problems = [str(error)]
+    dropout = options.model.dropout
+    unsupported = [  # (option, refused, why and what to use instead)
+        (f"--pipeline_parallel={parallel.pipeline_parallel}", parallel.pipeline_parallel > 1,
+         "pipeline stages exchange whole-sequence activations, not a rank's share; use "
+         "--tensor_parallel or data parallelism with it"),
+        (f"--zero_stage={parallel.zero_stage}", parallel.zero_stage >= 2,
+         "ZeRO-2/3 units are not wired to context parallelism yet; use --zero_stage=1 (the "
+         "optimizer state sharded over the dp x cp ranks)"),
+        ("--zero_stage=1 with --tensor_parallel",
+         parallel.tensor_parallel > 1 and (parallel.zero_stage == 1
+                                           or parallel.use_distributed_optimizer),
+         "the grid optimizer shards over the data-parallel group only; use --zero_stage=0 "
+         "there, or ZeRO-1 with --tensor_parallel=1"),
+        (f"--comm_hook={parallel.comm_hook}", parallel.comm_hook in ("powersgd", "overlap_optim"),
+         "not tested with context parallelism; use --comm_hook=allreduce or bf16"),
+        (f"--lora_rank={options.lora.lora_rank}", options.lora.lora_rank > 0,
+         "adapters are not tested with context parallelism; use --context_parallel=1"),
+        ("--dtype=fp16", options.system.dtype == "fp16",
+         "its loss scaling is not tested with context parallelism; use --dtype=bf16 or fp32"),
+        (f"--dropout={dropout}", bool(dropout), "ring attention has no dropout; use 0"),
+        ("--compile", options.system.compile, "the ring's collectives are not compiled "
+         "(not tested); drop it"),
+    ]
+    return problems + [f"{name} with --context_parallel={context} is not supported yet: {why}"
+                       for name, refused, why in unsupported if refused]

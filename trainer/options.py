@@ -104,8 +104,12 @@ class ParallelOptions:
     zero_stage: int = option(0, "ZeRO stage: 0 DDP, 1 optimizer state sharded (= "
                              "--use_distributed_optimizer), 2 + gradients, 3 + parameters")
     tensor_parallel: int = option(1, "split each matrix over this many ranks (Megatron "
-                                  "column/row); data parallel = world / (tensor x pipeline)")
+                                  "column/row); data parallel = world / (tensor x pipeline x "
+                                  "context)")
     pipeline_parallel: int = option(1, "split the layers into this many stages")
+    context_parallel: int = option(1, "split each sequence over this many ranks (ring "
+                                   "attention, load-balanced chunks; --max_seq_len a multiple "
+                                   "of 2x it)")
     sequence_parallel: bool = option(False, "with --tensor_parallel: shard norms/residuals "
                                      "along the sequence")
     pp_schedule: Literal["afab", "1f1b"] = option("1f1b", "pipeline schedule (micro-batches = "
@@ -215,10 +219,11 @@ RESUME_SAFE = {"resume", "stop_at_iter", "overwrite", "log_interval", "save_inte
                "max_new_tokens", "peak_flops", "eval_interval", "eval_iters", "dist_timeout",
                "verbose", "revision"}
 # The grid's shape, which with the world size fixes the data-parallel size (world / (tensor x
-# pipeline)) and so the global batch. On --resume it is inherited or given whole, never mixed:
-# keeping the saved --tensor_parallel=2 under a new --pipeline_parallel=2 would silently halve
-# the data-parallel size on the same ranks (trainer/config_files.py `_whole_grid`).
-GRID_SHAPE = ("tensor_parallel", "pipeline_parallel", "sequence_parallel")
+# pipeline x context)) and so the global batch. On --resume it is inherited or given whole,
+# never mixed: keeping the saved --tensor_parallel=2 under a new --pipeline_parallel=2 would
+# silently halve the data-parallel size on the same ranks (trainer/config_files.py
+# `_whole_grid`).
+GRID_SHAPE = ("tensor_parallel", "pipeline_parallel", "context_parallel", "sequence_parallel")
 # Options a resumed run cannot change: the checkpoint holds a model of that shape and a data
 # position in samples of that length.
 FIXED_ON_RESUME = {"task_type", "max_seq_len", "model_preset", "hidden_size",

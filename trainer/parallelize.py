@@ -3,6 +3,11 @@
 this one place (torchtitan's `parallelize_llama` is the pattern): a new parallelism plan plugs
 in here, and the loop keeps calling the same `Parallelized` objects.
 
+`--context_parallel C` gives the model one hook (`shard_sequences`: it then computes this
+rank's share of every sequence, parallel/context_parallel/context_shard.py) and changes nothing
+else here: the gradients are averaged over the dp x cp group, which without a tensor/pipeline
+grid is every rank, DDP's default (docs/design.md section 8.4a).
+
 `--zero_stage` picks the wrapper and optimizer (optimizer/data_parallel_factory.py): 0 our DDP,
 1 the same with the optimizer state sharded (ZeRO-1, also spelled --use_distributed_optimizer),
 2 ShardedDataParallel with gradients sharded too, 3 with parameters sharded too. At stage 3 a
@@ -36,15 +41,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from optimizer import OptimizerConfig, TrainingOptimizer
 from optimizer.data_parallel_factory import build_data_parallel, check_zero_options
+from parallel.context_parallel.context_shard import ContextShard
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
 )
 from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import PowerSGDState
-from parallel.parallel_dims import ParallelDims
+from parallel.parallel_dims import ParallelDims, check_parallel_shapes
 from parallel.pipeline_parallel.schedules import PipelineSchedule
 from parallel.sharded_data_parallel import ShardedDataParallel
 from trainer.forward_steps import Batch, ForwardStep
@@ -103,8 +110,9 @@ def optimizer_layout(parallel: ParallelOptions) -> str:
 @dataclass
 class Parallelized:
     """What the loop steps: the wrapped model, its optimizer, the comm-hook state a checkpoint
-    must save (None when the hook keeps none), and, on a tensor/pipeline grid, the grid and
-    its schedule (trainer/model_parallel.py)."""
+    must save (None when the hook keeps none), on a tensor/pipeline grid the grid and its
+    schedule (trainer/model_parallel.py), and with context parallelism this rank's place in
+    its group (the model computes its share of every sequence)."""
 
     ddp: DistributedDataParallel | ShardedDataParallel
     optimizer: TrainingOptimizer
@@ -112,6 +120,7 @@ class Parallelized:
     zero_stage: int = 0
     dims: ParallelDims | None = None
     schedule: PipelineSchedule | None = None
+    context: ContextShard | None = None
 
     def forward_backward(self, forward_step: ForwardStep, micro_batches: list[Batch]
                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -134,20 +143,27 @@ class Parallelized:
     @contextlib.contextmanager
     def whole_model(self) -> Iterator[torch.nn.Module | None]:
         """The model with every weight whole, for one rank alone to generate from or save:
-        collective (every rank enters; ZeRO-3 gathers, a grid rebuilds the model on rank 0 and
-        yields None elsewhere)."""
-        if self.dims is not None:
-            with whole_model_on_rank0(self.ddp.module, self.dims) as whole:
-                yield whole
-        elif self.zero_stage == 3:
-            with self.ddp.gathered_params():
+        collective (every rank enters; ZeRO-3 gathers its shards first, then a grid rebuilds
+        the model from its stages and slices on rank 0 and yields None elsewhere)."""
+        gathered = self.ddp.gathered_params() if self.zero_stage == 3 else contextlib.nullcontext()
+        with gathered:
+            if self.dims is None:
                 yield self.ddp.module
-        else:
-            yield self.ddp.module
+            elif self.context is not None:  # rank 0 alone generates: whole sequences, no ring
+                self.ddp.module.model.context_parallel = None
+                try:
+                    yield self.ddp.module
+                finally:
+                    self.ddp.module.model.context_parallel = self.context
+            else:
+                with whole_model_on_rank0(self.ddp.module, self.dims) as whole:
+                    yield whole
 
     def split_like_policy(self, reference: torch.nn.Module) -> Any:
         """DPO's frozen reference, run as the policy is: on a grid cut into the same stage and
-        slices (trainer/model_parallel.py), else whole."""
+        slices (trainer/model_parallel.py), else whole; with context parallelism on its
+        share of every sequence."""
+        reference.model.context_parallel = self.context
         return reference if self.schedule is None else split_reference(reference, self.schedule)
 
     @property
@@ -177,15 +193,35 @@ def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
                                     use_distributed_optimizer=sharded_optimizer,
                                     overlap_step=parallel.comm_hook == "overlap_optim")
     if parallel.tensor_parallel * parallel.pipeline_parallel > 1:
+        # The schedule sums a tied embedding's two copies after the last backward, before
+        # DDP reduces them: no bucket may start reducing during that backward.
         ddp_config = dataclasses.replace(ddp_config, overlap_grad_reduce=False)
         ddp, optimizer, schedule, dims = parallelize_grid(
             model, parallel.tensor_parallel, parallel.pipeline_parallel,
             parallel.sequence_parallel, parallel.pp_schedule, stage, parallel.comm_hook,
-            ddp_config, optimizer_config)
-        return Parallelized(ddp, optimizer, None, stage, dims, schedule)
+            ddp_config, optimizer_config, context_parallel=parallel.context_parallel)
+        return Parallelized(ddp, optimizer, None, stage, dims, schedule,
+                            shard_sequences(model, dims))
+    context = None
+    if parallel.context_parallel > 1:  # the dp x cp group is every rank: DDP's default
+        check_parallel_shapes(model.config, dist.get_world_size(),
+                              context_parallel=parallel.context_parallel)
+        context = shard_sequences(model, ParallelDims(
+            dist.get_world_size(), context_parallel=parallel.context_parallel).build_groups())
     powersgd_state = (from_options(PowerSGDState, options, process_group=None)
                       if parallel.comm_hook == "powersgd" else None)
     wrapped, optimizer, hook_state = build_data_parallel(
         model, stage, ddp_config, optimizer_config, comm_hook=parallel.comm_hook,
         powersgd_state=powersgd_state)
-    return Parallelized(wrapped, optimizer, hook_state, stage)
+    return Parallelized(wrapped, optimizer, hook_state, stage, context=context)
+
+
+def shard_sequences(model: torch.nn.Module, dims: ParallelDims) -> ContextShard | None:
+    """Context parallelism's one change to the model: from now on it computes this rank's share
+    of every sequence it is given (parallel/context_parallel/context_shard.py); None when the
+    grid has no context-parallel dimension."""
+    if dims.context_parallel == 1:
+        return None
+    context = ContextShard.of(dims.cp_group)
+    model.model.context_parallel = context
+    return context

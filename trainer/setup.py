@@ -53,7 +53,12 @@ from trainer.metrics import MetricsLogger
 from trainer.model_parallel import DataShare, data_share, saved_data_leader_ranks
 from trainer.model_setup import build_model, run_tokenizer
 from trainer.options import TrainingOptions
-from trainer.parallelize import Parallelized, optimizer_layout, parallelize
+from trainer.parallelize import (
+    Parallelized,
+    effective_zero_stage,
+    optimizer_layout,
+    parallelize,
+)
 from trainer.rng_state import seed_everything
 from trainer.throughput import ThroughputMeter
 from trainer.training_checkpoint import check_optimizer_layout, restore_training_checkpoint
@@ -144,13 +149,14 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
         for note in notes:
             print(note, flush=True)
 
-    share = data_share(env.rank, env.world_size, options.parallel.tensor_parallel,
-                       options.parallel.pipeline_parallel)
+    parallel_options = options.parallel
+    share = data_share(env.rank, env.world_size, parallel_options.tensor_parallel,
+                       parallel_options.pipeline_parallel, parallel_options.context_parallel)
     eval_samples = options.eval.eval_iters * optimization.batch_size * share.world_size
     data, valid_dataset, collate_fn = build_train_data(
         data_options, seed=optimization.seed, batch_size=optimization.batch_size,
         eval_samples=eval_samples, rank=share.rank, world_size=share.world_size,
-        pin_memory=env.device.type == "cuda")
+        pin_memory=env.device.type == "cuda", sequence_multiple=share.sequence_multiple)
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
@@ -188,6 +194,8 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
                 dtype_name: str) -> str:
     """Which implementation runs each hot op and the optimizer, and why not a faster one."""
     choices = kernel_choices(env.device, DTYPES[dtype_name], model.config.head_dim)
+    if options.parallel.context_parallel > 1:
+        choices["attention"] = "ring (context parallel; plain matmul/softmax blocks in fp32)"
     optimizer_device = torch.device("cpu") if options.parallel.cpu_offload else env.device
     choices["adamw"] = adamw_implementation(optimizer_device)
     choices["torch.compile"] = "on" if options.system.compile else "off"
@@ -213,13 +221,11 @@ def _log_start(run: Run) -> None:
               flush=True)
         print(run.kernels, flush=True)
         kernels_already_reported(env.device, DTYPES[run.precision.dtype])
-        if run.parallel.dims is None:  # the plan knows data parallelism only
-            print(f"memory plan per rank (ZeRO stage {run.parallel.zero_stage}):\n"
-                  f"{memory_plan(run).render()}", flush=True)
-        else:
-            dims = run.parallel.dims
-            print(f"grid: {dims.pipeline_parallel} pipeline stages x {dims.data_parallel} "
-                  f"data parallel x {dims.tensor_parallel} tensor parallel", flush=True)
+        _print_memory_plan(run)
+        if run.parallel.context is not None:
+            context = run.parallel.context
+            print(f"context parallel: each sequence over {context.size} ranks, each holding "
+                  f"2 of its {2 * context.size} chunks (ring attention)", flush=True)
         if run.resumed_from is not None and run.counters.step >= run.stop_step:
             print(f"note: the run is already at step {run.counters.step} = --max_iters: "
                   "nothing to train; raise --max_iters to continue it", flush=True)
@@ -232,15 +238,44 @@ def whole_shape(config: Z2allConfig) -> Z2allForCausalLM:
         return Z2allForCausalLM(config)
 
 
-def memory_plan(run: Run) -> MemoryPlan:
-    """Rank 0's bytes for params, grads, optimizer state and activations, predicted from the
-    config (optimizer/memory_plan.py; `measure_memory` after the first step checks it)."""
-    options = run.options
-    return plan_memory(run.model.config, run.env.world_size, run.parallel.zero_stage,
-                       run.precision.dtype, options.optimization.batch_size,
-                       options.data.max_seq_len, options.model.activation_checkpointing,
-                       grad_reduce_in_fp32=options.parallel.grad_reduce_in_fp32,
-                       bucket_size=options.parallel.bucket_size, rank=run.env.rank,
+def _print_memory_plan(run: Run) -> None:
+    """Rank 0's plan; on a pipeline, each later stage's total too (the last holds the head)."""
+    world_size = run.env.world_size
+    plan = memory_plan(run.options, run.model.config, world_size, 0, run.precision.dtype)
+    print(f"memory plan per rank (ZeRO stage {run.parallel.zero_stage}):\n{plan.render()}",
+          flush=True)
+    dims = run.parallel.dims
+    if dims is None:
+        return
+    print(f"grid: {dims.pipeline_parallel} pipeline stages x {dims.data_parallel} data "
+          f"parallel x {dims.tensor_parallel} tensor parallel; the plan above is rank 0's "
+          "(stage 0)", flush=True)
+    for stage in range(1, dims.pipeline_parallel):
+        rank = dims.rank_of(stage, 0, 0, 0)
+        total = memory_plan(run.options, run.model.config, world_size, rank,
+                            run.precision.dtype).total
+        print(f"  stage {stage} (rank {rank}): total {total / 2**30:.3f} GiB  {total:,} B",
+              flush=True)
+
+
+def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, rank: int,
+                dtype: str) -> MemoryPlan:
+    """Rank `rank`'s bytes for params, grads, optimizer state and activations, predicted from
+    the options (optimizer/memory_plan.py); after the first step every rank's measured bytes
+    are logged next to it (`"kind": "memory"`, trainer/loop_actions.py). With context
+    parallelism a rank holds the activations of S/C tokens of each sequence, and the
+    data-parallel states are sharded over the dp x cp group."""
+    parallel, optimization = options.parallel, options.optimization
+    return plan_memory(config, world_size, effective_zero_stage(parallel), dtype,
+                       optimization.batch_size,
+                       options.data.max_seq_len // parallel.context_parallel,
+                       options.model.activation_checkpointing,
+                       grad_reduce_in_fp32=parallel.grad_reduce_in_fp32,
+                       bucket_size=parallel.bucket_size, rank=rank,
+                       tensor_parallel=parallel.tensor_parallel,
+                       pipeline_parallel=parallel.pipeline_parallel,
+                       pp_schedule=parallel.pp_schedule,
+                       micro_batches=optimization.gradient_accumulation_steps,
                        lora=options.lora.config())
 
 

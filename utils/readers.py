@@ -1,9 +1,10 @@
-"""Streaming readers for raw text data: `.jsonl`, `.json`, `.parquet`, `.txt` and `datasets`'
-`save_to_disk` folders (their `.arrow` shards).
+"""Streaming readers for raw text data, one file at a time: `.jsonl`, `.json`, `.parquet`,
+`.txt` and `.arrow` (the shards `datasets` writes).
 
 Every tool that reads a user's raw data (tokenizer training, pretokenization, SFT/DPO
-preprocessing) goes through this file, so all of them accept the same formats, stream in
-constant memory, and fail the same way on bad input.
+preprocessing, the trainer's stream, evaluation) goes through this file, so all of them accept
+the same formats, stream in constant memory, and fail the same way on bad input. Which files a
+data option names (a folder, a `datasets` folder's split, a Hub dataset) is utils/data_files.py.
 
 Formats (docs/design.md §2.1):
     .jsonl    one JSON object per line; read in binary, line by line, each line decoded as strict
@@ -12,11 +13,8 @@ Formats (docs/design.md §2.1):
     .parquet  read one record batch at a time (pyarrow), only the needed columns for texts.
     .txt      one document per line: line `n` becomes the record `{"text": line}` (and its text,
               whatever `text_key` names: the key only selects a field of .jsonl/.json/.parquet).
-    .arrow    an Arrow IPC stream, as `datasets` writes its shards: memory-mapped, one record
-              batch at a time. A folder written by `Dataset.save_to_disk` is read as the shards
-              its state.json lists (not its metadata JSON); one written by
-              `DatasetDict.save_to_disk` as its `train` split (name `<dir>/validation` or
-              `<dir>/test` to read another split).
+    .arrow    an Arrow IPC stream, as `datasets` writes its shards (save_to_disk folders, its
+              cache): memory-mapped, one record batch at a time.
 
 Numbering: `Record.number` is the 1-based line number for `.jsonl`/`.txt` and the 1-based
 record index for `.json`/`.parquet`/`.arrow`.
@@ -52,8 +50,7 @@ from __future__ import annotations
 
 import collections
 import json
-import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -64,11 +61,6 @@ import pyarrow.parquet as pq
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet", ".txt", ".arrow")
 PARQUET_BATCH_ROWS = 1024  # rows per record batch: bounds memory, amortises pyarrow's overhead
-# Data-like files no reader handles (convert them first): reported when a folder is scanned.
-LOOKS_LIKE_DATA = (".csv", ".tsv", ".ndjson", ".gz", ".bz2", ".xz", ".zst", ".zip")
-# Reports that z2all commands leave next to their output; not data when the folder is read back
-# (clean_pretrain_data writes clean_report.json beside its shards, the next step's input).
-TOOL_REPORTS = ("clean_report.json",)
 UTF8_BOM = b"\xef\xbb\xbf"  # some editors start UTF-8 files with it; it is not part of the data
 
 
@@ -97,60 +89,6 @@ class ReadStats:
     skipped: collections.Counter[str] = field(default_factory=collections.Counter)  # by reason
     blank_lines: int = 0  # whitespace-only lines of .jsonl/.txt (not records, not errors)
     bytes_read: int = 0  # of .jsonl/.txt files, for progress bars (others count 0)
-
-
-def find_data_files(
-    paths: str | Path | Iterable[str | Path],
-    extensions: Sequence[str] = SUPPORTED_EXTENSIONS,
-) -> list[Path]:
-    """Files named directly plus files under directories (recursively), sorted, no duplicates.
-
-    Hidden files and folders (name starting with ".") are ignored inside directories: they
-    include the temporary files of utils.atomic_io, which are never finished data.
-    """
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    found: set[Path] = set()
-    for path in map(Path, paths):
-        if path.is_dir() and (shards := _save_to_disk_shards(path)) is not None:
-            found.update(shards)
-        elif path.is_dir():
-            unreadable = []
-            for candidate in path.rglob("*"):
-                hidden = any(part.startswith(".") for part in candidate.relative_to(path).parts)
-                if not candidate.is_file() or hidden or candidate.name in TOOL_REPORTS:
-                    continue
-                if candidate.suffix.lower() in extensions:
-                    found.add(candidate)
-                elif candidate.suffix.lower() in LOOKS_LIKE_DATA:
-                    unreadable.append(candidate.relative_to(path).as_posix())
-            if unreadable:  # said, not silently dropped: the user may think they were read
-                shown = ", ".join(sorted(unreadable)[:5]) + (", ..." if len(unreadable) > 5 else "")
-                print(f"note: {path}: skipping {len(unreadable)} files of unsupported type: "
-                      f"{shown} (supported: {' '.join(extensions)})", file=sys.stderr)
-        elif path.is_file():
-            if path.suffix.lower() not in extensions:
-                raise ValueError(f"{path}: unsupported file type; expected one of {extensions}")
-            found.add(path)
-        else:
-            raise FileNotFoundError(f"no such file or directory: {path}")
-    return sorted(found)
-
-
-def _save_to_disk_shards(path: Path) -> list[Path] | None:
-    """The `.arrow` shards of a `datasets` save_to_disk folder (a DatasetDict: of its `train`
-    split), in order; None for any other folder."""
-    if (path / "dataset_dict.json").is_file():
-        splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
-        if "train" not in splits:
-            raise ValueError(f"{path}: a DatasetDict without a 'train' split (it has "
-                             f"{', '.join(splits)}): name a split's folder, e.g. "
-                             f"{path / splits[0]}")
-        path = path / "train"
-    if not (path / "state.json").is_file():
-        return None
-    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    return [path / shard["filename"] for shard in state["_data_files"]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,16 +283,3 @@ def iter_texts(
             continue
         stats.records_read += 1
         yield text
-
-
-def iter_texts_from(
-    paths: str | Path | Iterable[str | Path],
-    text_key: str | Sequence[str] = "text",
-    *,
-    skip_bad_records: bool = False,
-    stats: ReadStats | None = None,
-) -> Iterator[str]:
-    """`iter_texts` over every data file found by `find_data_files(paths)`, in sorted order."""
-    stats = stats if stats is not None else ReadStats()
-    for path in find_data_files(paths):
-        yield from iter_texts(path, text_key, skip_bad_records=skip_bad_records, stats=stats)

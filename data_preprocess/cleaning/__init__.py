@@ -2,10 +2,11 @@
 
 One concept per file, in the order a document meets them:
     text.py           Unicode normalisation and how text is cut into words, lines, paragraphs
-    filters.py        Gopher quality and repetition rules (and optional C4 line rules)
+    filters.py        Gopher quality and repetition rules (C4's line rules are not built yet)
     decontaminate.py  drop documents sharing a 13-word n-gram with an evaluation item
     minhash.py        MinHash signatures and LSH banding (bands x rows from a Jaccard threshold)
     dedup.py          exact duplicates, and near-duplicate clusters from LSH band buckets
+    external_sort.py  sorted runs on disk + a streaming k-way merge: band buckets in bounded RAM
     report.py         clean_report.json / .md: what went in, what came out, and why
 The command that runs them is data_preprocess/clean_pretrain_data.py.
 """

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from data_preprocess.cleaning.text import normal_words
-from utils.readers import find_data_files, iter_records
+from utils.data_files import find_data_files
+from utils.dataset_splits import EVAL_SPLITS
+from utils.readers import iter_records
 
 EVAL_EXTENSIONS = (".jsonl", ".json", ".parquet")
 
@@ -71,9 +73,11 @@ def string_fields(value: Any) -> Iterator[str]:
 
 
 def build_eval_index(paths: Sequence[str | Path], ngram: int, min_words: int) -> EvalIndex:
-    """Read every eval file under `paths` (a bad record stops with its file:line)."""
+    """Read every eval file `paths` name (a bad record stops with its file:line); a `datasets`
+    folder or Hub dataset gives its validation split, else its test split."""
     index = EvalIndex(ngram=ngram, min_words=min_words)
-    for path in find_data_files(paths, extensions=EVAL_EXTENSIONS):
+    for path in find_data_files(paths, extensions=EVAL_EXTENSIONS, splits=EVAL_SPLITS,
+                                option="--decontaminate"):
         for record in iter_records(path):
             for text in string_fields(record.data):
                 index.add(text)

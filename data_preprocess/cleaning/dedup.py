@@ -11,20 +11,30 @@ pairs; candidate pairs are joined into clusters with union-find, so A~B and B~C 
 cluster {A, B, C} even if A and C never met in a bucket; every cluster keeps its first.
 
 Memory: the band keys of all documents live on disk (one (documents x bands) .npy per input
-file); the buckets are formed one band at a time, reading only that band's column of every
-file, so at any moment RAM holds one key and one id per document (16 bytes), not the whole
-signature (4 bytes x 128 hashes).
+file, read a block of rows at a time); the buckets are formed one band at a time by an
+external sort of that band's (key, document) records (cleaning/external_sort.py), so RAM
+holds at most `run_records` records whatever the corpus size. What does grow with the
+corpus is the union-find, one entry per document that shares a bucket: the answer itself.
+
+Worked example, one band, documents 0-4 with keys [7, 3, 7, 9, 3]: sorted (key, document)
+records (3,1) (3,4) (7,0) (7,2) (9,3) make buckets {1, 4}, {0, 2}, {3}; union-find joins
+4 to 1 and 2 to 0, so documents 4 and 2 are near-duplicates of 1 and 0.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.lib import format as npy_format
 
+from data_preprocess.cleaning.external_sort import ExternalSorter
 from data_preprocess.cleaning.text import normal_words
+
+ROWS_PER_READ = 8192  # band-key rows read from a file at a time (8192 x 9 bands x 8 B = 590 KB)
 
 
 def exact_key(text: str) -> str:
@@ -66,32 +76,86 @@ class UnionFind:
             self.parent[max(first, second)] = min(first, second)
 
 
-def union_bucket_members(union_find: UnionFind, docs: np.ndarray, keys: np.ndarray) -> None:
-    """Join the documents that share a key (one band): sort by key, and every run of equal
-    keys is one bucket, whose members are all joined to its first."""
-    listed = docs >= 0  # -1: a row whose document was already dropped (an exact copy)
-    docs, keys = docs[listed], keys[listed]
-    order = np.lexsort((docs, keys))
-    sorted_keys, sorted_docs = keys[order], docs[order]
-    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-    sizes = np.diff(np.r_[starts, len(sorted_keys)])
-    for start, size in zip(starts[sizes > 1], sizes[sizes > 1]):
-        head = int(sorted_docs[start])
-        for other in sorted_docs[start + 1:start + size]:
-            union_find.union(head, int(other))
+@dataclass(frozen=True)
+class BandFile:
+    """One input file's band keys: row i of `path`, a (rows, bands) uint64 .npy written by
+    the analysis, holds the keys of document `first_document + i`."""
+
+    path: Path
+    first_document: int
+    rows: int
 
 
-def near_duplicates(band_files: Sequence[tuple[np.ndarray, Path]], bands: int) -> dict[int, int]:
+def npy_row_blocks(path: Path, rows_per_read: int) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+    """(the array's shape, the next block of rows) of a C-order .npy, read from the file.
+    Not memory-mapped: mapped pages count as resident once touched, so a mapped file read
+    to the end would sit in RAM whole, which this pass exists to avoid."""
+    with open(path, "rb") as handle:
+        version = npy_format.read_magic(handle)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"{path}: .npy version {version} (expected 1.0 or 2.0, np.save's)")
+        read_header = (npy_format.read_array_header_1_0 if version == (1, 0)
+                       else npy_format.read_array_header_2_0)
+        shape, fortran_order, dtype = read_header(handle)
+        if fortran_order or len(shape) != 2:
+            raise ValueError(f"{path}: expected a C-order 2-D array, got shape {shape}")
+        for start in range(0, shape[0], rows_per_read):
+            count = min(rows_per_read, shape[0] - start) * shape[1]
+            yield shape, np.fromfile(handle, dtype=dtype, count=count).reshape(-1, shape[1])
+
+
+def in_sorted(values: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Whether each item is in the sorted array `values` (a binary search per item, so a block
+    costs O(block x log values), not a pass over all of them)."""
+    if len(values) == 0:
+        return np.zeros(len(items), dtype=bool)
+    found = np.searchsorted(values, items).clip(max=len(values) - 1)
+    return values[found] == items
+
+
+def band_records(band_file: BandFile, band: int, bands: int,
+                 skip: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(keys, documents) of one band of one file, a block of rows at a time, without the
+    documents in `skip` (sorted: exact copies, already dropped)."""
+    first = band_file.first_document
+    for shape, rows in npy_row_blocks(band_file.path, ROWS_PER_READ):
+        if shape != (band_file.rows, bands) or rows.dtype != np.uint64:
+            raise ValueError(f"{band_file.path}: {shape} {rows.dtype} band keys, expected "
+                             f"({band_file.rows}, {bands}) uint64; delete {band_file.path.parent}"
+                             f" to analyse again")
+        docs = np.arange(first, first + len(rows), dtype=np.int64)
+        first += len(rows)
+        kept = ~in_sorted(skip, docs)
+        yield rows[kept, band], docs[kept]
+
+
+def union_buckets(union_find: UnionFind, pairs: Iterable[tuple[int, int]]) -> None:
+    """Join the documents that share a key. `pairs` are (key, document) in sorted order, so
+    every run of equal keys is one bucket, whose members are all joined to its first."""
+    bucket_key, head = None, -1
+    for key, doc in pairs:
+        if key == bucket_key:
+            union_find.union(head, doc)
+        else:  # a new bucket, whose first (smallest) document is `doc`
+            bucket_key, head = key, doc
+
+
+def near_duplicates(band_files: Sequence[BandFile], bands: int, skip: np.ndarray,
+                    work_dir: Path, run_records: int) -> dict[int, int]:
     """{document: the first of its cluster} for every document that is not first.
 
-    band_files: per input file, (the document numbers of its rows, the .npy of their band
-    keys, shape (rows, bands)); a document number of -1 marks a row to ignore.
+    Per band: every file's (key, document) records go through an external sort
+    (cleaning/external_sort.py: at most `run_records` in RAM, sorted runs spilled to a
+    directory of their own under `work_dir`), and the sorted stream is cut into buckets.
+    `skip`: document numbers to leave out (exact copies), sorted.
     """
+    skip = np.asarray(skip, dtype=np.int64)
     union_find = UnionFind()
     for band in range(bands):
-        docs = np.concatenate([ids for ids, _ in band_files] or [np.empty(0, np.int64)])
-        keys = np.concatenate([np.load(path, mmap_mode="r")[:, band] for _, path in band_files]
-                              or [np.empty(0, np.uint64)])
-        union_bucket_members(union_find, docs.astype(np.int64), keys)
+        with ExternalSorter(work_dir, run_records) as sorter:
+            for band_file in band_files:
+                for keys, docs in band_records(band_file, band, bands, skip):
+                    sorter.add(keys, docs)
+            union_buckets(union_find, sorter.sorted_pairs())
     return {doc: root for doc in list(union_find.parent)
             if (root := union_find.find(doc)) != doc}

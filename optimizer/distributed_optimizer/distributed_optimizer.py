@@ -128,8 +128,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 for piece, main in zip(shard.pieces, shard.main_pieces)]
 
     def main_pieces(self) -> list[MainPiece]:
-        return [MainPiece(piece.param, piece.param_start, piece.param_end, main)
-                for piece, main in self._owned_pieces()]
+        return [MainPiece(piece.param, piece.param_start, piece.param_end, main,
+                          shard.model_grad_shard[piece.shard_start:piece.shard_end])
+                for shard in self.bucket_shards
+                for piece, main in zip(shard.pieces, shard.main_pieces)]
 
     def _param_shapes(self) -> dict[str, list[int]]:
         return {name: list(param.shape) for param, name in self.param_names.items()}

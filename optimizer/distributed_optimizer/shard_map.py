@@ -61,18 +61,33 @@ def shard_range(bucket: Any, rank: int, world_size: int) -> tuple[int, int]:
     return rank * shard_size, (rank + 1) * shard_size
 
 
+def overlaps_with_shard(ranges: list[tuple[int, int]], shard_start: int, shard_end: int
+                        ) -> list[tuple[int, int, int]]:
+    """(index, low, high) for each [start, end) of `ranges` that meets the shard
+    [shard_start, shard_end), [low, high) being the common part; all in the flat coordinates
+    of one bucket or ZeRO-2/3 unit. The one interval cut behind every shard map: ZeRO-1's
+    buckets (below), ZeRO-2/3's units (optimizer/sharded_optimizer.py) and the memory plan."""
+    overlaps = []
+    for index, (start, end) in enumerate(ranges):
+        low, high = max(start, shard_start), min(end, shard_end)
+        if low < high:
+            overlaps.append((index, low, high))
+    return overlaps
+
+
+def pieces_in_range(params: list[Parameter], names: list[str], ranges: list[tuple[int, int]],
+                    shard_start: int, shard_end: int) -> list[ShardPiece]:
+    """The pieces of `params` (at flat `ranges`) inside the shard [shard_start, shard_end)."""
+    return [ShardPiece(param=params[index], name=names[index],
+                       param_start=low - ranges[index][0], param_end=high - ranges[index][0],
+                       shard_start=low - shard_start, shard_end=high - shard_start)
+            for index, low, high in overlaps_with_shard(ranges, shard_start, shard_end)]
+
+
 def pieces_in_shard(buffer: Any, bucket: Any, rank: int, world_size: int,
                     param_names: dict[Parameter, str]) -> list[ShardPiece]:
     """Intersect every parameter of `bucket` with rank `rank`'s shard (module docstring)."""
-    shard_start, shard_end = shard_range(bucket, rank, world_size)
-    pieces = []
-    for param in bucket.params:
-        buffer_start, buffer_end, _ = buffer.param_index_map[param]
-        start, end = buffer_start - bucket.offset, buffer_end - bucket.offset  # bucket-relative
-        overlap_start, overlap_end = max(start, shard_start), min(end, shard_end)
-        if overlap_start < overlap_end:
-            pieces.append(ShardPiece(
-                param=param, name=param_names[param],
-                param_start=overlap_start - start, param_end=overlap_end - start,
-                shard_start=overlap_start - shard_start, shard_end=overlap_end - shard_start))
-    return pieces
+    ranges = [(buffer.param_index_map[param][0] - bucket.offset,  # bucket-relative
+               buffer.param_index_map[param][1] - bucket.offset) for param in bucket.params]
+    return pieces_in_range(bucket.params, [param_names[param] for param in bucket.params],
+                           ranges, *shard_range(bucket, rank, world_size))

@@ -22,6 +22,12 @@ share of the global softmax,
 GQA: queries are viewed as [B, T, KV, G, D] (G = H / KV query heads per key/value head), so
 key/value keep their KV heads, and dK/dV sum over each group. Masks are bool [B or 1, Tq, Tk],
 True = may attend, the rule of `model.attention.attention_mask_for`.
+
+Memory: the scores of a block exist for `query_tile` queries at a time ([B, H, tile, Tk] and
+a few temporaries of that size), as flash attention tiles its queries: every row's softmax
+needs all of the block's keys but no other row, so tiles are independent. Without it one
+block of S/C queries x S/C keys (fp32, every head) would cost more memory than context
+parallelism saves on the other activations (bench/bench_parallel.py --context).
 """
 
 from __future__ import annotations
@@ -67,12 +73,34 @@ def _per_row(values: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return grouped.permute(0, 2, 3, 1)[..., None]
 
 
+QUERY_TILE = 256
+"""Queries whose scores exist at once (module docstring, Memory): 256 x 2048 keys x 32 heads
+in fp32 is 64 MiB."""
+
+
+def _query_tiles(num_queries: int, query_tile: int) -> list[slice]:
+    return [slice(start, start + query_tile) for start in range(0, num_queries, query_tile)]
+
+
+def _rows(allowed: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    return None if allowed is None else allowed[:, rows]
+
+
 def attend_block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 allowed: torch.Tensor | None, scale: float
+                 allowed: torch.Tensor | None, scale: float, query_tile: int = QUERY_TILE
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, Tq, H, D], lse [B, Tq, H]) of `query` on one block of keys/values
     ([B, Tk, KV, D]); allowed None = every pair. A row with no allowed key gets lse = -inf and
-    out = 0, which the merge rule weighs by exp(-inf) = 0."""
+    out = 0, which the merge rule weighs by exp(-inf) = 0. Computed `query_tile` rows at a
+    time."""
+    tiles = [_attend_tile(query[:, rows], key, value, _rows(allowed, rows), scale)
+             for rows in _query_tiles(query.shape[1], query_tile)]
+    return torch.cat([out for out, _ in tiles], dim=1), torch.cat([lse for _, lse in tiles], dim=1)
+
+
+def _attend_tile(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 allowed: torch.Tensor | None, scale: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     scores = _scores(query, key, allowed, scale)
     lse = scores.logsumexp(dim=-1, keepdim=True)  # [B, KV, G, Tq, 1]
     probs = torch.exp(scores - torch.where(lse.isinf(), 0.0, lse))  # exp(-inf - 0) = 0
@@ -92,10 +120,26 @@ def merge_into(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
 
 def block_grads(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 allowed: torch.Tensor | None, scale: float, lse: torch.Tensor,
-                grad_out: torch.Tensor, delta: torch.Tensor
+                grad_out: torch.Tensor, delta: torch.Tensor, query_tile: int = QUERY_TILE
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This block's share of (dQ [B, Tq, H, D], dK, dV [B, Tk, KV, D]), from the final lse
-    [B, Tq, H] of the rows and delta = rowsum(dO * O) [B, Tq, H]."""
+    [B, Tq, H] of the rows and delta = rowsum(dO * O) [B, Tq, H]; `query_tile` rows at a
+    time: dQ of each tile is its own, dK and dV add every tile's share."""
+    grad_query = torch.empty_like(query)
+    grad_key, grad_value = torch.zeros_like(key), torch.zeros_like(value)
+    for rows in _query_tiles(query.shape[1], query_tile):
+        tile_grads = _tile_grads(query[:, rows], key, value, _rows(allowed, rows), scale,
+                                 lse[:, rows], grad_out[:, rows], delta[:, rows])
+        grad_query[:, rows] = tile_grads[0]
+        grad_key += tile_grads[1]
+        grad_value += tile_grads[2]
+    return grad_query, grad_key, grad_value
+
+
+def _tile_grads(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                allowed: torch.Tensor | None, scale: float, lse: torch.Tensor,
+                grad_out: torch.Tensor, delta: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     num_kv_heads = key.shape[2]
     probs = torch.exp(_scores(query, key, allowed, scale) - _per_row(lse, num_kv_heads))
     grad_out_grouped = _grouped(grad_out, num_kv_heads)

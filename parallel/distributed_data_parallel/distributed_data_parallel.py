@@ -182,6 +182,11 @@ class DistributedDataParallel(nn.Module):
         finally:
             self._is_last_microbatch = True
 
+    def accumulated_grad(self, param: Parameter) -> torch.Tensor:
+        """`param.main_grad`: this rank's sum over the micro-batches until finish_grad_sync
+        reduces it (parallel/gradient_sync.py)."""
+        return param.main_grad
+
     def finish_grad_sync(self) -> None:
         """Launch what backward did not launch, and wait until every bucket is reduced."""
         some_unused = len(self._params_with_grad) < len(self._bucket_of_param)

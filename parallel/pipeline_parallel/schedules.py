@@ -30,6 +30,12 @@ and a receive that cross (send my output forward, receive a gradient from the sa
 are posted together (`batch_isend_irecv`) so that two neighbours waiting on each other cannot
 deadlock, as Megatron-LM's `send_forward_recv_backward` does.
 
+Data parallelism on top: the schedule is given the stage's data-parallel wrapper
+(`grad_sync`, parallel/gradient_sync.py: our DDP, or ZeRO-2/3's ShardedDataParallel) and runs
+every backward but the step's last inside its `no_sync()`, as the training loop's micro-batch
+loop does; the tied embedding's two copies are summed through its `accumulated_grad`. The
+caller's `finish_grad_sync()` follows the step.
+
 The last stage's loss is the mean cross-entropy of the micro-batch. A task with another loss
 (DPO) passes `step(micro_batches, loss_fn)`: the last stage then computes the token
 log-probs [B, S] (vocab-parallel under tensor parallelism: the logits are never gathered) and
@@ -39,6 +45,7 @@ over the micro-batches, reach every rank as `last_step_extras`.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +54,7 @@ import torch
 import torch.distributed as dist
 
 from model.modeling_z2all import Z2allForCausalLM
+from parallel.gradient_sync import GradientSync
 from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.stage import stage_forward, sync_tied_embedding_grads
 
@@ -54,6 +62,14 @@ SCHEDULES = ("afab", "1f1b")
 # (token log-probs [B, S] of the last stage, the micro-batch) -> (loss, metrics to log)
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]],
                   tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def micro_batches_in_flight(schedule: str, stages: int, stage: int, micro_batches: int) -> int:
+    """The most micro-batches whose activations stage `stage` holds at once (the drawings
+    above): afab all M, 1f1b min(P - s, M); 1 without a pipeline (its micro-batch loop)."""
+    if stages == 1:
+        return 1
+    return micro_batches if schedule == "afab" else min(stages - stage, micro_batches)
 
 
 @dataclass
@@ -69,11 +85,14 @@ class PipelineStepStats:
 
 class PipelineSchedule:
     def __init__(self, model: Z2allForCausalLM, dims: ParallelDims, schedule: str = "1f1b",
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False, grad_sync: GradientSync | None = None
+                 ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"--pp_schedule {schedule!r}: choose one of {list(SCHEDULES)}")
         self.model, self.dims, self.schedule = model, dims, schedule
         self.sequence_parallel = sequence_parallel
+        self.grad_sync = grad_sync
+        """The stage's data-parallel wrapper (module docstring), None without one."""
         self.activation_dtype = next(model.parameters()).dtype
         self.last_step_stats: PipelineStepStats | None = None
         self.last_step_extras: dict[str, float] = {}
@@ -132,7 +151,10 @@ class PipelineSchedule:
         """Backward of the oldest micro-batch still in flight; the gradient of its input."""
         start = time.perf_counter()
         stage_input, output = self._in_flight.pop(0)
-        torch.autograd.backward(output, grad_tensors=grad_output)
+        self._backwards_left -= 1
+        more_follow = self.grad_sync is not None and self._backwards_left > 0
+        with self.grad_sync.no_sync() if more_follow else contextlib.nullcontext():
+            torch.autograd.backward(output, grad_tensors=grad_output)
         self._compute_seconds += time.perf_counter() - start
         return stage_input.grad if stage_input is not None else None
 
@@ -205,6 +227,7 @@ class PipelineSchedule:
         self._extras: list[dict[str, torch.Tensor]] = []
         self._losses: list[torch.Tensor] = []
         self._in_flight: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+        self._backwards_left = len(micro_batches)
         self._compute_seconds = 0.0
         start = time.perf_counter()
         if self.schedule == "afab":
@@ -212,7 +235,7 @@ class PipelineSchedule:
         else:
             self._one_forward_one_backward(micro_batches)
         step_seconds = time.perf_counter() - start
-        sync_tied_embedding_grads(self.model, dims)
+        sync_tied_embedding_grads(self.model, dims, self.grad_sync)
         loss = (torch.stack(self._losses).mean() if dims.is_last_stage
                 else torch.zeros((), dtype=torch.float32,
                                  device=micro_batches[0]["input_ids"].device))

@@ -22,12 +22,16 @@ so the optimizer moves both copies identically (Megatron-LM's "embedding group")
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from model.modeling_z2all import Z2allForCausalLM
+from parallel.gradient_sync import GradientSync
 from parallel.parallel_dims import ParallelDims
+from parallel.sharded_data_parallel import blocks_and_owner_of
 
 
 def split_into_stage(model: Z2allForCausalLM, dims: ParallelDims) -> Z2allForCausalLM:
@@ -56,14 +60,23 @@ def tied_embedding_param(model: Z2allForCausalLM, dims: ParallelDims) -> nn.Para
     return None
 
 
-def sync_tied_embedding_grads(model: Z2allForCausalLM, dims: ParallelDims) -> None:
-    """Sum the two copies' gradients (the one the optimizer reads: DDP's `main_grad` if
-    present, else `.grad`), as if they were one Parameter. A frozen embedding (LoRA's base) has
-    none."""
+def zero_units(model: Z2allForCausalLM, dims: ParallelDims) -> Callable[[nn.Module], bool]:
+    """ZeRO-2/3's unit boundaries on this stage: its decoder blocks, and a tied embedding's
+    copy alone in a unit, so that both stages cut it into the same shards and
+    `sync_tied_embedding_grads` can sum them (parallel/sharded_data_parallel/)."""
+    return blocks_and_owner_of(tied_embedding_param(model, dims))
+
+
+def sync_tied_embedding_grads(model: Z2allForCausalLM, dims: ParallelDims,
+                              grad_sync: GradientSync | None = None) -> None:
+    """Sum the two copies' gradients, as if they were one Parameter: the ones the optimizer
+    reads, `grad_sync.accumulated_grad` with a data-parallel wrapper (DDP's `main_grad`,
+    ZeRO-2/3's shard of the same elements on both stages), else `.grad`. A frozen embedding
+    (LoRA's base) has none."""
     param = tied_embedding_param(model, dims)
     if param is None or not param.requires_grad:
         return
-    grad = param.main_grad if hasattr(param, "main_grad") else param.grad
+    grad = param.grad if grad_sync is None else grad_sync.accumulated_grad(param)
     dist.all_reduce(grad, group=dims.embedding_group)
 
 
@@ -73,9 +86,9 @@ def stage_forward(model: Z2allForCausalLM, dims: ParallelDims, stage_input: torc
     (`per_token`: its token log-probs [B, S], as `Z2allForCausalLM.token_log_probs`, for DPO).
     The model's own parts (`Z2allModel.forward` composes the same ones), those this stage
     holds: positions, RoPE and attention layout come from the whole micro-batch, whatever
-    part of the sequence `hidden` holds under sequence parallelism."""
+    part of the sequence `hidden` holds under sequence or context parallelism."""
     inner, input_ids = model.model, micro_batch["input_ids"]
-    hidden = inner.embed_tokens(input_ids) if dims.is_first_stage else stage_input
+    hidden = inner.embed(input_ids) if dims.is_first_stage else stage_input
     inputs = inner.block_inputs(micro_batch.get("attention_mask"), input_ids.shape[1], 0,
                                 hidden)
     hidden = inner.run_blocks(hidden, inputs)

@@ -6,6 +6,12 @@ shards is optimizer/sharded_optimizer.py.
 """
 
 from .flat_param_unit import FlatParamUnit
-from .sharded_data_parallel import ShardedDataParallel, is_decoder_block
+from .sharded_data_parallel import (
+    ShardedDataParallel,
+    blocks_and_owner_of,
+    group_into_units,
+    is_decoder_block,
+)
 
-__all__ = ["FlatParamUnit", "ShardedDataParallel", "is_decoder_block"]
+__all__ = ["FlatParamUnit", "ShardedDataParallel", "blocks_and_owner_of", "group_into_units",
+           "is_decoder_block"]

@@ -29,8 +29,17 @@ Gradient accumulation: every micro-batch's backward reduce-scatters into the sha
 inside `no_sync()`. Accumulating whole gradients and reducing once would need a full-size
 gradient per rank during all micro-batches, which is exactly the memory stage 2 removes
 (DeepSpeed's stage 2 and FSDP's default make the same choice). The price is one reduce-scatter
-per micro-batch instead of one per step; `no_sync()` is kept so that the training loop reads the
-same for every stage.
+per micro-batch instead of one per step. `no_sync()` keeps the meaning it has for our DDP,
+"more backwards of this step follow" (the same `GradientSync` protocol,
+parallel/gradient_sync.py): inside it the root unit stays gathered at the end of a backward.
+A pipeline runs several forwards before their backwards (afab: all of them), and the last
+stage's final norm needs its weight in every one of those backwards; the blocks are gathered
+again by their own pre-backward hooks.
+
+Pipeline stages: the wrapper wraps one stage's module over the data-parallel group; its units
+are the stage's blocks, plus (`blocks_and_owner_of`) the tied embedding's copy alone in a unit,
+so that its gradient shard is the same elements on the first and the last stage.
+`accumulated_grad(param)` hands that shard to the schedule, which sums it over both stages.
 
 Memory per rank, worked example: a 1B-parameter bf16 model (P = 1e9), W = 8, AdamW with fp32
 master weights (4 + 4 + 4 = 12 bytes per parameter of state):
@@ -64,6 +73,36 @@ def is_decoder_block(module: nn.Module) -> bool:
     return isinstance(module, DecoderBlock)
 
 
+def blocks_and_owner_of(param: Parameter | None) -> Callable[[nn.Module], bool]:
+    """Unit boundaries: every decoder block, and the module that owns `param` (None: blocks
+    only). A pipeline's tied embedding is two Parameters on two stages (the first stage's
+    embedding, the last stage's head) whose gradients are summed: alone in a unit, each is cut
+    into the same shards on both stages, so the two shards can be summed
+    (parallel/pipeline_parallel/stage.py)."""
+    def is_unit(module: nn.Module) -> bool:
+        return is_decoder_block(module) or (
+            param is not None and any(own is param for own in module.parameters(recurse=False)))
+    return is_unit
+
+
+def group_into_units(module: nn.Module, is_unit: Callable[[nn.Module], bool]
+                     ) -> tuple[list[tuple[nn.Module, list[Parameter]]], list[Parameter]]:
+    """([(unit module, its trainable parameters)] in module order, the root unit's parameters:
+    every other trainable one). A parameter shared by two units (tied) goes to the first. The
+    one grouping the wrapper and the memory plan (optimizer/memory_plan.py) both use."""
+    claimed: set[Parameter] = set()
+    units = []
+    for unit_module in module.modules():
+        if unit_module is module or not is_unit(unit_module):
+            continue
+        params = [p for p in unit_module.parameters() if p.requires_grad and p not in claimed]
+        if params:
+            units.append((unit_module, params))
+            claimed.update(params)
+    root = [p for p in module.parameters() if p.requires_grad and p not in claimed]
+    return units, root
+
+
 class ShardedDataParallel(nn.Module):
     """Wrap `module` for ZeRO stage 2 or 3 over `process_group` (default: all ranks).
 
@@ -88,16 +127,10 @@ class ShardedDataParallel(nn.Module):
         grad_dtype = torch.float32 if grad_reduce_in_fp32 else None
 
         # Step 1: one unit per matching submodule (in forward order), the rest is the root unit.
-        unit_modules = [m for m in module.modules() if m is not module and is_unit(m)]
-        claimed: set[Parameter] = set()
-        self._block_units: list[tuple[nn.Module, FlatParamUnit]] = []
-        for unit_module in unit_modules:
-            params = [p for p in unit_module.parameters() if p.requires_grad and p not in claimed]
-            if params:
-                unit = self._new_unit(params, grad_dtype)
-                self._block_units.append((unit_module, unit))
-                claimed.update(params)
-        root_params = [p for p in module.parameters() if p.requires_grad and p not in claimed]
+        unit_groups, root_params = group_into_units(module, is_unit)
+        self._block_units: list[tuple[nn.Module, FlatParamUnit]] = [
+            (unit_module, self._new_unit(params, grad_dtype))
+            for unit_module, params in unit_groups]
         self.root_unit = self._new_unit(root_params, grad_dtype) if root_params else None
         # Root first: in forward it is used first (embeddings), in backward it finishes last.
         self.units: list[FlatParamUnit] = (([self.root_unit] if self.root_unit else [])
@@ -115,6 +148,7 @@ class ShardedDataParallel(nn.Module):
             if self.root_unit is not None:
                 self._register_root_gather(module)
         self._backward_callback_queued = False
+        self._more_backwards_follow = False  # inside no_sync()
         self._pinned = False  # inside gathered_params(): no hook frees anything
         self._in_backward: set[FlatParamUnit] = set()
         self._reducing: list[FlatParamUnit] = []
@@ -207,19 +241,36 @@ class ShardedDataParallel(nn.Module):
         self._reducing = []
         self._in_backward.clear()
         if not self._pinned:
-            self.reshard()
+            self.reshard(keep_root=self._more_backwards_follow)
 
-    def reshard(self) -> None:
-        """Stage 3: free every gathered unit (a no-op at stage 2, whose params stay whole)."""
+    def reshard(self, keep_root: bool = False) -> None:
+        """Stage 3: free every gathered unit, or all but the root (a no-op at stage 2, whose
+        params stay whole)."""
         for unit in self.units:
-            unit.free_params()
+            if not (keep_root and unit is self.root_unit):
+                unit.free_params()
 
-    # ---- the interface the training loop uses (same as our DDP) -----------------------------
+    # ---- the interface the training loop uses (same as our DDP: GradientSync) ---------------
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Kept for a uniform loop: sharded gradients are reduced every micro-batch (see the
-        module docstring), so there is nothing to skip."""
-        yield
+        """Backwards inside this block are not the step's last: sharded gradients are still
+        reduced every micro-batch (module docstring), but the root unit stays gathered."""
+        self._more_backwards_follow = True
+        try:
+            yield
+        finally:
+            self._more_backwards_follow = False
+
+    def accumulated_grad(self, param: Parameter) -> torch.Tensor:
+        """This rank's shard of `param`'s gradient, averaged over the group and summed over the
+        micro-batches so far. Only for a parameter alone in its unit (`blocks_and_owner_of`):
+        elsewhere the shard also holds other parameters' elements."""
+        unit, _ = self._unit_of_param[param]
+        if len(unit.params) != 1:
+            raise ValueError(f"{self.param_names[param]} shares its ZeRO unit with other "
+                             "parameters: build the wrapper with is_unit=blocks_and_owner_of("
+                             "param) to give it a unit of its own")
+        return unit.grad_shard
 
     def finish_grad_sync(self) -> None:
         """Every reduction already finished at the end of backward; nothing is left to wait."""

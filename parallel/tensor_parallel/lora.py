@@ -55,11 +55,14 @@ class _TensorParallelLoraLinear(LoraLinear):
     """A LoraLinear holding this rank's slices of a whole one (module docstring)."""
 
     def __init__(self, whole: LoraLinear, local_slice: LocalSlice, group: dist.ProcessGroup,
-                 sequence_parallel: bool, row_slices: list[tuple[str, int]]) -> None:
+                 sequence_parallel: bool) -> None:
         adapters = {name: (local_slice(f"lora_A.{name}", whole.lora_A[name].detach()),
                            local_slice(f"lora_B.{name}", whole.lora_B[name].detach()))
                     for name in whole.lora_A}
         local_weight = torch.nn.Parameter(local_slice("weight", whole.weight.detach()))
+        # Output rows per row slice: each slice's rows split T ways where the rows are split.
+        split = whole.weight.shape[0] // local_weight.shape[0]
+        row_slices = [(name, rows // split) for name, rows in whole.row_slices]
         super().__init__(linear_with_weight(local_weight), row_slices, whole.config, adapters)
         self.group = group
         self.sequence_parallel = sequence_parallel
@@ -67,12 +70,6 @@ class _TensorParallelLoraLinear(LoraLinear):
 
 class ColumnParallelLoraLinear(_TensorParallelLoraLinear):
     """The base split by output rows: W_r x + s B_r (A x) per row slice; A's gradient summed."""
-
-    def __init__(self, whole: LoraLinear, local_slice: LocalSlice, group: dist.ProcessGroup,
-                 sequence_parallel: bool) -> None:
-        size = dist.get_world_size(group)
-        local_rows = [(name, rows // size) for name, rows in whole.row_slices]
-        super().__init__(whole, local_slice, group, sequence_parallel, local_rows)
 
     def adapter_weights(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         return copy_to_region(self.lora_A[name], self.group), self.lora_B[name]
@@ -86,10 +83,6 @@ class ColumnParallelLoraLinear(_TensorParallelLoraLinear):
 class RowParallelLoraLinear(_TensorParallelLoraLinear):
     """The base split by input columns: the partial W_r x_r + s B (A_r x_r), reduced once;
     B's gradient summed."""
-
-    def __init__(self, whole: LoraLinear, local_slice: LocalSlice, group: dist.ProcessGroup,
-                 sequence_parallel: bool) -> None:
-        super().__init__(whole, local_slice, group, sequence_parallel, whole.row_slices)
 
     def adapter_weights(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         return self.lora_A[name], copy_to_region(self.lora_B[name], self.group)

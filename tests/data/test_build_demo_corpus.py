@@ -13,7 +13,8 @@ from data.build_demo_corpus import build, main, pretrain_scenes
 from data.demo_tasks import TASKS, is_correct
 from data.dirty_corpus import BOILERPLATE
 from data.shakespeare import play_files
-from utils.readers import find_data_files, iter_records, iter_texts
+from utils.data_files import find_data_files
+from utils.readers import iter_records, iter_texts
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import json
 import random
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ from data_preprocess.pretokenize_chat import pretokenize_chat_data
 from dataset.chat_store import ChatTokenStore
 from dataset.dataset_dpo import DPOCollator, DPODataset
 from dataset.dataset_sft import SFTCollator, SupervisedDataset
+from tests.hf_cache_helpers import parquet_bytes, put_dataset_in_hf_cache, use_offline_hf_cache
 from tests.megatron_spec_reader import read_by_spec
 from tokenizer import load_tokenizer
 from utils.conversation import render_conversation
@@ -228,3 +230,34 @@ def test_dpo_truncation_policy(tmp_path, tiny_hf_tokenizer_dir):
         assert dataset[index]["rejected_input_ids"].tolist() == rejected
     with pytest.raises(ValueError, match="longer than max_seq_len=32"):
         DPODataset(ChatTokenStore(tmp_path / "out", "dpo", max_seq_len=32))
+
+
+@pytest.mark.parametrize("kind", ["sft", "dpo"])
+def test_a_hub_dataset_id_gives_the_bytes_of_the_same_records(kind, tmp_path, monkeypatch,
+                                                              tiny_hf_tokenizer_dir):
+    """SFT/DPO records of a Hub dataset (`train` split, .jsonl and .parquet files) render to the
+    bytes of the same records in a local folder."""
+    rng = random.Random()
+    if kind == "sft":
+        records = [record for record, _ in sft_records(rng, 8)]
+    else:
+        records = [{"prompt": text(rng), "chosen": text(rng), "rejected": text(rng)}
+                   for _ in range(8)]
+    first, second = records[:4], records[4:]
+    write_jsonl(tmp_path / "local/a.jsonl", first)
+    write_jsonl(tmp_path / "local/b.jsonl", second)
+    hub_cache = use_offline_hf_cache(tmp_path / "hf_home", monkeypatch)
+    as_jsonl = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in first)
+    parquet = parquet_bytes(pa.Table.from_pylist(second)) if kind == "dpo" else \
+        "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in second)
+    put_dataset_in_hf_cache(hub_cache, f"org/{kind}", {
+        "train/a.jsonl": as_jsonl, f"train/b.{'parquet' if kind == 'dpo' else 'jsonl'}": parquet,
+        "test/c.jsonl": as_jsonl})
+    for source, out in ((f"hf:org/{kind}", "out_hub"), (tmp_path / "local", "out_local")):
+        pretokenize_chat_data(kind, source, tiny_hf_tokenizer_dir, 256, tmp_path / out,
+                              num_workers=0)
+    for name in ("a", "b"):
+        for suffix in (".bin", ".idx"):
+            assert (tmp_path / "out_hub/train" / name).with_suffix(suffix).read_bytes() == \
+                (tmp_path / "out_local" / name).with_suffix(suffix).read_bytes()
+    assert not (tmp_path / "out_hub/test").exists()

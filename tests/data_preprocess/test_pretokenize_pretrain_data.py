@@ -22,8 +22,10 @@ from tqdm import tqdm
 from data_preprocess import pretokenize_pretrain_data as pretokenize_module
 from data_preprocess import worker_pool
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
+from tests.hf_cache_helpers import parquet_bytes, put_dataset_in_hf_cache, use_offline_hf_cache
 from tests.megatron_spec_reader import read_by_spec
 from tokenizer import load_tokenizer
+from utils.cli_errors import run_main
 from utils.readers import BadRecordError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -237,3 +239,31 @@ def test_a_save_to_disk_dataset_gives_the_bytes_of_the_same_texts_as_jsonl(
     with pytest.raises(BadRecordError, match=rf"{shard}:1: corrupt_arrow"):
         pretokenize_pretrain_data(tmp_path / "saved", tiny_hf_tokenizer_dir, tmp_path / "bad",
                                   num_workers=1)
+
+
+def test_a_hub_dataset_id_gives_the_bytes_of_the_same_texts_as_jsonl(
+        tmp_path, monkeypatch, capsys, tiny_hf_tokenizer_dir):
+    """`--data_dir hf:org/name` reads the dataset's `train` files from an offline HF cache (its
+    test split left out) and writes the tokens of the same texts as a .jsonl; without an
+    --out_dir (the default would sit next to the id) it is refused in one line."""
+    hub_cache = use_offline_hf_cache(tmp_path / "hf_home", monkeypatch)
+    texts = [random_text(random.Random(seed)) for seed in range(30)]
+    (tmp_path / "jsonl").mkdir()
+    (tmp_path / "jsonl/data.jsonl").write_text(
+        "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts))
+    put_dataset_in_hf_cache(hub_cache, "org/texts", {
+        "data/train-00000-of-00001.parquet": parquet_bytes(pa.table({"text": texts})),
+        "data/test-00000-of-00001.parquet": parquet_bytes(pa.table({"text": ["held out"]}))})
+    common = ["--tokenizer_dir", str(tiny_hf_tokenizer_dir), "--num_workers", "0"]
+    for source, out in (("hf:org/texts", "out_hub"), (str(tmp_path / "jsonl"), "out_jsonl")):
+        assert run_main(pretokenize_module.main,
+                        ["--data_dir", source, "--out_dir", str(tmp_path / out), *common]) == 0
+    hub_bins = sorted((tmp_path / "out_hub").rglob("*.bin"))
+    assert [path.relative_to(tmp_path / "out_hub").as_posix() for path in hub_bins] == \
+        ["data/train-00000-of-00001.bin"]
+    assert hub_bins[0].read_bytes() == (tmp_path / "out_jsonl/data.bin").read_bytes()
+    capsys.readouterr()
+    assert run_main(pretokenize_module.main, ["--data_dir", "hf:org/texts", *common]) == 2
+    assert capsys.readouterr().err == ("error: --data_dir hf:org/texts names data by id or "
+                                       "split: give --out_dir (the default, <data_dir>_pretok, "
+                                       "is for a folder)\n")

@@ -32,9 +32,6 @@ from utils.precision import DTYPES
 
 BUCKET_SIZE = 5000  # several buckets, each padded
 LORA = LoraConfig(rank=2, targets="q_proj,v_proj,down_proj")
-# measure_memory's keys -> the plan's lines that predict them
-MEASURED_LINES = {"params": ("params",), "grads": ("grads",),
-                  "optimizer": ("adam_state", "fp32_master"), "frozen_base": ("frozen_base",)}
 CONFIG = dict(vocab_size=203, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, intermediate_size=72, max_position_embeddings=32)
 
@@ -60,9 +57,7 @@ def planned_and_measured(rank: int, world_size: int) -> list[tuple]:
             measured = measure_memory(wrapped, optimizer)
             plan = plan_memory(config, world_size, zero_stage, dtype, batch_size=2,
                                max_seq_len=16, bucket_size=BUCKET_SIZE, rank=rank, lora=lora)
-            planned = {name: sum(line.bytes for line in plan.lines if line.name in lines)
-                       for name, lines in MEASURED_LINES.items()}
-            results.append((dtype, lora is not None, zero_stage, planned, measured))
+            results.append((dtype, lora is not None, zero_stage, plan.as_measured(), measured))
     return results
 
 

@@ -8,10 +8,12 @@ runs compute the same gradients up to float rounding.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from model.modeling_z2all import Z2allForCausalLM
+from parallel.context_parallel.context_shard import ContextShard
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
@@ -30,6 +32,22 @@ in one run and 1e-9 of rounding noise in the other moves a weight by a whole lr.
 bounds that to lr * 1e-7 / 1e-4 = 1e-5 per step for fp32 rounding of 1e-7."""
 ModelBuilder = Callable[[], Z2allForCausalLM]
 """Builds the same whole model on every call (and in every rank): seeded or loaded."""
+
+
+class Grid(NamedTuple):
+    """One row of a grid table; a table's plain tuples may leave out context_parallel."""
+    world: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    sequence_parallel: bool
+    schedule: str
+    micro_batches: int
+    context_parallel: int = 1
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world // (self.tensor_parallel * self.pipeline_parallel
+                              * self.context_parallel)
 
 
 def tiny_model() -> Z2allForCausalLM:
@@ -89,25 +107,29 @@ def train_single_process(data_parallel: int, num_micro: int, steps: int = STEPS,
 def train_on_grid(world_size: int, tensor_parallel: int, pipeline_parallel: int,
                   sequence_parallel: bool, schedule: str, num_micro: int,
                   steps: range = range(STEPS), resume_from: tuple[dict, dict] | None = None,
-                  build_model: ModelBuilder = tiny_model,
+                  build_model: ModelBuilder = tiny_model, context_parallel: int = 1,
                   ) -> tuple[list[float], dict | None, dict | None]:
     """Run inside a rank: (losses, whole-model state dict and Adam moments by name on rank 0,
     else None, None). `resume_from`: a whole-model (state dict, moments) saved after step
-    `steps.start - 1`, loaded through the layout-neutral checkpoint functions."""
-    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel).build_groups()
+    `steps.start - 1`, loaded through the layout-neutral checkpoint functions. The C ranks of
+    a context-parallel group read the same micro-batches, each computes its share of them."""
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel,
+                        context_parallel).build_groups()
     model = build_model()
     split_into_stage(model, dims)
     if tensor_parallel > 1:
         parallelize_model(model, dims, sequence_parallel)
+    if context_parallel > 1:
+        model.model.context_parallel = ContextShard.of(dims.cp_group)
     if resume_from is not None:
         full_state, full_moments = resume_from
         model.load_state_dict(shard_full_tensors(full_state, list(model.state_dict()),
                                                  model.config, dims))
     ddp = None
-    if dims.data_parallel > 1:  # our DDP, averaging over the data-parallel group only
+    if dims.data_parallel * context_parallel > 1:  # our DDP, averaging over dp x cp only
         ddp = DistributedDataParallel(model, DistributedDataParallelConfig(
-            bucket_size=None, overlap_grad_reduce=False), process_group=dims.dp_group)
-    pipeline = PipelineSchedule(model, dims, schedule, sequence_parallel)
+            bucket_size=None, overlap_grad_reduce=False), process_group=dims.dp_cp_group)
+    pipeline = PipelineSchedule(model, dims, schedule, sequence_parallel, grad_sync=ddp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS)
     if resume_from is not None:
         names = [name for name, _ in model.named_parameters()]
@@ -121,7 +143,7 @@ def train_on_grid(world_size: int, tensor_parallel: int, pipeline_parallel: int,
             ddp.finish_grad_sync()
             for param in model.parameters():
                 param.grad = param.main_grad
-            torch.distributed.all_reduce(loss, group=dims.dp_group)
+            torch.distributed.all_reduce(loss, group=dims.dp_group)  # (whole on cp ranks)
             loss /= dims.data_parallel
         optimizer.step()
         optimizer.zero_grad()
@@ -136,12 +158,14 @@ def train_on_grid(world_size: int, tensor_parallel: int, pipeline_parallel: int,
 
 def train_grids(rank: int, world_size: int, grids: dict[str, tuple],
                 build_model: ModelBuilder = tiny_model) -> dict:
-    """Inside a rank, train each grid (`train_on_grid`'s first six arguments) from
-    `build_model()`. Per grid: (losses, whole state as numpy arrays on rank 0: they pickle by
-    value, torch tensors would travel as shared-memory handles that die with this process)."""
+    """Inside a rank, train each grid (a `Grid`'s fields) from `build_model()`. Per grid:
+    (losses, whole state as numpy arrays on rank 0: they pickle by value, torch tensors would
+    travel as shared-memory handles that die with this process)."""
     results = {}
-    for name, grid in grids.items():
-        losses, state, _ = train_on_grid(*grid, build_model=build_model)
+    for name, row in grids.items():
+        grid = Grid(*row)
+        losses, state, _ = train_on_grid(*grid[:6], build_model=build_model,
+                                         context_parallel=grid.context_parallel)
         results[name] = (losses, state and {key: t.numpy() for key, t in state.items()})
     return results
 
@@ -150,10 +174,11 @@ def assert_grids_equal_single_process(results: list[dict], grids: dict[str, tupl
                                       build_model: ModelBuilder = tiny_model) -> None:
     """`train_grids`' per-rank results equal one process training the same global batches:
     the loss of every step on every rank, and every weight after the last step."""
-    for name, (world, tp, pp, _, _, num_micro) in grids.items():
-        ref_losses, ref_state, _ = train_single_process(world // (tp * pp), num_micro,
+    for name, row in grids.items():
+        grid = Grid(*row)
+        ref_losses, ref_state, _ = train_single_process(grid.data_parallel, grid.micro_batches,
                                                         build_model=build_model)
-        for rank in range(world):  # every rank reports the same (global) loss
+        for rank in range(grid.world):  # every rank reports the same (global) loss
             torch.testing.assert_close(results[rank][name][0], ref_losses, rtol=1e-5, atol=1e-6,
                                        msg=f"{name}: losses differ on rank {rank}")
         state = {key: torch.from_numpy(a) for key, a in results[0][name][1].items()}

@@ -165,10 +165,11 @@ def test_ring_attention_equals_torch_context_parallel():
                     f"here: {why_not}")
 
 
-def test_merged_blocks_and_block_grads_equal_full_attention():
+@pytest.mark.parametrize("query_tile", [12, 5], ids=["one_tile", "tiles_of_5"])
+def test_merged_blocks_and_block_grads_equal_full_attention(query_tile):
     """The arithmetic alone, one process: attention on two key blocks merged with the lse rule,
     and the blocks' gradients from the final lse, equal SDPA on all keys (a padded, packed
-    mask; GQA)."""
+    mask; GQA); the same when the queries go through in tiles (the last one shorter)."""
     query, key, value, weights = (tensor[:, :12] for tensor in _full_inputs(16))
     sample_ids = torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 0, 0],   # packed, then padding
                                [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]])  # left-padded
@@ -181,13 +182,15 @@ def test_merged_blocks_and_block_grads_equal_full_attention():
     blocks = [slice(0, 5), slice(5, 12)]
     masks = [allowed_pairs(positions, positions[keys], sample_ids, sample_ids[:, keys])
              for keys in blocks]
-    out, lse = attend_block(query, key[:, blocks[0]], value[:, blocks[0]], masks[0], scale)
+    out, lse = attend_block(query, key[:, blocks[0]], value[:, blocks[0]], masks[0], scale,
+                            query_tile)
     merge_into(out, lse, *attend_block(query, key[:, blocks[1]], value[:, blocks[1]],
-                                       masks[1], scale))
+                                       masks[1], scale, query_tile))
     torch.testing.assert_close(out, expected.detach())
 
     delta = (weights * out).sum(dim=-1)
-    grads = [block_grads(query, key[:, keys], value[:, keys], mask, scale, lse, weights, delta)
+    grads = [block_grads(query, key[:, keys], value[:, keys], mask, scale, lse, weights, delta,
+                         query_tile)
              for keys, mask in zip(blocks, masks)]
     torch.testing.assert_close(grads[0][0] + grads[1][0], full[0].grad)
     for index, reference in ((1, full[1].grad), (2, full[2].grad)):

@@ -1,8 +1,10 @@
-"""An HF Llama-3-style base (RoPE scaled, llama3 or linear) trains on a tensor/pipeline grid
-exactly as in one process, and one process scores it as transformers does.
+"""An HF Llama-3-style base (RoPE scaled, llama3 or linear) trains on a tensor/pipeline or
+context-parallel grid exactly as in one process, and one process scores it as transformers does.
 
 A stage that computed RoPE without `config.rope_scaling` would train another model than the
-one its checkpoint describes: the loss differs from the first step.
+one its checkpoint describes, and so would a context-parallel rank that rotated its tokens by
+their positions in its shard instead of in the whole sequence: the loss differs from the
+first step.
 """
 
 from __future__ import annotations
@@ -17,18 +19,20 @@ from model.modeling_z2all import Z2allForCausalLM
 from parallel.local_ranks import run_on_ranks
 from tests.model.hf_llama_dirs import random_hf_dir
 from tests.parallel.grid_helpers import (
+    Grid,
     assert_grids_equal_single_process,
     micro_batches_of,
     train_grids,
 )
 
 # name: (RoPE variant of random_hf_dir, (world, tensor_parallel, pipeline_parallel,
-# sequence_parallel, schedule, micro-batches))
+# sequence_parallel, schedule, micro-batches[, context_parallel]): grid_helpers.Grid)
 CASES = {
     "llama3_tp2": ("llama3", (2, 2, 1, False, "1f1b", 2)),
     "llama3_pp2": ("llama3", (2, 1, 2, False, "1f1b", 2)),
     "llama3_tp2xpp2": ("llama3", (4, 2, 2, True, "1f1b", 2)),
     "linear_pp2": ("linear", (2, 1, 2, False, "afab", 2)),
+    "llama3_cp2": ("llama3", (2, 1, 1, False, "1f1b", 2, 2)),
 }
 
 
@@ -51,12 +55,12 @@ def test_rope_scaled_hf_base_on_grid_equals_one_process(case, tmp_path):
     variant, grid = CASES[case]
     hf_model, hf_dir = random_hf_dir(tmp_path, variant)
     build_model = partial(Z2allForCausalLM.from_hf, hf_dir)
-    world_size, num_micro = grid[0], grid[-1]
-    results = run_on_ranks(train_grids, {case: grid}, build_model, world_size=world_size,
+    results = run_on_ranks(train_grids, {case: grid}, build_model, world_size=Grid(*grid).world,
                            timeout=600)
     assert_grids_equal_single_process(results, {case: grid}, build_model)
 
-    first_step = micro_batches_of(step=0, data_parallel=1, num_micro=num_micro)[0]
+    first_step = micro_batches_of(step=0, data_parallel=1,
+                                  num_micro=Grid(*grid).micro_batches)[0]
     with torch.no_grad():
         torch.testing.assert_close(_step1_loss(build_model(), first_step),
                                    _step1_loss(hf_model, first_step), rtol=1e-5, atol=1e-6)

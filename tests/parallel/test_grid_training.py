@@ -1,4 +1,5 @@
-"""Tensor, pipeline and data parallelism, alone and combined, train exactly like one process.
+"""Tensor, pipeline, context and data parallelism, alone and combined, train exactly like one
+process.
 
 Each grid trains the tiny model 3 steps on the same global batches as a single process with
 AdamW; losses and every weight (gathered whole on rank 0) must agree to fp32 rounding.
@@ -11,8 +12,10 @@ import pytest
 from parallel.local_ranks import run_on_ranks
 from tests.parallel.grid_helpers import assert_grids_equal_single_process, train_grids
 
-# name: (world, tensor_parallel, pipeline_parallel, sequence_parallel, schedule, micro-batches)
+# name: (world, tensor_parallel, pipeline_parallel, sequence_parallel, schedule, micro-batches
+# [, context_parallel]): grid_helpers.Grid
 TWO_RANK_GRIDS = {
+    "cp2": (2, 1, 1, False, "1f1b", 2, 2),
     "tp2": (2, 2, 1, False, "1f1b", 2),
     "tp2_sequence_parallel": (2, 2, 1, True, "1f1b", 2),
     "pp2_afab": (2, 1, 2, False, "afab", 3),
@@ -22,6 +25,9 @@ FOUR_RANK_GRIDS = {
     "dp2xtp2": (4, 2, 1, True, "1f1b", 2),
     "dp2xpp2": (4, 1, 2, False, "1f1b", 3),
     "tp2xpp2": (4, 2, 2, True, "1f1b", 3),
+    "dp2xcp2": (4, 1, 1, False, "1f1b", 2, 2),
+    "cp2xtp2": (4, 2, 1, False, "1f1b", 2, 2),
+    "cp2xtp2_sequence_parallel": (4, 2, 1, True, "1f1b", 2, 2),
 }
 
 

@@ -10,20 +10,27 @@ from parallel.parallel_dims import ParallelDims, check_parallel_shapes
 from tests.model.model_helpers import small_config
 
 
-def test_groups_partition_ranks_and_agree_with_coordinates():
-    dims = ParallelDims(world_size=8, tensor_parallel=2, pipeline_parallel=2)
+@pytest.mark.parametrize("sizes, first_groups", [
+    (dict(tensor_parallel=2, pipeline_parallel=2),  # the docstring's first worked example
+     {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]], "pp": [[0, 4], [1, 5]]}),
+    (dict(tensor_parallel=2, context_parallel=2),  # its second: D = 2, C = 2, T = 2
+     {"cp": [[0, 2], [1, 3]], "dp": [[0, 4], [1, 5]], "dp_cp": [[0, 2, 4, 6], [1, 3, 5, 7]]}),
+], ids=["tp2_pp2", "cp2_tp2"])
+def test_groups_partition_ranks_and_agree_with_coordinates(sizes, first_groups):
+    dims = ParallelDims(world_size=8, **sizes)
     assert dims.data_parallel == 2
     groups = dims.group_ranks()
-    assert groups["tp"][:2] == [[0, 1], [2, 3]]  # the docstring's worked example
-    assert groups["dp"][:2] == [[0, 2], [1, 3]]
-    assert groups["pp"][:2] == [[0, 4], [1, 5]]
-    for dimension, position in (("pp", 0), ("dp", 1), ("tp", 2)):
+    for dimension, expected in first_groups.items():
+        assert groups[dimension][:2] == expected, dimension
+    axes = ("pp", "dp", "cp", "tp")  # the order of `coordinates`
+    for dimension in ("pp", "dp", "cp", "tp", "dp_cp"):
+        varying = [axes.index(axis) for axis in dimension.split("_")]
         assert sorted(itertools.chain(*groups[dimension])) == list(range(8))
-        for ranks in groups[dimension]:  # inside a group only that coordinate changes
+        for ranks in groups[dimension]:  # inside a group only its coordinates change
             coords = [dims.coordinates(rank) for rank in ranks]
-            assert [c[position] for c in coords] == list(range(len(ranks)))
-            others = {tuple(c[i] for i in range(3) if i != position) for c in coords}
-            assert len(others) == 1
+            assert len({tuple(c[i] for i in varying) for c in coords}) == len(ranks)
+            assert len({tuple(c[i] for i in range(4) if i not in varying)
+                        for c in coords}) == 1
     for rank in range(8):
         assert dims.rank_of(*dims.coordinates(rank)) == rank
 
@@ -35,6 +42,10 @@ def test_groups_partition_ranks_and_agree_with_coordinates():
     (dict(world_size=2, sequence_parallel=True), "--sequence_parallel needs"),
     (dict(world_size=2, tensor_parallel=2, sequence_parallel=True, seq_len=9),
      "sequence length 9"),
+    (dict(world_size=4, context_parallel=3), "world size 4 is not divisible by "
+     "--tensor_parallel 1 x --pipeline_parallel 1 x --context_parallel 3"),
+    (dict(world_size=2, context_parallel=2, seq_len=6), "--max_seq_len 6 is not divisible by "
+     "2 x --context_parallel 2 = 4"),
 ])
 def test_shape_check_names_the_option(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -14,7 +14,8 @@ from pathlib import Path
 import tools.demo as demo
 from data.build_demo_corpus import pretrain_scenes, write_jsonl
 from data.dirty_corpus import BOILERPLATE
-from utils.readers import find_data_files, iter_texts
+from utils.data_files import find_data_files
+from utils.readers import iter_texts
 
 REPO = Path(__file__).resolve().parents[2]
 # sha256 over (name, bytes) of every data/demo/pretrain/*.jsonl as `make demo` wrote it before

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 
+import pyarrow as pa
 import pytest
 import torch
 from torch.utils.data import default_collate
@@ -18,6 +19,7 @@ from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
+from tests.hf_cache_helpers import parquet_bytes, put_dataset_in_hf_cache, use_offline_hf_cache
 from tests.train_helpers import TINY_ARGS, data_args, run_main, tiny_training_data
 from tokenizer import load_tokenizer
 from tools import evaluate
@@ -171,3 +173,40 @@ def test_a_runs_data_dir_scores_its_validation_split_as_the_trainer_does(
     figures = entry["scores"]["data"]
     assert figures["loss"] == pytest.approx(last_eval["val_loss"], rel=1e-5)
     assert figures["bits_per_byte"] == pytest.approx(last_eval["val_bpb"], rel=1e-5)
+
+
+def test_a_hub_dataset_and_a_dataset_dict_are_scored_on_their_validation_split(
+        tmp_path, monkeypatch, capsys, tiny_hf_tokenizer_dir):
+    """`--data hf:org/name` (an offline HF cache) and a DatasetDict save_to_disk folder give the
+    figures of their validation texts as a .jsonl; an id not in the cache is one line naming
+    --data."""
+    datasets = pytest.importorskip("datasets")
+    texts = multilingual_corpus(num_documents=40, seed=3)
+    train, valid = {"text": texts[:20]}, {"text": texts[20:]}
+    (tmp_path / "valid.jsonl").write_text("".join(json.dumps({"text": text}) + "\n"
+                                                  for text in valid["text"]))
+    hub_cache = use_offline_hf_cache(tmp_path / "hf_home", monkeypatch)
+    put_dataset_in_hf_cache(hub_cache, "org/texts", {
+        "data/train-00000-of-00001.parquet": parquet_bytes(pa.table(train)),
+        "data/validation-00000-of-00001.parquet": parquet_bytes(pa.table(valid))})
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(train),
+                          "validation": datasets.Dataset.from_dict(valid)}
+                         ).save_to_disk(tmp_path / "saved")
+    tokenizer = load_tokenizer(tiny_hf_tokenizer_dir)
+    model = tiny_model(tokenizer, seed=3)
+
+    def figures(data: str) -> dict[str, float]:
+        return evaluate.language_model_metrics(model, tokenizer, [data], SEQ_LEN, 4, ["text"],
+                                               torch.device("cpu"))
+    expected = figures(str(tmp_path / "valid.jsonl"))
+    assert expected["tokens"] > 0
+    assert figures("hf:org/texts") == pytest.approx(expected, rel=1e-6)
+    assert figures(str(tmp_path / "saved")) == pytest.approx(expected, rel=1e-6)
+    model.save_pretrained(tmp_path / "model")
+    argv = cli_argv(tmp_path / "model", tiny_hf_tokenizer_dir, "hf:org/nothing",
+                    tmp_path / "report", "--seq_len", str(SEQ_LEN))
+    capsys.readouterr()
+    assert cli_run_main(evaluate.main, argv) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err  # after the model's loading notes
+    assert error.splitlines()[-1].startswith("error: --data hf:org/nothing: no Hugging Face "
+                                             "dataset") and "Traceback" not in error

@@ -25,7 +25,7 @@ from tests.train_helpers import TINY_ARGS, data_args, records, run_main, train_l
 from tests.trainer.test_train_resume import _assert_identical, _three_runs
 from tests.trainer.test_train_stream import assert_identical, kill9_and_resume, stream_args
 from trainer.option_validation import check_options
-from trainer.options import TrainingOptions
+from trainer.options import OPTION_GROUP, TrainingOptions
 
 GRID_MODEL = ["--num_hidden_layers=2", "--num_key_value_heads=2", "--eval_interval=3",
               "--save_interval=100", "--gradient_accumulation_steps=2", "--max_iters=4"]
@@ -76,21 +76,25 @@ def test_grids_train_like_one_process(data, tmp_path):
         assert records(tmp_path / name, "samples")  # generated from the gathered model
 
 
-def _problems(**changes) -> str:
+def options_with(**changes) -> TrainingOptions:
+    """The default options with `changes` (flat option names) applied."""
     options = TrainingOptions()
     for name, value in changes.items():
-        group = next(g for g in (options.parallel, options.data, options.model, options.lora)
-                     if hasattr(g, name))
-        setattr(group, name, value)
+        setattr(getattr(options, OPTION_GROUP[name]), name, value)
+    return options
+
+
+def _problems(**changes) -> str:
     with pytest.raises(ValueError) as error:
-        check_options(options)
+        check_options(options_with(**changes))
     assert "\n" not in str(error.value)
     return str(error.value)
 
 
 @pytest.mark.parametrize("changes, expected", [
     ({"pipeline_parallel": 2, "cpu_offload": True}, "--cpu_offload with --tensor_parallel=1"),
-    ({"pipeline_parallel": 2, "zero_stage": 2}, "--zero_stage=2 with"),
+    ({"pipeline_parallel": 2, "overlap_param_gather": True, "zero_stage": 1},
+     "--overlap_param_gather with"),
     ({"tensor_parallel": 2, "comm_hook": "powersgd"}, "--comm_hook=powersgd with"),
     ({"tensor_parallel": 2, "lora_rank": 8, "lora_dropout": 0.1}, "--lora_dropout=0.1 with"),
     ({"sequence_parallel": True}, "--sequence_parallel needs --tensor_parallel > 1"),

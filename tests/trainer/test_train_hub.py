@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 
-import huggingface_hub
 import pytest
 
 import generate
 import train_my_ddp
 from model import convert_to_hf
+from tests.hf_cache_helpers import use_offline_hf_cache
 from tests.pretrained_helpers import put_in_hf_cache
 from tools import evaluate, tiny_hf_model
 from utils.cli_errors import run_main
@@ -29,13 +29,8 @@ def hub_cache(tmp_path_factory, tiny_hf_tokenizer_dir, monkeypatch):
     """A cache holding REPO_ID at FIRST (refs/main); offline, as if downloaded earlier."""
     base = tmp_path_factory.mktemp("hf") / "base"
     tiny_hf_model.main(["--tokenizer_dir", str(tiny_hf_tokenizer_dir), "--out", str(base)])
-    home = tmp_path_factory.mktemp("hf_home")
-    cache = home / "hub"
+    cache = use_offline_hf_cache(tmp_path_factory.mktemp("hf_home"), monkeypatch)
     put_in_hf_cache(base, cache, REPO_ID, FIRST)
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     return cache, base
 
 

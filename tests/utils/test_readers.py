@@ -13,14 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from utils.readers import (
-    BadRecordError,
-    ReadStats,
-    find_data_files,
-    iter_records,
-    iter_texts,
-    iter_texts_from,
-)
+from utils.data_files import find_data_files, iter_texts_from
+from utils.readers import BadRecordError, ReadStats, iter_records, iter_texts
 
 # Characters that stress a reader: multi-byte UTF-8, JSON escapes, line separators inside strings.
 ALPHABET = "abcdefghij KLMNOP 0123 中文字符测试 日本語 ü é ß 😀🚀 \" \\ \n \t \u2028 / {}[]"

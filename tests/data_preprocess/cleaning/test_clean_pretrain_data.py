@@ -1,6 +1,7 @@
 """The cleaning command end to end: planted copies, near copies, junk and a leaked eval item
 are dropped and counted; the distinct good documents stay; output bytes do not depend on
---num_workers; a re-run skips finished shards; the output pretokenizes as it is."""
+--num_workers nor on the external sort's run size; a re-run skips finished shards; the
+output pretokenizes as it is."""
 
 from __future__ import annotations
 
@@ -81,13 +82,25 @@ def shard_bytes(out: Path) -> dict[str, bytes]:
             if ".clean" not in p.parts}
 
 
-def test_same_bytes_for_any_worker_count_and_rerun_skips(tmp_path, scenes, capsys):
+def test_same_bytes_for_any_worker_count_and_sort_run_size_and_rerun_skips(tmp_path, scenes,
+                                                                           capsys):
+    """w0 sorts each band in RAM (one run); w2 spills runs of 3 records (each band's 42
+    records make 14 runs, merged in 3 passes): the same bytes and report, no file left."""
     raw, eval_dir = dirty_corpus(tmp_path, scenes)
-    run(raw, tmp_path / "w0", "--num_workers", "0", "--batch_size", "3")
-    run(raw, tmp_path / "w2", "--num_workers", "2", "--batch_size", "3")
+    in_ram = run(raw, tmp_path / "w0", "--num_workers", "0", "--batch_size", "3")
+    spilled = run(raw, tmp_path / "w2", "--num_workers", "2", "--batch_size", "3",
+                  "--minhash_sort_records", "3")
     assert shard_bytes(tmp_path / "w0") == shard_bytes(tmp_path / "w2")
+    assert in_ram == spilled and in_ram["dropped"]["near_duplicate"] == 1
+    assert (tmp_path / "w0" / "clean_report.md").read_text() == (
+        tmp_path / "w2" / "clean_report.md").read_text()
+    assert not list((tmp_path / "w2" / ".clean").glob("sort-*"))
+    (tmp_path / "w0" / ".clean" / "sort-killed").mkdir()  # as a killed run would leave it
     again = run(raw, tmp_path / "w0", "--num_workers", "0")
-    assert again["shards_reused"] == 2 and "analysing 0 of 2 files" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert again["shards_reused"] == 2 and "analysing 0 of 2 files" in printed
+    assert "removed 1 sort folder(s)" in printed
+    assert not (tmp_path / "w0" / ".clean" / "sort-killed").exists()
     changed = run(raw, tmp_path / "w0", "--num_workers", "0", "--dedup", "exact")
     assert changed["shards_reused"] == 0 and "near_duplicate" not in changed["dropped"]
 
@@ -108,7 +121,8 @@ def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("bad", [["--minhash_threshold", "1.5"], ["--dedup", "exact,fuzzy"],
                                  ["--no_such_option"], ["--filters", "c5"],
-                                 ["--max_duplicate_ngram_chars", "5=0.1"]])
+                                 ["--max_duplicate_ngram_chars", "5=0.1"],
+                                 ["--minhash_sort_records", "2"]])
 def test_bad_option_is_one_line_exit_2_before_any_work(tmp_path, bad):
     result = cli("--data_dir", str(tmp_path), "--out_dir", str(tmp_path / "out"), *bad)
     assert result.returncode == 2, result.stderr

@@ -78,7 +78,9 @@ def our_clusters(texts: list[str], threshold: float, tmp_path) -> dict[int, int]
     keys = np.stack([minhash.band_keys(minhash.signature(minhash.shingle_hashes(
         minhash.shingles(normal_words(text), 5)), perms), bands, rows) for text in texts])
     np.save(tmp_path / "keys.npy", keys)
-    return dedup.near_duplicates([(np.arange(len(texts)), tmp_path / "keys.npy")], bands)
+    return dedup.near_duplicates([dedup.BandFile(tmp_path / "keys.npy", 0, len(texts))], bands,
+                                 skip=np.empty(0, np.int64), work_dir=tmp_path,
+                                 run_records=1000)
 
 
 @pytest.mark.parametrize("changed", [0.01, 0.03])
@@ -117,3 +119,23 @@ def test_union_find_chains_and_keeps_smallest():
     union_find.union(9, 5)
     union_find.union(7, 8)
     assert [union_find.find(i) for i in (3, 5, 9, 7, 8)] == [3, 3, 3, 7, 7]
+
+
+def test_skipped_documents_join_no_bucket_across_files(tmp_path):
+    """Documents 0-2 in one band file and 3-4 in the next share a key; skipping 0 (an exact
+    copy) makes 1 the first of the cluster, and the second file's rows are numbered 3, 4."""
+    np.save(tmp_path / "a.npy", np.array([[7, 1], [7, 2], [7, 3]], dtype=np.uint64))
+    np.save(tmp_path / "b.npy", np.array([[7, 4], [9, 5]], dtype=np.uint64))
+    band_files = [dedup.BandFile(tmp_path / "a.npy", 0, 3),
+                  dedup.BandFile(tmp_path / "b.npy", 3, 2)]
+    for skip, expected in (([], {1: 0, 2: 0, 3: 0}), ([0], {2: 1, 3: 1})):
+        assert dedup.near_duplicates(band_files, 2, np.array(skip, dtype=np.int64), tmp_path,
+                                     run_records=3) == expected
+
+
+def test_band_file_of_the_wrong_shape_is_refused_by_name(tmp_path):
+    np.save(tmp_path / "a.jsonl.bands.npy", np.zeros((3, 4), dtype=np.uint64))
+    with pytest.raises(ValueError, match=r"a.jsonl.bands.npy: \(3, 4\) uint64 band keys, "
+                                         r"expected \(5, 4\) uint64; delete"):
+        dedup.near_duplicates([dedup.BandFile(tmp_path / "a.jsonl.bands.npy", 0, 5)], 4,
+                              np.empty(0, np.int64), tmp_path, run_records=10)
