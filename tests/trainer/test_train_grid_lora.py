@@ -13,7 +13,7 @@ loss, and the adapter file of step 3, gathered whole on rank 0: the one-process 
 shapes, values to fp32 rounding. A row that stops at `STOP` resumes on the same grid (bitwise
 the uninterrupted row) or in one process (the optimizer state is layout-neutral). Then the
 grid run's adapters load with our loader (merged) and, exported with `--adapter`, in peft,
-with the one-process run's logits.
+with the one-process run's logits, and every rank's memory after the first step is its plan.
 """
 
 from __future__ import annotations
@@ -28,12 +28,16 @@ from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
 from model import convert_to_hf
-from model.loading import load_model
+from model.loading import load_model, resolve_model_dir
 from model.lora_checkpoint import ADAPTERS_FILE
 from parallel.local_ranks import run_on_ranks
 from tests.parallel.grid_helpers import ADAM_EPS
 from tests.train_helpers import TINY_ARGS, data_args, records, run_main, train_losses
 from tests.trainer.test_train_grid import _runs_on_rank
+from trainer.config_files import load_config_file
+from trainer.model_setup import model_config_at
+from trainer.options import TrainingOptions
+from trainer.setup import memory_plan
 from utils.cli_errors import run_main as run_cli
 
 STEPS, STOP, ACCUMULATION = 3, 2, 2
@@ -49,6 +53,7 @@ LAYOUTS = {
     "sft_tp2_pp2_resumed_in_one_process": (TP2_PP2, 1, "sft", "one process"),
     "sft_dp2_tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2, "sft", None),
     "sft_dp2_pp2_zero1": (["--pipeline_parallel=2", "--zero_stage=1"], 2, "sft", None),
+    "sft_dp2_pp2_zero3": (["--pipeline_parallel=2", "--zero_stage=3"], 2, "sft", None),
     "dpo_tp2_pp2": (TP2_PP2, 1, "dpo", None),
 }
 # DPO's loss is a difference of sequence log-probs near log 2: its gradients are small, so
@@ -126,6 +131,22 @@ def test_lora_on_the_grid_trains_like_one_process(trained, name):
         assert train_losses(run) == train_losses(uninterrupted)
         assert ((run / "ckpt" / f"step_{STEPS:06d}" / ADAPTERS_FILE).read_bytes()
                 == (uninterrupted / "ckpt" / f"step_{STEPS:06d}" / ADAPTERS_FILE).read_bytes())
+
+
+@pytest.mark.parametrize("name", [name for name, row in LAYOUTS.items() if row[3] is None])
+def test_memory_on_every_rank_is_as_planned(trained, name):
+    """After the first step each rank holds, measured to the byte, what its plan says: its
+    slices of the adapters with their gradients and Adam state, and its part of the frozen
+    base (ZeRO-3: the adapters sharded, the base whole)."""
+    run = trained / name
+    options = TrainingOptions.from_dict(load_config_file(run / "config.json"))
+    config = model_config_at(resolve_model_dir(trained / "base"))
+    (measured,) = records(run, "memory")
+    assert len(measured["per_rank"]) == 4
+    for rank, held in enumerate(measured["per_rank"]):
+        plan = memory_plan(options, config, 4, rank, "fp32")
+        assert held == plan.as_measured(), (name, rank)
+        assert held["frozen_base"] > held["params"] > 0  # the base held, and adapters
 
 
 def test_the_grids_adapter_loads_like_one_process(trained, tmp_path):
