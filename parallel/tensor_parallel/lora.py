@@ -18,13 +18,12 @@ all-reduce (or reduce-scatter with sequence parallelism).
 The replicated factor's gradient. Rank r's output rows depend on the whole A (column-parallel)
 only through its rows B_r, and the reduced output on the whole B (row-parallel) through each
 rank's partial A_r x_r: each rank computes a partial gradient of that factor, and the true one
-is their sum. So the forward
-reads that factor through `copy_to_region` (identity forward, all-reduce backward), as
-SequenceParallelRMSNorm reads its replicated weight: every rank then holds the same, whole
-gradient, and the optimizer's clipping counts the replicated factor once (1/T per rank,
-trainer/model_parallel.py). The input's gradient needs nothing new: the column-parallel
-layer's input already goes through `copy_to_region` (or the sequence gather), whose backward
-sums the ranks' partial input gradients, the LoRA path's included.
+is their sum. So the forward reads that factor through `copy_to_region` (identity forward,
+all-reduce backward), as SequenceParallelRMSNorm reads its replicated weight: every rank then
+holds the same, whole gradient, and the optimizer's clipping counts the replicated factor once
+(1/T per rank, trainer/model_parallel.py). The input's gradient needs nothing new: the
+column-parallel layer's input already goes through `copy_to_region` (or the sequence gather),
+whose backward sums the ranks' partial input gradients, the LoRA path's included.
 
 Merging (W += s B A) works on the slices unchanged: B_r A and B A_r are this rank's slice of
 B A. Dropout on the adapters' input is refused with tensor parallelism (as the model's own
