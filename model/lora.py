@@ -26,7 +26,9 @@ dropout mask, as each peft layer does). The base weight keeps its parameter name
 
 Also here: merging (W += (alpha/r) B A, for inference at the base model's speed) and
 unmerging, `adapters_disabled` (the base model's output without a second copy of its weights:
-the DPO reference), and the adapter-only state dict a LoRA checkpoint stores.
+the DPO reference), and the adapter-only state dict a LoRA checkpoint stores. Tensor
+parallelism slices a `LoraLinear` like its base weight (parallel/tensor_parallel/lora.py): it
+subclasses this layer, wraps its forward in the collectives and overrides `adapter_weights`.
 """
 
 from __future__ import annotations
@@ -105,11 +107,15 @@ class LoraLinear(nn.Module):
     """A frozen linear layer (no bias) plus one LoRA update per targeted row slice."""
 
     def __init__(self, base: nn.Linear, row_slices: list[tuple[str, int]],
-                 config: LoraConfig) -> None:
+                 config: LoraConfig,
+                 adapters: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """`adapters`: (A, B) of each targeted slice to start from (tensor parallelism passes
+        its slices of a whole layer's); None: fresh ones, A Kaiming-uniform and B zero."""
         super().__init__()
         self.weight = base.weight  # the same Parameter: same name in the state dict
         self.weight.requires_grad_(False)
         self.row_slices = row_slices
+        self.config = config
         self.scaling = config.scaling
         self.dropout = config.dropout
         self.merged = False
@@ -118,11 +124,20 @@ class LoraLinear(nn.Module):
         self.lora_A = nn.ParameterDict()
         self.lora_B = nn.ParameterDict()
         for name, rows in row_slices:
-            if name in config.target_names:
+            if name not in config.target_names:
+                continue
+            if adapters is not None:
+                lora_a, lora_b = adapters[name]
+            else:
                 lora_a = torch.empty(config.rank, base.in_features, **factory)
                 nn.init.kaiming_uniform_(lora_a, a=math.sqrt(5))  # nn.Linear's (and peft's)
-                self.lora_A[name] = nn.Parameter(lora_a)
-                self.lora_B[name] = nn.Parameter(torch.zeros(rows, config.rank, **factory))
+                lora_b = torch.zeros(rows, config.rank, **factory)
+            self.lora_A[name] = nn.Parameter(lora_a)
+            self.lora_B[name] = nn.Parameter(lora_b)
+
+    def adapter_weights(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A, B) of row slice `name` as the forward multiplies by them."""
+        return self.lora_A[name], self.lora_B[name]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight)
@@ -131,8 +146,9 @@ class LoraLinear(nn.Module):
         slices = list(out.split([rows for _, rows in self.row_slices], dim=-1))
         for index, (name, _) in enumerate(self.row_slices):
             if name in self.lora_A:
+                lora_a, lora_b = self.adapter_weights(name)
                 adapter_input = F.dropout(x, self.dropout, self.training)
-                update = F.linear(F.linear(adapter_input, self.lora_A[name]), self.lora_B[name])
+                update = F.linear(F.linear(adapter_input, lora_a), lora_b)
                 slices[index] = slices[index] + self.scaling * update
         return torch.cat(slices, dim=-1) if len(slices) > 1 else slices[0]
 
@@ -184,6 +200,21 @@ def lora_layers(model: nn.Module) -> list[LoraLinear]:
     return [module for module in model.modules() if isinstance(module, LoraLinear)]
 
 
+def lora_config_of(model: nn.Module) -> LoraConfig | None:
+    """The config `apply_lora` gave `model` (or any part of it that holds adapters, e.g. a
+    pipeline stage); None without adapters."""
+    layers = lora_layers(model)
+    return layers[0].config if layers else None
+
+
+def linear_with_weight(weight: nn.Parameter) -> nn.Linear:
+    """A bias-free `nn.Linear` whose weight is `weight` itself (no copy, no new init)."""
+    out_features, in_features = weight.shape
+    layer = nn.Linear(in_features, out_features, bias=False, device="meta")
+    layer.weight = weight
+    return layer
+
+
 def merge_lora(model: nn.Module) -> None:
     for layer in lora_layers(model):
         layer.merge()
@@ -201,10 +232,7 @@ def merge_and_unload(model: Z2allForCausalLM) -> Z2allForCausalLM:
         for attribute, child in list(parent.named_children()):
             if isinstance(child, LoraLinear):
                 child.merge()
-                out_features, in_features = child.weight.shape
-                plain = nn.Linear(in_features, out_features, bias=False, device="meta")
-                plain.weight = child.weight
-                setattr(parent, attribute, plain)
+                setattr(parent, attribute, linear_with_weight(child.weight))
     return model
 
 

@@ -27,6 +27,13 @@ unit). Worked example, the tests' 2-layer model (hidden 32, vocab 512 tied, MLP 
 (10,304), each unit cut in 2, so rank 0 keeps 13,344 parameters (53,376 B); the last stage
 16 more (its half of the final norm; its head is the embedding's copy: 8,192 + 5,152 + 16).
 
+LoRA (`lora=`, model/lora.py): P counts the adapters only, since only they are trainable, so only
+they reach the buckets, the units, the gradients and the optimizer state. The frozen base (this
+rank's part of it, on a grid) is a line of its own, `frozen_base` = P_frozen b, at every stage:
+it stays replicated over the data-parallel ranks even under ZeRO-3, because with no gradient
+and no optimizer state, sharding it would save only its parameter bytes at the price of
+gathering every block's base in every forward and backward.
+
 Activations are an *estimate*, by counting the tensors our decoder block saves for backward,
 per token (h hidden, i intermediate, kv = key/value heads x head size):
     each RMSNorm    8h + 4 + hb    its input and output in fp32, 1/rms, the output cast to b
@@ -54,6 +61,7 @@ import torch
 from torch import nn
 
 from model.configuration_z2all import Z2allConfig
+from model.lora import LoraConfig, apply_lora
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer.distributed_optimizer.shard_map import overlaps_with_shard
 from parallel.distributed_data_parallel.param_and_grad_buffer import pad_to_multiple, plan_layout
@@ -91,6 +99,14 @@ class MemoryPlan:
     def total(self) -> int:
         return sum(line.bytes for line in self.lines)
 
+    def as_measured(self) -> dict[str, int]:
+        """The plan under `measure_memory`'s keys, to compare the two: optimizer = Adam's
+        moments and counters + fp32 master copies; frozen_base is 0 without LoRA."""
+        lines_of = {"params": ("params",), "grads": ("grads",),
+                    "optimizer": ("adam_state", "fp32_master"), "frozen_base": ("frozen_base",)}
+        return {key: sum(line.bytes for line in self.lines if line.name in names)
+                for key, names in lines_of.items()}
+
     def render(self) -> str:
         rows = [f"{line.name:<12} {line.bytes / 2**30:10.3f} GiB  {line.bytes:>16,} B   "
                 f"{line.formula}" for line in self.lines]
@@ -105,12 +121,15 @@ class _Region:
     numel: int        # padded to a multiple of W
 
 
-def stage_model(config: Z2allConfig, dims: ParallelDims) -> Z2allForCausalLM:
+def stage_model(config: Z2allConfig, dims: ParallelDims, lora: LoraConfig | None = None
+                ) -> Z2allForCausalLM:
     """The part of the model rank `dims.rank` holds, on the meta device (no memory): the
     trainer's own split and slicing (trainer/model_parallel.py), so names, shapes and the
-    order of registration are the real ones."""
+    order of registration are the real ones; with `lora`, its adapters on the frozen base."""
     with torch.device("meta"):
         model = Z2allForCausalLM(config)
+        if lora is not None:
+            apply_lora(model, lora)
     if dims.pipeline_parallel > 1:
         split_into_stage(model, dims)
     if dims.tensor_parallel > 1:  # the layers only keep their group: none is needed here
@@ -148,11 +167,13 @@ def plan_memory(config: Z2allConfig, world_size: int, zero_stage: int, dtype: st
                 batch_size: int, max_seq_len: int, activation_checkpointing: bool = False,
                 grad_reduce_in_fp32: bool = True, bucket_size: int | None = 40_000_000,
                 rank: int = 0, tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                pp_schedule: str = "1f1b", micro_batches: int = 1) -> MemoryPlan:
+                pp_schedule: str = "1f1b", micro_batches: int = 1,
+                lora: LoraConfig | None = None) -> MemoryPlan:
     """Bytes held by rank `rank` of `world_size` (module docstring); `dtype` is fp32, bf16 or
-    fp16; `micro_batches` per step (a pipeline stage holds several at once)."""
+    fp16; `micro_batches` per step (a pipeline stage holds several at once); `lora`: the
+    adapters of a LoRA run (None: every parameter trains)."""
     dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, rank=rank)
-    model = stage_model(config, dims)
+    model = stage_model(config, dims, lora)
     plan = MemoryPlan()
     _plan_states(plan, model, dims, zero_stage, DTYPES[dtype].itemsize,
                  4 if grad_reduce_in_fp32 else DTYPES[dtype].itemsize, bucket_size)
@@ -180,8 +201,14 @@ def _plan_states(plan: MemoryPlan, model: nn.Module, dims: ParallelDims, stage: 
     param_bytes = {0: P * b, 1: padded * b, 2: padded * b, 3: shard * b}[stage]
     param_formula = {0: "P b", 1: "P b (+ padding)", 2: "P b (+ padding)",
                      3: "P b / W (+ padding)"}[stage]
-    plan.lines.append(MemoryLine("params", param_bytes,
-                                 f"{param_formula}, P = {P:,}{whose}, b = {b}, W = {W}"))
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    trainable = " trainable (LoRA adapters)" if frozen else ""
+    plan.lines.append(MemoryLine("params", param_bytes, f"{param_formula}, P = {P:,}{trainable}"
+                                                        f"{whose}, b = {b}, W = {W}"))
+    if frozen:
+        plan.lines.append(MemoryLine("frozen_base", frozen * b,
+                                     f"P_frozen b, P_frozen = {frozen:,} (the LoRA base, "
+                                     "replicated: no grads, no optimizer state)"))
     grad_bytes = padded * g if stage <= 1 else shard * g
     plan.lines.append(MemoryLine("grads", grad_bytes,
                                  f"P g{' / W' if stage >= 2 else ''} (+ padding), g = {g}"))
@@ -232,7 +259,8 @@ def _plan_activations(plan: MemoryPlan, config: Z2allConfig, dims: ParallelDims,
 
 def measure_memory(wrapped: nn.Module, optimizer) -> dict[str, int]:
     """The bytes of the same tensors, read from a live wrapper and optimizer (after a step, when
-    Adam's state exists): what `plan_memory`'s params, grads and optimizer lines predict."""
+    Adam's state exists): what `plan_memory`'s params, grads, optimizer and (LoRA)
+    frozen_base lines predict; `params` counts the trainable parameters only."""
     if hasattr(wrapped, "resident_bytes"):  # ZeRO-2/3
         resident = wrapped.resident_bytes()
         params, grads = resident["params"], resident["grads"]
@@ -243,8 +271,12 @@ def measure_memory(wrapped: nn.Module, optimizer) -> dict[str, int]:
             params = sum(buf.param_data.numel() * buf.param_data.element_size()
                          for buf in buffers)
         else:
-            params = sum(p.numel() * p.element_size() for p in wrapped.module.parameters())
-    return {"params": params, "grads": grads, "optimizer": optimizer.state_bytes()}
+            params = sum(p.numel() * p.element_size() for p in wrapped.module.parameters()
+                         if p.requires_grad)
+    frozen = sum(p.numel() * p.element_size() for p in wrapped.module.parameters()
+                 if not p.requires_grad)
+    return {"params": params, "grads": grads, "optimizer": optimizer.state_bytes(),
+            "frozen_base": frozen}
 
 
 def measure_activation_bytes(model: nn.Module, *args, **kwargs) -> int:

@@ -1,7 +1,7 @@
 """Will it fit? Print the bytes one rank holds for a model preset at a ZeRO stage.
 
     python -m tools.memory_plan --model_preset 0.5B --world_size 8 --zero_stage 3 --dtype bf16 \\
-        --batch_size 4 --max_seq_len 2048 [--activation_checkpointing]
+        --batch_size 4 --max_seq_len 2048 [--activation_checkpointing] [--lora_rank 8]
         [--tensor_parallel T --pipeline_parallel P --rank R --gradient_accumulation_steps M]
 
 On a tensor/pipeline grid (data parallel = world_size / (T x P)) the ranks hold different
@@ -9,8 +9,10 @@ parts: `--rank` picks one (default 0, the first stage; the last stage holds the 
 
 Parameters, gradients and optimizer state are computed exactly as the code lays them out
 (optimizer/memory_plan.py; the trainer prints the same plan at start-up); activations are an
-estimate. Not counted: the CUDA context, allocator fragmentation, temporary buffers of one
-collective (one unit's whole gradient at stages 2/3, two units' params at stage 3).
+estimate. With --lora_rank only the adapters have gradients and optimizer state; the frozen
+base is its own line, whole on every data-parallel rank at every stage. Not counted: the CUDA
+context, allocator fragmentation, temporary buffers of one collective (one unit's whole
+gradient at stages 2/3, two units' params at stage 3).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import sys
 
 from model.configuration_z2all import PRESETS, Z2allConfig
+from model.lora import LoraConfig
 from optimizer.memory_plan import plan_memory
 from parallel.parallel_dims import check_parallel_shapes
 from parallel.pipeline_parallel.schedules import SCHEDULES
@@ -48,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gradient_accumulation_steps", type=int, default=1,
                         help="micro-batches per step (a pipeline stage holds several)")
     parser.add_argument("--rank", type=int, default=0, help="whose bytes (on a grid)")
+    parser.add_argument("--lora_rank", type=int, default=0,
+                        help="LoRA adapters of this rank on a frozen base (0 = full training)")
+    parser.add_argument("--lora_targets", default=LoraConfig.targets,
+                        help="comma list of HF Llama projections that get adapters")
     args = parser.parse_args(argv)
     raise_problems([range_problem(f"--{name}", getattr(args, name), low=1) for name in (
         "world_size", "batch_size", "max_seq_len", "tensor_parallel", "pipeline_parallel",
@@ -56,18 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
     config = Z2allConfig.from_preset(args.model_preset, **overrides)
     check_parallel_shapes(config, args.world_size, args.tensor_parallel, args.pipeline_parallel)
+    lora = (LoraConfig(rank=args.lora_rank, targets=args.lora_targets) if args.lora_rank
+            else None)
     plan = plan_memory(config, args.world_size, args.zero_stage, args.dtype, args.batch_size,
                        args.max_seq_len, args.activation_checkpointing,
                        grad_reduce_in_fp32=args.grad_reduce_in_fp32, rank=args.rank,
                        tensor_parallel=args.tensor_parallel,
                        pipeline_parallel=args.pipeline_parallel, pp_schedule=args.pp_schedule,
-                       micro_batches=args.gradient_accumulation_steps)
+                       micro_batches=args.gradient_accumulation_steps, lora=lora)
     grid = (f" (T {args.tensor_parallel} x P {args.pipeline_parallel}: rank {args.rank})"
             if args.tensor_parallel * args.pipeline_parallel > 1 else "")
     print(f"model {args.model_preset}, ZeRO stage {args.zero_stage}, {args.world_size} "
           f"rank(s){grid}, {args.dtype}, micro-batch {args.batch_size} x {args.max_seq_len}, "
-          f"activation checkpointing {'on' if args.activation_checkpointing else 'off'}; "
-          "per rank:")
+          f"activation checkpointing {'on' if args.activation_checkpointing else 'off'}"
+          f"{f', LoRA rank {args.lora_rank}' if lora else ''}; per rank:")
     print(plan.render())
     return 0
 

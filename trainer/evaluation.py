@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -52,6 +52,29 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
+def batches_on_every_rank(loader: Iterable[dict[str, torch.Tensor]], env: DistributedEnv
+                          ) -> Iterator[tuple[dict[str, torch.Tensor], bool]]:
+    """(batch on the device, whether it counts) for this rank's share of the valid split, then
+    uncounted one-sample batches until it has run as many forwards as the rank with the longest
+    share. ZeRO-3's forward all-gathers each block's shards with the other ranks, so a rank
+    whose share of a small valid split ran out (1 sample over 2 ranks: rank 1 has none) would
+    leave them waiting in that gather. The shares are counted first (`len(loader)`: an
+    `eval_loader`), since no rank may enter another collective while others still run forwards;
+    one process takes any iterable of batches."""
+    if not env.is_distributed:
+        yield from ((to_device(batch, env.device), True) for batch in loader)
+        return
+    mine = len(loader)
+    shares = all_reduce_sum([float(mine if rank == env.rank else 0)
+                             for rank in range(env.world_size)], env)
+    for batch in loader:
+        yield to_device(batch, env.device), True
+    if max(shares) > mine:  # some rank has samples, so the valid split is not empty
+        filler = loader.collate_fn([loader.dataset.dataset[0]])  # (the Subset's dataset)
+        for _ in range(int(max(shares)) - mine):
+            yield to_device(filler, env.device), False
+
+
 @torch.no_grad()
 def evaluate_language_model(model: torch.nn.Module, loader: DataLoader, tokenizer: Any,
                             env: DistributedEnv, counted: bool = True) -> dict[str, float]:
@@ -59,11 +82,12 @@ def evaluate_language_model(model: torch.nn.Module, loader: DataLoader, tokenize
     `counted=False`: this rank's batches are copies of another rank's (a tensor/pipeline grid),
     run for the collective forward but not added."""
     nll_sum = token_count = byte_count = 0.0
-    for batch in loader:
-        batch = to_device(batch, env.device)
+    for batch, counts in batches_on_every_rank(loader, env):
         labels = batch["labels"]
         output = model(batch["input_ids"], labels=labels,
                        attention_mask=batch.get("attention_mask"))
+        if not counts:
+            continue
         targets = labels != IGNORE_INDEX
         num_targets = int(targets.sum())
         nll_sum += output.loss.float().item() * num_targets  # loss is the mean over targets
@@ -84,9 +108,10 @@ def evaluate_with_forward_step(forward_step: Callable, loader: DataLoader,
     """Batch-weighted means of a forward step's loss and metrics (used for DPO pairs)."""
     sums: dict[str, float] = {}
     pairs = 0.0
-    for batch in loader:
-        batch = to_device(batch, env.device)
+    for batch, counts in batches_on_every_rank(loader, env):
         loss, extras = forward_step(batch)
+        if not counts:
+            continue
         size = next(iter(batch.values())).shape[0]
         pairs += size
         for key, value in {"loss": loss, **extras}.items():

@@ -11,8 +11,9 @@ copy of the weights).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,15 +47,23 @@ def frozen_reference_log_probs(policy: torch.nn.Module, pair: Batch, *,
     return reference.token_log_probs(**_model_inputs(pair))
 
 
-def base_model_log_probs(policy: torch.nn.Module, pair: Batch) -> torch.Tensor:
-    """LoRA's reference: the policy with its adapters off, in eval mode (as a separate
-    reference would be: no dropout)."""
+@contextlib.contextmanager
+def as_base_model(policy: torch.nn.Module) -> Iterator[None]:
+    """Inside the block the LoRA policy (or its pipeline stage) is its frozen base: adapters
+    off and eval mode, as a separate reference would be (no dropout)."""
     was_training = policy.training
     policy.eval()
-    with adapters_disabled(policy):
-        log_probs = policy.token_log_probs(**_model_inputs(pair))
-    policy.train(was_training)
-    return log_probs
+    try:
+        with adapters_disabled(policy):
+            yield
+    finally:
+        policy.train(was_training)
+
+
+def base_model_log_probs(policy: torch.nn.Module, pair: Batch) -> torch.Tensor:
+    """LoRA's reference: the policy as its base (`as_base_model`)."""
+    with as_base_model(policy):
+        return policy.token_log_probs(**_model_inputs(pair))
 
 
 @dataclass(frozen=True)
@@ -108,15 +117,19 @@ def _model_inputs(pair: Batch) -> Batch:
 
 def build_forward_step(task_type: str, dpo: DPOOptions, init_from: str | None,
                        device: torch.device, dtype_name: str, lora: bool = False,
-                       split_reference: Callable[[torch.nn.Module], Any] | None = None
-                       ) -> ForwardStep:
+                       split_reference: Callable[[torch.nn.Module], Any] | None = None,
+                       base_of_policy: Any | None = None) -> ForwardStep:
     """The task's forward step. DPO's reference is the SFT model we started from: always
     `init_from`, never a copy of the policy (after a resume the policy has moved on); with
-    `lora`, that model is the policy's frozen base. `split_reference`: on a tensor/pipeline
-    grid, cuts the reference like the policy (anything with `token_log_probs`)."""
+    `lora`, that model is the policy's frozen base. On a tensor/pipeline grid (anything with
+    `token_log_probs`): `split_reference` cuts the reference like the policy, and with `lora`
+    `base_of_policy` runs the policy's own stages as its base."""
     if task_type != "dpo":
         return forward_language_model
-    if lora:
+    if lora and base_of_policy is not None:
+        reference_log_probs = functools.partial(frozen_reference_log_probs,
+                                                reference=base_of_policy)
+    elif lora:
         reference_log_probs = base_model_log_probs
     else:
         reference = load_model(init_from)[0].to(device, DTYPES[dtype_name]).eval()

@@ -22,7 +22,9 @@ gives them whole to the stage holding that layer, a TP=2 run gives rank 1 q2 q3 
 ZeRO-1 grid then keeps, of that slice, the elements of its pieces.
 
 The same file is what a data-parallel run with --zero_stage=1 reads, so a grid run can also
-continue in one process (and a ZeRO-1 run on a grid). Tensors are copied, never recomputed:
+continue in one process (and a ZeRO-1 run on a grid). A LoRA run's frozen base has no state:
+only its adapters have pieces, while `param_shapes` names the whole model, base included, as
+ZeRO-1's files do. Tensors are copied, never recomputed:
 a resume on the same grid is bitwise identical to an uninterrupted run.
 """
 
@@ -35,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from model.configuration_z2all import Z2allConfig
+from model.lora import LoraConfig, apply_lora
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer.adamw import read_adam_state, write_adam_state
 from optimizer.distributed_optimizer.zero1_checkpoint import (
@@ -53,9 +56,22 @@ GRID_OPTIMIZER_FILES = [shard_file_name(0, 1)]
 NamedPieces = dict[str, tuple[torch.Tensor, list[MainPiece]]]
 
 
+def whole_model_shapes(config: Z2allConfig, lora: LoraConfig | None) -> dict[str, list[int]]:
+    """{name: shape} of every parameter of the whole model (with `lora`, its adapters and its
+    frozen base): the `param_shapes` a shard file records to refuse another model, as ZeRO-1
+    records its model's."""
+    with torch.device("meta"):
+        whole = Z2allForCausalLM(config)
+        if lora is not None:
+            apply_lora(whole, lora)
+    return {name: list(param.shape) for name, param in whole.named_parameters()}
+
+
 def save_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
-                        config: Z2allConfig, dims: ParallelDims, optim_dir: Path) -> None:
-    """Collective: the module docstring's steps 1-3 (only rank 0 writes)."""
+                        config: Z2allConfig, dims: ParallelDims, optim_dir: Path,
+                        lora: LoraConfig | None = None) -> None:
+    """Collective: the module docstring's steps 1-3 (only rank 0 writes). `params`: the
+    trainable ones (with `lora`, the adapters: the frozen base has no state)."""
     local, step = _whole_on_this_rank(optimizer, params, dims)  # Step 1
     # Step 2: whole on rank 0.
     full = {key: gather_full_tensors(tensors, config, dims) for key, tensors in local.items()}
@@ -66,7 +82,7 @@ def save_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
     state = {"format": SHARD_FORMAT, "version": STATE_VERSION, "kind": "GridOptimizer",
              "world_size": 1, "rank": 0, "lr": optimizer.get_lr(),
              "grad_scaler": None if scaler is None else scaler.state_dict(),
-             "param_shapes": {name: list(t.shape) for name, t in full["main_param"].items()},
+             "param_shapes": whole_model_shapes(config, lora),
              "pieces": [{"name": name, "start": 0, "end": tensor.numel(), "step": step,
                          **{key: full[key][name].float().cpu().flatten() for key in TENSOR_KEYS}}
                         for name, tensor in full["main_param"].items()]}
@@ -95,11 +111,11 @@ def _whole_on_this_rank(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
 
 
 def load_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
-                        config: Z2allConfig, dims: ParallelDims, optim_dir: Path) -> None:
-    """This rank's pieces of a save made on any grid (or by ZeRO-1 at any world size)."""
-    with torch.device("meta"):
-        shapes = {name: list(param.shape)
-                  for name, param in Z2allForCausalLM(config).named_parameters()}
+                        config: Z2allConfig, dims: ParallelDims, optim_dir: Path,
+                        lora: LoraConfig | None = None) -> None:
+    """This rank's pieces of a save made on any grid (or by ZeRO-1 at any world size); `lora`
+    as for `save_grid_optimizer`."""
+    shapes = whole_model_shapes(config, lora)
     state = load_resharded_state(optim_dir, [(name, 0, math.prod(shapes[name])) for name in params],
                                  shapes, dims.rank, dims.world_size)
     full = {key: {piece["name"]: piece[key].view(shapes[piece["name"]])

@@ -37,7 +37,8 @@ What differs from a data-parallel run, and how the loop is kept the same:
                       --tensor_parallel / --pipeline_parallel (and the data-parallel size,
                       as any world-size change: the data position carries over)
     evaluation        a forward-only pass through the stages (`PipelinedEval`)
-    DPO               the frozen reference cut like the policy (`split_reference`); each
+    DPO               the frozen reference cut like the policy (`split_reference`; with
+                      LoRA the policy's own stages, adapters off: `PipelinedBase`); each
                       micro-batch's reference log-probs come first (forward only through the
                       reference's stages), then the schedule runs the policy with DPO's
                       objective on the last stage, from vocab-parallel token log-probs
@@ -58,6 +59,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from model.lora import apply_lora, lora_config_of
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
 from optimizer.clip_grads import clip_grads_
@@ -78,7 +80,7 @@ from parallel.pipeline_parallel.stage import (
 from parallel.sharded_data_parallel import ShardedDataParallel
 from parallel.tensor_parallel.parallelize import parallelize_model
 from parallel.tensor_parallel.sharding import layout_for
-from trainer.forward_steps import Batch, DPOStep, ForwardStep
+from trainer.forward_steps import Batch, DPOStep, ForwardStep, as_base_model
 from trainer.grid_optimizer_checkpoint import (
     GRID_OPTIMIZER_FILES,
     NamedPieces,
@@ -182,25 +184,25 @@ class GridOptimizer:
 
     # ---- checkpoints: layout-neutral, in ZeRO-1's shard-file format (module docstring) --------
     def _named_pieces(self) -> NamedPieces:
-        """{whole-model name: (this rank's parameter, its pieces this rank updates)}. The last
-        stage's copy of a tied embedding goes by the embedding's name: its state is the same,
-        saved once."""
+        """{whole-model name: (this rank's trainable parameter, its pieces this rank
+        updates)}; a frozen one (a LoRA base's) has no optimizer state. The last stage's copy
+        of a tied embedding goes by the embedding's name: its state is the same, saved once."""
         named = {param: (TIED_EMBEDDING if param is self._tied_copy else name, [])
-                 for name, param in self.model.named_parameters()}
+                 for name, param in self.model.named_parameters() if param.requires_grad}
         for piece in self.inner.main_pieces():
             named[piece.param][1].append(piece)
         return {name: (param, pieces) for param, (name, pieces) in named.items()}
 
     def save_checkpoint(self, optim_dir: str | Path) -> None:
         save_grid_optimizer(self.inner, self._named_pieces(), self.model.config, self.dims,
-                            Path(optim_dir))
+                            Path(optim_dir), lora=lora_config_of(self.model))
 
     def checkpoint_files(self) -> list[str]:
         return GRID_OPTIMIZER_FILES
 
     def load_checkpoint(self, optim_dir: str | Path) -> None:
         load_grid_optimizer(self.inner, self._named_pieces(), self.model.config, self.dims,
-                            Path(optim_dir))
+                            Path(optim_dir), lora=lora_config_of(self.model))
 
 
 class PipelinedEval:
@@ -227,6 +229,16 @@ class PipelinedEval:
         if attention_mask is not None:
             batch["attention_mask"] = attention_mask
         return self.schedule.forward_only(batch, per_token=True)
+
+
+class PipelinedBase(PipelinedEval):
+    """LoRA DPO's reference on a grid: the policy's own stages as its frozen base (adapters
+    off, eval mode), forward only; no second model, as in one process."""
+
+    def token_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        with as_base_model(self.schedule.model):
+            return super().token_log_probs(input_ids, labels, attention_mask)
 
 
 def split_reference(reference: Z2allForCausalLM, policy_schedule: PipelineSchedule
@@ -291,14 +303,17 @@ def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_par
 def whole_model_on_rank0(model: Z2allForCausalLM, dims: ParallelDims
                          ) -> Iterator[Z2allForCausalLM | None]:
     """Collective: the whole model, rebuilt from every rank's pieces, on rank 0 (None
-    elsewhere), for sample generation and model.safetensors. Under ZeRO-3 the caller gathers
-    the stage's shards first (`ShardedDataParallel.gathered_params`, as
-    `Parallelized.whole_model` does)."""
+    elsewhere), for sample generation and model.safetensors (with LoRA: with its adapters, for
+    the adapter file). Under ZeRO-3 the caller gathers the stage's shards first
+    (`ShardedDataParallel.gathered_params`, as `Parallelized.whole_model` does)."""
     full = gather_full_tensors(model.state_dict(), model.config, dims)
     if full is None:
         yield None
         return
     whole = Z2allForCausalLM(model.config).to(next(iter(full.values())).device)
+    lora = lora_config_of(model)
+    if lora is not None:
+        apply_lora(whole, lora)
     whole.load_state_dict(full)
     whole.to(next(iter(full.values())).dtype).eval()
     yield whole

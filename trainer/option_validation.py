@@ -133,10 +133,6 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
             problems.append("--compile cannot be combined with --zero_stage=3 yet (its hooks "
                             "gather and free weights around each compiled block): drop "
                             "--compile or use --zero_stage 2")
-        if zero_stage >= 2 and options.lora.lora_rank > 0:
-            problems.append(f"--lora_rank with --zero_stage={zero_stage} is not supported yet "
-                            "(the frozen base gets no gradient to shard): use --zero_stage 0 or "
-                            "1; the adapters are small")
     problems += (_grid_problems(options) + _context_parallel_problems(options)
                  + _fp16_problems(options))
     device = options.system.device
@@ -187,9 +183,11 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
         ("--cpu_offload", parallel.cpu_offload, "not tested on a grid; drop it"),
         ("--overlap_param_gather", parallel.overlap_param_gather,
          "not tested on a grid; drop it"),
-        (f"--lora_rank={options.lora.lora_rank}", options.lora.lora_rank > 0,
-         "adapters are not sliced by tensor parallelism yet; use --tensor_parallel=1 "
-         "--pipeline_parallel=1"),
+        (f"--lora_dropout={options.lora.lora_dropout}",
+         options.lora.lora_rank > 0 and options.lora.lora_dropout > 0
+         and parallel.tensor_parallel > 1,
+         "the tensor-parallel ranks would each drop other elements of the same replicated "
+         "input; use --lora_dropout=0"),
     ]
     problems += [f"{name} with {flag} is not supported yet: {why}"
                  for name, refused, why in unsupported if refused]

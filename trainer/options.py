@@ -167,11 +167,13 @@ class LoraOptions:
 
     lora_rank: int = option(component_default(LoraConfig, "rank"),
                             "LoRA: rank of each adapter (0 = off: full fine-tuning); the base "
-                            "is frozen, only the adapters train and are checkpointed")
+                            "is frozen, only the adapters train and are checkpointed (with any "
+                            "--zero_stage; on a tensor/pipeline grid sliced like their weights)")
     lora_alpha: float = option(component_default(LoraConfig, "alpha"),
                                "LoRA: the update is scaled by lora_alpha / lora_rank")
     lora_dropout: float = option(component_default(LoraConfig, "dropout"),
-                                 "LoRA: dropout on the adapters' input")
+                                 "LoRA: dropout on the adapters' input (0 with "
+                                 "--tensor_parallel > 1)")
     lora_targets: str = option(component_default(LoraConfig, "targets"),
                                "LoRA: comma list of HF Llama projections that get adapters")
 

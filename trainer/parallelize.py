@@ -56,6 +56,7 @@ from parallel.pipeline_parallel.schedules import PipelineSchedule
 from parallel.sharded_data_parallel import ShardedDataParallel
 from trainer.forward_steps import Batch, ForwardStep
 from trainer.model_parallel import (
+    PipelinedBase,
     PipelinedEval,
     parallelize_grid,
     pipelined_forward_backward,
@@ -164,6 +165,12 @@ class Parallelized:
         share of every sequence."""
         reference.model.context_parallel = self.context
         return reference if self.schedule is None else split_reference(reference, self.schedule)
+
+    @property
+    def base_of_policy(self) -> PipelinedBase | None:
+        """LoRA DPO's reference on a grid: the policy's stages with the adapters off (None
+        without a grid: the policy itself is called, model/lora.py's `adapters_disabled`)."""
+        return None if self.schedule is None else PipelinedBase(self.schedule)
 
     @property
     def eval_model(self) -> Any:

@@ -37,6 +37,7 @@ import torch
 from dataset.train_data import TrainData, build_train_data
 from model.configuration_z2all import Z2allConfig
 from model.kernels import kernel_choices
+from model.lora import apply_lora
 from model.modeling_z2all import Z2allForCausalLM, kernels_already_reported
 from model.run_tokenizer import save_run_tokenizer
 from optimizer import TrainingOptimizer
@@ -163,7 +164,8 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
     forward_step = build_forward_step(data_options.task_type, options.dpo,
                                       options.model.init_from, env.device, precision.dtype,
                                       lora=options.lora.config() is not None,
-                                      split_reference=parallel.split_like_policy)
+                                      split_reference=parallel.split_like_policy,
+                                      base_of_policy=parallel.base_of_policy)
 
     counters = Counters()
     if saved_state is not None:
@@ -203,8 +205,9 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
 def _log_start(run: Run) -> None:
     """The run's shape in metrics.jsonl, and on stdout for people."""
     num_params = whole_shape(run.model.config).num_parameters()
-    trainable = (sum(p.numel() for p in run.model.parameters() if p.requires_grad)
-                 if run.lora_base else num_params)
+    lora = run.options.lora.config()
+    trainable = (sum(p.numel() for p in apply_lora(whole_shape(run.model.config), lora)
+                     .parameters() if p.requires_grad) if lora else num_params)
     optimization, env = run.options.optimization, run.env
     run.log.log("run", run.counters.step, quiet=True, effective_batch=run.global_batch,
                 world_size=env.world_size, dtype=run.precision.dtype, device=str(env.device),
@@ -229,7 +232,8 @@ def _log_start(run: Run) -> None:
 
 
 def whole_shape(config: Z2allConfig) -> Z2allForCausalLM:
-    """The whole model without memory (its parameter count and FLOPs, however it is split)."""
+    """The whole model without memory (its parameter and adapter counts and FLOPs, however it
+    is split over ranks)."""
     with torch.device("meta"):
         return Z2allForCausalLM(config)
 
@@ -271,7 +275,8 @@ def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, 
                        tensor_parallel=parallel.tensor_parallel,
                        pipeline_parallel=parallel.pipeline_parallel,
                        pp_schedule=parallel.pp_schedule,
-                       micro_batches=optimization.gradient_accumulation_steps)
+                       micro_batches=optimization.gradient_accumulation_steps,
+                       lora=options.lora.config())
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,

@@ -71,9 +71,10 @@ def sync_tied_embedding_grads(model: Z2allForCausalLM, dims: ParallelDims,
                               grad_sync: GradientSync | None = None) -> None:
     """Sum the two copies' gradients, as if they were one Parameter: the ones the optimizer
     reads, `grad_sync.accumulated_grad` with a data-parallel wrapper (DDP's `main_grad`,
-    ZeRO-2/3's shard of the same elements on both stages), else `.grad`."""
+    ZeRO-2/3's shard of the same elements on both stages), else `.grad`. A frozen embedding
+    (LoRA's base) has none."""
     param = tied_embedding_param(model, dims)
-    if param is None:
+    if param is None or not param.requires_grad:
         return
     grad = param.grad if grad_sync is None else grad_sync.accumulated_grad(param)
     dist.all_reduce(grad, group=dims.embedding_group)

@@ -11,15 +11,19 @@ slices (sharding.py). Per decoder block (torchtitan's `parallelize_llama` is the
     mlp.down_proj            RowParallelLinear
 
 plus VocabParallelEmbedding, the final norm, and VocabParallelLMHead (tied embeddings stay one
-Parameter: both hold the same vocabulary slice). Parameter names do not change, so a layout-
-neutral checkpoint can address them by their unsharded names. Works on a pipeline stage too
-(parts the stage does not hold are skipped).
+Parameter: both hold the same vocabulary slice). A projection that carries LoRA adapters
+(model/lora.py) becomes the column- or row-parallel LoraLinear instead, its adapters sliced
+like its weight (lora.py). Parameter names do not change, so a layout-neutral checkpoint can
+address them by their unsharded names. Works on a pipeline stage too (parts the stage does
+not hold are skipped).
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from model.lora import LoraLinear
 from model.modeling_z2all import Z2allForCausalLM
 from model.rms_norm import RMSNorm
 from parallel.parallel_dims import ParallelDims
@@ -30,36 +34,46 @@ from parallel.tensor_parallel.layers import (
     VocabParallelEmbedding,
     VocabParallelLMHead,
 )
+from parallel.tensor_parallel.lora import ColumnParallelLoraLinear, RowParallelLoraLinear
 from parallel.tensor_parallel.sharding import layout_for, shard_tensor
 
 
 def parallelize_model(model: Z2allForCausalLM, dims: ParallelDims,
                       sequence_parallel: bool = False) -> Z2allForCausalLM:
-    """Shard `model` over `dims.tp_group` in place and return it."""
+    """Shard `model` over `dims.tp_group` in place and return it. A frozen parameter (a LoRA
+    base's) stays frozen in its new module."""
     config, group = model.config, dims.tp_group
     rank, size = dims.tp_rank, dims.tensor_parallel
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
 
-    def local_slice(name: str, weight: nn.Parameter):
-        return shard_tensor(weight.detach(), layout_for(name, config), rank, size)
+    def local_slice(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the whole `tensor` (itself where `name` is replicated)."""
+        layout = layout_for(name, config)
+        tensor = tensor.detach()
+        return tensor if layout is None else shard_tensor(tensor, layout, rank, size)
+
+    def split(layer: nn.Module, name: str, plain: type, with_lora: type) -> nn.Module:
+        """The projection `name` (e.g. "qkv_proj") as `plain`, or `with_lora` if adapted."""
+        if isinstance(layer, LoraLinear):
+            return with_lora(layer, lambda tensor_name, tensor: local_slice(
+                f"{name}.{tensor_name}", tensor), group, sequence_parallel)
+        return plain(local_slice(f"{name}.weight", layer.weight), group, sequence_parallel)
 
     def norm(module: RMSNorm) -> nn.Module:
         if not sequence_parallel:
             return module
         return SequenceParallelRMSNorm(module.weight.detach(), module.eps, group)
 
+    column = (ColumnParallelLinear, ColumnParallelLoraLinear)
+    row = (RowParallelLinear, RowParallelLoraLinear)
     for block in model.model.layers.children():
         attention, mlp = block.self_attn, block.mlp
-        attention.qkv_proj = ColumnParallelLinear(
-            local_slice("qkv_proj.weight", attention.qkv_proj.weight), group, sequence_parallel)
-        attention.o_proj = RowParallelLinear(
-            local_slice("o_proj.weight", attention.o_proj.weight), group, sequence_parallel)
+        attention.qkv_proj = split(attention.qkv_proj, "qkv_proj", *column)
+        attention.o_proj = split(attention.o_proj, "o_proj", *row)
         attention.num_heads //= size
         attention.num_kv_heads //= size
-        mlp.gate_up_proj = ColumnParallelLinear(
-            local_slice("gate_up_proj.weight", mlp.gate_up_proj.weight), group,
-            sequence_parallel)
-        mlp.down_proj = RowParallelLinear(
-            local_slice("down_proj.weight", mlp.down_proj.weight), group, sequence_parallel)
+        mlp.gate_up_proj = split(mlp.gate_up_proj, "gate_up_proj", *column)
+        mlp.down_proj = split(mlp.down_proj, "down_proj", *row)
         block.input_layernorm = norm(block.input_layernorm)
         block.post_attention_layernorm = norm(block.post_attention_layernorm)
 
@@ -78,4 +92,6 @@ def parallelize_model(model: Z2allForCausalLM, dims: ParallelDims,
             vocab_start, group, sequence_parallel)
         if tied:
             model.lm_head.weight = embedding.weight  # one Parameter, as in tie_weights()
+    for name, param in model.named_parameters():  # (the new modules made fresh Parameters)
+        param.requires_grad_(name not in frozen)
     return model

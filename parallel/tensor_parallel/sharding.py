@@ -13,6 +13,12 @@ so each rank runs ordinary attention on its heads. `o_proj` / `down_proj` are sp
 their input dimension (dim 1): rank r's columns match the heads / hidden units it computed.
 Embedding and head are split by vocabulary rows. Norm weights are replicated (layout None).
 
+LoRA adapters (model/lora.py: `lora_A.<HF projection>` [r, in], `lora_B.<projection>` [rows, r])
+are split like their base weight, so that B A is this rank's slice of the update: where the
+base's rows are split (column-parallel q/k/v, gate/up) each B keeps the rows of its
+projection's chunk and A is whole; where its columns are (row-parallel o, down) A keeps the
+input columns and B is whole (parallel/tensor_parallel/lora.py).
+
 `shard_tensor` and `unshard_tensors` are exact inverses; checkpoints use them to save the
 unsharded model whatever the grid (parallel/layout_neutral_checkpoint.py).
 """
@@ -38,14 +44,23 @@ def layout_for(param_name: str, config: Z2allConfig) -> ShardLayout | None:
     """How the unsharded parameter `param_name` is split (None: replicated on every rank)."""
     q_rows = config.num_attention_heads * config.head_dim
     kv_rows = config.num_key_value_heads * config.head_dim
+    intermediate = config.intermediate_size
     layouts = {
         "qkv_proj.weight": ShardLayout(0, (q_rows, kv_rows, kv_rows)),
         "o_proj.weight": ShardLayout(1, (q_rows,)),
-        "gate_up_proj.weight": ShardLayout(0, (config.intermediate_size,) * 2),
-        "down_proj.weight": ShardLayout(1, (config.intermediate_size,)),
+        "gate_up_proj.weight": ShardLayout(0, (intermediate,) * 2),
+        "down_proj.weight": ShardLayout(1, (intermediate,)),
         "embed_tokens.weight": ShardLayout(0, (config.vocab_size,)),
         "lm_head.weight": ShardLayout(0, (config.vocab_size,)),
     }
+    # LoRA (module docstring): B's rows where the base's rows are split, A's columns where its
+    # columns are; the other factor is replicated (no entry).
+    split_rows = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows,
+                  "gate_proj": intermediate, "up_proj": intermediate}
+    split_columns = {"o_proj": q_rows, "down_proj": intermediate}
+    layouts |= {f"lora_B.{name}": ShardLayout(0, (rows,)) for name, rows in split_rows.items()}
+    layouts |= {f"lora_A.{name}": ShardLayout(1, (columns,))
+                for name, columns in split_columns.items()}
     suffix = ".".join(param_name.split(".")[-2:])
     return layouts.get(suffix)
 

@@ -10,13 +10,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.lora import LoraConfig, LoraLinear, apply_lora, linear_with_weight
 from parallel.local_ranks import run_on_ranks
 from parallel.parallel_dims import ParallelDims
 from parallel.tensor_parallel.collectives import gather_from_region, scatter_to_region
 from parallel.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from parallel.tensor_parallel.parallelize import parallelize_model
-from parallel.tensor_parallel.sharding import ShardLayout, shard_tensor, unshard_tensors
+from parallel.tensor_parallel.sharding import (
+    ShardLayout,
+    layout_for,
+    shard_tensor,
+    unshard_tensors,
+)
 from tests.model.model_helpers import small_model
 
 
@@ -109,3 +115,43 @@ def test_unshard_inverts_shard_of_fused_blocks():
     shards = [shard_tensor(full, layout, rank, 2) for rank in range(2)]
     assert torch.equal(shards[1], torch.cat([full[4:8], full[9:10], full[12:14]]))
     assert torch.equal(unshard_tensors(shards, layout), full)
+
+
+def test_lora_adapters_are_sliced_like_their_weight():
+    """`layout_for` cuts each adapter where it cuts its base weight: on every rank of T=2, the
+    LoraLinear made of the slices (column-parallel q/k/v and gate/up: B's rows; row-parallel o
+    and down: A's columns), merged, is that rank's slice of the whole merged weight."""
+    config = LoraConfig(rank=3, alpha=6.0)  # every projection
+    model = apply_lora(small_model("gqa", seed=0), config)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:  # B is zero at the start: make the update nonzero
+                param.normal_()
+    for layer_name, layer in model.named_modules():
+        if not isinstance(layer, LoraLinear):
+            continue
+        layer_name = layer_name.rsplit(".", 1)[1]  # e.g. qkv_proj
+
+        def local(name: str, tensor: torch.Tensor, rank: int, layer_name=layer_name):
+            layout = layout_for(f"{layer_name}.{name}", model.config)
+            return tensor.detach() if layout is None else shard_tensor(tensor.detach(),
+                                                                       layout, rank, 2)
+        weight_layout = layout_for(f"{layer_name}.weight", model.config)
+        whole = LoraLinear(linear_with_weight(nn.Parameter(layer.weight.detach().clone())),
+                           layer.row_slices, config,
+                           {name: (layer.lora_A[name], layer.lora_B[name])
+                            for name in layer.lora_A})
+        whole.merge()
+        for rank in range(2):
+            row_slices = ([(name, rows // 2) for name, rows in layer.row_slices]
+                          if weight_layout.dim == 0 else layer.row_slices)
+            sliced = LoraLinear(
+                linear_with_weight(nn.Parameter(local("weight", layer.weight, rank))),
+                row_slices, config,
+                {name: (local(f"lora_A.{name}", layer.lora_A[name], rank),
+                        local(f"lora_B.{name}", layer.lora_B[name], rank))
+                 for name in layer.lora_A})
+            sliced.merge()
+            torch.testing.assert_close(sliced.weight,
+                                       shard_tensor(whole.weight, weight_layout, rank, 2),
+                                       msg=f"{layer_name}, rank {rank}")

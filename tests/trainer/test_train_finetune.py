@@ -9,7 +9,8 @@ written offline by tools/tiny_hf_model.py. Checked against references:
   hold only adapters, the frozen base is untouched, and the --adapter export loads in `peft`
   with the logits of our merged model;
 - LoRA DPO: the reference is the base (adapters off), so the first step's loss is log 2;
-- LoRA on 2 ranks with ZeRO-1 takes the steps of plain DDP on 2 ranks.
+- LoRA on 2 ranks at ZeRO stages 0-3 takes the steps of one process, holds the adapters'
+  gradients and optimizer state only, and resumes bitwise (stages 2 and 3).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,11 +30,13 @@ import generate
 import train_my_ddp
 from model import convert_to_hf
 from model.loading import load_model
-from model.lora import weights_fingerprint
+from model.lora import LoraConfig, weights_fingerprint
 from model.lora_checkpoint import ADAPTERS_FILE, LORA_FILE
+from optimizer.memory_plan import plan_memory
 from tests.train_helpers import records, run_on_two_ranks, train_losses
 from tokenizer import load_tokenizer
 from tools import tiny_hf_model
+from trainer.model_setup import model_config_at
 from utils.checkpoint import resolve_checkpoint
 from utils.cli_errors import run_main
 
@@ -152,20 +156,59 @@ def test_lora_dpo_uses_the_base_as_reference(data, hf_base, tmp_path):
     assert (resolve_checkpoint(run_dir) / LORA_FILE).is_file()
 
 
-def test_lora_with_zero1_matches_plain_ddp_on_two_ranks(data, hf_base, tmp_path):
-    """Frozen base weights stay out of the ZeRO-1 shards: sharding the adapters' optimizer
-    state gives the steps of plain data parallelism."""
+ZERO_STAGES, RESUMED_STAGES = (0, 1, 2, 3), (2, 3)
+
+
+def test_lora_at_every_zero_stage_trains_like_one_process_and_resumes(data, hf_base, tmp_path):
+    """LoRA SFT on 2 ranks (1 sequence each) at ZeRO stages 0-3 takes the steps of one
+    process on the same 2-sequence batch as 2 micro-batches (each rank's loss is the mean over
+    its own target tokens; so is each micro-batch's), to fp32 rounding: losses, adapters after
+    3 steps. (The valid split has 1 sample: rank 1's ZeRO-3 evaluation joins rank 0's gathers
+    with an uncounted forward, trainer/evaluation.py.) Only the
+    adapters reach gradients, optimizer state and checkpoints: the memory measured after the
+    first step is the plan for the adapters (the frozen base a line of its own, whole on every
+    rank, also at stage 3), and the optimizer files name adapters only. Stages 2 and 3
+    stopped at step 2 and resumed equal the uninterrupted run bitwise."""
     common = [*FINETUNE_ARGS, "--task_type=sft", f"--data_dir={data['sft']}",
               f"--init_from={hf_base}", *LORA_ARGS, "--max_iters=3", "--eval_interval=3",
-              "--eval_prompts=[]", "--batch_size=1"]
-    ddp, zero1 = tmp_path / "ddp", tmp_path / "zero1"
-    assert run_on_two_ranks([*common, f"--out_dir={ddp}"],
-                            [*common, f"--out_dir={zero1}", "--use_distributed_optimizer"]
-                            ) == [0, 0]
-    assert train_losses(zero1) == pytest.approx(train_losses(ddp), rel=1e-5)
-    adapters = [load_file(run / "ckpt" / "step_000003" / ADAPTERS_FILE) for run in (ddp, zero1)]
-    for name, tensor in adapters[0].items():
-        torch.testing.assert_close(adapters[1][name], tensor, rtol=1e-4, atol=1e-6)
+              "--eval_prompts=[]"]
+    runs = [[*common, "--batch_size=1", f"--zero_stage={stage}",
+             f"--out_dir={tmp_path / f'zero{stage}'}"] for stage in ZERO_STAGES]
+    for stage in RESUMED_STAGES:
+        cut = [*common, "--batch_size=1", f"--zero_stage={stage}",
+               f"--out_dir={tmp_path / f'cut{stage}'}"]
+        runs += [[*cut, "--stop_at_iter=2"], [*cut, "--resume"]]
+    assert run_on_two_ranks(*runs) == [0] * len(runs)
+    single = tmp_path / "single"
+    assert run_main(train_my_ddp.main, [*common, "--batch_size=1",
+                                        "--gradient_accumulation_steps=2",
+                                        f"--out_dir={single}"]) == 0
+
+    final = Path("ckpt") / "step_000003"
+    expected = load_file(single / final / ADAPTERS_FILE)
+    lora = LoraConfig(rank=4, alpha=8.0, targets="q_proj,v_proj,down_proj")  # LORA_ARGS
+    for stage in ZERO_STAGES:
+        run = tmp_path / f"zero{stage}"
+        assert train_losses(run) == pytest.approx(train_losses(single), rel=1e-5), stage
+        adapters = load_file(run / final / ADAPTERS_FILE)
+        assert sorted(adapters) == sorted(expected)
+        for name, tensor in expected.items():
+            torch.testing.assert_close(adapters[name], tensor, rtol=1e-4, atol=1e-6)
+        plan = plan_memory(model_config_at(hf_base), world_size=2, zero_stage=stage,
+                           dtype="fp32", batch_size=1, max_seq_len=32, lora=lora)
+        (measured,) = records(run, "memory")
+        assert {key: measured[key] for key in plan.as_measured()} == plan.as_measured(), stage
+        if stage > 0:  # ZeRO's shard files: adapters only
+            saved = [torch.load(path, weights_only=True)
+                     for path in (run / final / "optim").glob("zero1_rank*.pt")]
+            assert {piece["name"] for state in saved for piece in state["pieces"]} == set(
+                expected)
+    for stage in RESUMED_STAGES:
+        full, cut = tmp_path / f"zero{stage}", tmp_path / f"cut{stage}"
+        assert train_losses(cut) == train_losses(full)
+        assert ((cut / final / ADAPTERS_FILE).read_bytes()
+                == (full / final / ADAPTERS_FILE).read_bytes())
+        assert [r["step"] for r in records(cut, "resume")] == [2]
 
 
 def test_lora_options_out_of_range_are_refused_before_any_work(data, hf_base, tmp_path,

@@ -96,7 +96,7 @@ def _problems(**changes) -> str:
     ({"pipeline_parallel": 2, "overlap_param_gather": True, "zero_stage": 1},
      "--overlap_param_gather with"),
     ({"tensor_parallel": 2, "comm_hook": "powersgd"}, "--comm_hook=powersgd with"),
-    ({"tensor_parallel": 2, "lora_rank": 8}, "--lora_rank=8 with"),
+    ({"tensor_parallel": 2, "lora_rank": 8, "lora_dropout": 0.1}, "--lora_dropout=0.1 with"),
     ({"sequence_parallel": True}, "--sequence_parallel needs --tensor_parallel > 1"),
     ({"pipeline_parallel": 0}, "--pipeline_parallel"),
     ({"pipeline_parallel": 2, "num_hidden_layers": 3}, "not divisible by --pipeline_parallel 2"),

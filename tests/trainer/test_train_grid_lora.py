@@ -1,0 +1,168 @@
+"""LoRA (`--lora_rank`) on tensor/pipeline grids, from the command line on 4 gloo ranks.
+
+The base is a tiny z2all model pretrained for one step (an HF test base has an odd
+vocabulary, which tensor parallelism cannot split). One table, one row per (task, layout), all
+rows in one spawn of 4 ranks: LoRA for 3 steps on every projection (column-parallel q/k/v and
+gate/up: B sliced by rows; row-parallel o and down: A sliced by columns, the adapter's partial
+product reduced with the base's); DPO's reference is the policy's own stages with the adapters
+off. Reference: the same command in one process, each sequence a micro-batch of its own
+(--batch_size=1: a data-parallel rank's loss is the mean over its own tokens, and so is each
+micro-batch's), fp32. Compared: every step's loss, gradient norm (clipping uses the whole
+model's norm: replicated adapter factors counted once) and DPO reward margin, the validation
+loss, and the adapter file of step 3, gathered whole on rank 0: the one-process names and
+shapes, values to fp32 rounding. A row that stops at `STOP` resumes on the same grid (bitwise
+the uninterrupted row) or in one process (the optimizer state is layout-neutral). Then the
+grid run's adapters load with our loader (merged) and, exported with `--adapter`, in peft,
+with the one-process run's logits, and every rank's memory after the first step is its plan.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import LlamaForCausalLM
+
+from model import convert_to_hf
+from model.loading import load_model, resolve_model_dir
+from model.lora_checkpoint import ADAPTERS_FILE
+from parallel.local_ranks import run_on_ranks
+from tests.parallel.grid_helpers import ADAM_EPS
+from tests.train_helpers import TINY_ARGS, data_args, records, run_main, train_losses
+from tests.trainer.test_train_grid import _runs_on_rank
+from trainer.config_files import load_config_file
+from trainer.model_setup import model_config_at
+from trainer.options import TrainingOptions
+from trainer.setup import memory_plan
+from utils.cli_errors import run_main as run_cli
+
+STEPS, STOP, ACCUMULATION = 3, 2, 2
+BASE_SHAPE = ["--num_hidden_layers=2", "--num_key_value_heads=2"]  # splits by TP2 and PP2
+LORA_ARGS = ["--lora_rank=4", "--lora_alpha=8"]  # every projection (the default targets)
+TP2_PP2 = ["--tensor_parallel=2", "--pipeline_parallel=2"]
+ONE_PROCESS = ["--tensor_parallel=1", "--pipeline_parallel=1", "--zero_stage=1"]
+# name: (grid options, data-parallel size, task, where a run stopped at STOP resumes: None =
+# not stopped, "grid" = on its own grid, "one process" = with ONE_PROCESS)
+LAYOUTS = {
+    "sft_tp2_pp2": (TP2_PP2, 1, "sft", None),
+    "sft_tp2_pp2_resumed": (TP2_PP2, 1, "sft", "grid"),
+    "sft_tp2_pp2_resumed_in_one_process": (TP2_PP2, 1, "sft", "one process"),
+    "sft_dp2_tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2, "sft", None),
+    "sft_dp2_pp2_zero1": (["--pipeline_parallel=2", "--zero_stage=1"], 2, "sft", None),
+    "sft_dp2_pp2_zero3": (["--pipeline_parallel=2", "--zero_stage=3"], 2, "sft", None),
+    "dpo_tp2_pp2": (TP2_PP2, 1, "dpo", None),
+}
+# DPO's loss is a difference of sequence log-probs near log 2: its gradients are small, so
+# Adam's eps is raised as in test_train_grid_dpo.py (rounding noise not blown up to a whole lr)
+TASK_OPTIONS = {"sft": [], "dpo": ["--dpo_beta=0.5", f"--adam_eps={ADAM_EPS}"]}
+TOLERANCE = {"sft": 1e-5, "dpo": 1e-4}  # relative, for every compared metric
+COMPARED = ("loss", "grad_norm", "rewards/margins")  # per step, where the task logs it
+
+
+def _lora_args(data, out_dir: Path, task: str, *extra: str) -> list[str]:
+    return [*TINY_ARGS, *data_args(data, task), *TASK_OPTIONS[task], *LORA_ARGS,
+            f"--max_iters={STEPS}", "--eval_interval=3", "--save_interval=100",
+            "--eval_prompts=[]", "--batch_size=1", f"--out_dir={out_dir}", *extra]
+
+
+def _reference(root: Path, task: str, data_parallel: int) -> Path:
+    return root / f"single_{task}_dp{data_parallel}"
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory) -> Path:
+    """The base, every row of the table (one 4-rank spawn; a resume in one process after it)
+    and the one-process references (the same global batch as ACCUMULATION x D micro-batches)."""
+    root = tmp_path_factory.mktemp("grid_lora")
+    assert run_main([*TINY_ARGS, *data_args(data, "pretrain"), *BASE_SHAPE, "--max_iters=1",
+                     "--eval_prompts=[]", f"--out_dir={root / 'base'}"]) == 0
+    on_grid, in_one_process = [], []
+    for name, (grid, _, task, resumed_on) in LAYOUTS.items():
+        args = _lora_args(data, root / name, task, f"--init_from={root / 'base'}",
+                          f"--gradient_accumulation_steps={ACCUMULATION}")
+        on_grid.append([*args, *grid] + ([f"--stop_at_iter={STOP}"] if resumed_on else []))
+        if resumed_on == "grid":
+            on_grid.append([*args, *grid, "--resume"])
+        elif resumed_on == "one process":
+            in_one_process.append([*args, *ONE_PROCESS, "--resume"])
+    assert (run_on_ranks(_runs_on_rank, on_grid, world_size=4, timeout=900)
+            == [[0] * len(on_grid)] * 4)
+    assert [run_main(args) for args in in_one_process] == [0] * len(in_one_process)
+    for data_parallel, task in sorted({(row[1], row[2]) for row in LAYOUTS.values()}):
+        assert run_main(_lora_args(
+            data, _reference(root, task, data_parallel), task, f"--init_from={root / 'base'}",
+            f"--gradient_accumulation_steps={ACCUMULATION * data_parallel}")) == 0
+    return root
+
+
+def _adapters(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "ckpt" / f"step_{STEPS:06d}" / ADAPTERS_FILE)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_lora_on_the_grid_trains_like_one_process(trained, name):
+    _, data_parallel, task, resumed_on = LAYOUTS[name]
+    single, run = _reference(trained, task, data_parallel), trained / name
+    steps, expected_steps = records(run, "train"), records(single, "train")
+    assert len(steps) == len(expected_steps) == STEPS
+    for key in [key for key in COMPARED if key in expected_steps[0]]:
+        assert ([step[key] for step in steps] == pytest.approx(
+            [step[key] for step in expected_steps], rel=TOLERANCE[task], abs=1e-7)), key
+    if task == "dpo":  # the reference is the base: the adapters start at B = 0
+        assert steps[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    if data_parallel == 1:  # (the eval set has eval_iters x batch_size x D samples)
+        assert (records(run, "eval")[-1]["val_loss"] == pytest.approx(
+            records(single, "eval")[-1]["val_loss"], rel=TOLERANCE[task]))
+    assert (records(run, "run")[0]["trainable_params"]
+            == records(single, "run")[0]["trainable_params"])
+    expected, saved = _adapters(single), _adapters(run)
+    assert {key: t.shape for key, t in saved.items()} == {k: t.shape for k, t in expected.items()}
+    for key in expected:
+        torch.testing.assert_close(saved[key], expected[key], rtol=1e-4, atol=1e-5,
+                                   msg=lambda message, key=key: f"{name}: {key}: {message}")
+    if resumed_on is not None:
+        assert [r["step"] for r in records(run, "resume")] == [STOP]
+    if resumed_on == "grid":  # bitwise
+        uninterrupted = trained / name.removesuffix("_resumed")
+        assert train_losses(run) == train_losses(uninterrupted)
+        assert ((run / "ckpt" / f"step_{STEPS:06d}" / ADAPTERS_FILE).read_bytes()
+                == (uninterrupted / "ckpt" / f"step_{STEPS:06d}" / ADAPTERS_FILE).read_bytes())
+
+
+@pytest.mark.parametrize("name", [name for name, row in LAYOUTS.items() if row[3] is None])
+def test_memory_on_every_rank_is_as_planned(trained, name):
+    """After the first step each rank holds, measured to the byte, what its plan says: its
+    slices of the adapters with their gradients and Adam state, and its part of the frozen
+    base (ZeRO-3: the adapters sharded, the base whole)."""
+    run = trained / name
+    options = TrainingOptions.from_dict(load_config_file(run / "config.json"))
+    config = model_config_at(resolve_model_dir(trained / "base"))
+    (measured,) = records(run, "memory")
+    assert len(measured["per_rank"]) == 4
+    for rank, held in enumerate(measured["per_rank"]):
+        plan = memory_plan(options, config, 4, rank, "fp32")
+        assert held == plan.as_measured(), (name, rank)
+        assert held["frozen_base"] > held["params"] > 0  # the base held, and adapters
+
+
+def test_the_grids_adapter_loads_like_one_process(trained, tmp_path):
+    """Our loader (adapters merged on load) and peft on the `--adapter` export give the
+    one-process run's logits."""
+    run, single = trained / "sft_tp2_pp2", _reference(trained, "sft", 1)
+    ours, reference = (load_model(directory)[0].eval() for directory in (run, single))
+    input_ids = torch.randint(0, ours.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        expected = reference(input_ids).logits
+        torch.testing.assert_close(ours(input_ids).logits, expected, rtol=1e-4, atol=1e-5)
+    adapter_dir = tmp_path / "adapter"
+    assert run_cli(convert_to_hf.main, ["--ckpt", str(run), "--out", str(adapter_dir),
+                                        "--adapter"]) == 0
+    base = LlamaForCausalLM.from_pretrained(adapter_dir / "base_model")
+    peft_model = PeftModel.from_pretrained(base, adapter_dir).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(input_ids).logits,
+                                   expected, rtol=1e-4, atol=1e-5)
