@@ -21,10 +21,12 @@ A LoRA run (`model/lora_checkpoint.py`) exports by default as the merged model, 
 stock `LlamaForCausalLM` directory. With `--adapter` it becomes a peft adapter directory
 instead: `adapter_config.json` + `adapter_model.safetensors`, for
 `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "adapter/")`, whose
-`base_model_name_or_path` is the run's base when that is an HF Llama dir, else the base
-exported beside it into `adapter/base_model/`: an absolute path, or with `--base_path_relative`
-one relative to the adapter directory (then adapter and base move together; join it to the
-adapter directory before loading: `AutoPeftModelForCausalLM` reads it from the working one).
+`base_model_name_or_path` is the run's base when that is an HF Llama dir (a base from the HF
+cache, `--init_from org/name`, is named by its Hub id, with the snapshot as `revision`, so
+`AutoPeftModelForCausalLM` finds it on any machine), else the base exported beside it into
+`adapter/base_model/`: an absolute path, or with `--base_path_relative` one relative to the
+adapter directory (then adapter and base move together; join it to the adapter directory
+before loading: `AutoPeftModelForCausalLM` reads it from the working one).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from utils.boolean_flags import add_boolean_flag
 from utils.checkpoint import is_step_dir
 from utils.cli_errors import run_main
 from utils.conversation import IM_END
+from utils.hub import snapshot_of
 from utils.log_setup import configure_logging
 
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -93,8 +96,9 @@ def export_tokenizer(tokenizer: Z2allTokenizer | PretrainedTokenizer,
 
 
 def export_peft_adapter(model: Z2allForCausalLM, config: LoraConfig, base_dir: str,
-                        out_dir: str | os.PathLike) -> None:
-    """Write the adapters of `model` (live, unmerged) as a peft LoRA adapter directory."""
+                        out_dir: str | os.PathLike, revision: str | None = None) -> None:
+    """Write the adapters of `model` (live, unmerged) as a peft LoRA adapter directory;
+    `base_dir` a path or Hub id, `revision` the id's commit."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     peft_state = {}
@@ -105,6 +109,7 @@ def export_peft_adapter(model: Z2allForCausalLM, config: LoraConfig, base_dir: s
     atomic_write_bytes(out_dir / PEFT_WEIGHTS_FILE, save(peft_state, metadata={"format": "pt"}))
     atomic_write_json(out_dir / PEFT_CONFIG_FILE, {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_dir,
+        "revision": revision,
         "r": config.rank, "lora_alpha": config.alpha, "lora_dropout": config.dropout,
         "target_modules": config.target_names, "bias": "none", "fan_in_fan_out": False,
         "use_rslora": False, "use_dora": False, "inference_mode": True})
@@ -112,10 +117,14 @@ def export_peft_adapter(model: Z2allForCausalLM, config: LoraConfig, base_dir: s
 
 def export_lora_run_as_adapter(model_dir: Path, out_dir: str | os.PathLike,
                                eos_token_id: int | None, base_path_relative: bool = False) -> str:
-    """The peft adapter directory of a LoRA checkpoint; returns the base it names: absolute,
-    or relative to the adapter directory (so both can move together)."""
+    """The peft adapter directory of a LoRA checkpoint; returns the base it names: its Hub id
+    when it is a snapshot in the HF cache, else a path, absolute or relative to the adapter
+    directory (so both can move together)."""
     model, config, base = load_lora_checkpoint(model_dir)
     base_dir = Path(base["path"])
+    if (hub := snapshot_of(base_dir)) is not None and is_hf_model_dir(base_dir):
+        export_peft_adapter(model, config, hub["id"], out_dir, revision=hub["snapshot"])
+        return hub["id"]
     if not is_hf_model_dir(base_dir):  # a z2all base: peft needs it as an HF model too
         base_model, _ = load_model(base_dir)
         base_dir = Path(out_dir).resolve() / BASE_SUBDIR

@@ -80,3 +80,29 @@ def test_a_missing_id_is_one_line_and_a_local_dir_wins(hub_cache, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     (tmp_path / REPO_ID).mkdir(parents=True)
     assert local_dir(REPO_ID, "--ckpt") == REPO_ID
+
+
+def test_a_lora_adapter_of_a_hub_base_names_its_id_and_loads_by_it(hub_cache, data, tmp_path):
+    """The exported peft adapter says `base_model_name_or_path: org/name` and the snapshot as
+    `revision`: peft's AutoPeftModelForCausalLM loads the base by id from the cache, and the
+    adapted logits equal the merged export's."""
+    import torch
+    from peft import AutoPeftModelForCausalLM
+    from transformers import LlamaForCausalLM
+
+    run = tmp_path / "lora_run"
+    assert run_main(train_my_ddp.main, [*ARGS, "--data_dir", str(data["sft"]), "--out_dir",
+                                        str(run), "--init_from", REPO_ID, "--lora_rank", "4",
+                                        "--max_iters", "2"]) == 0
+    adapter, merged = tmp_path / "adapter", tmp_path / "merged"
+    assert run_main(convert_to_hf.main, ["--ckpt", str(run), "--out", str(adapter),
+                                         "--adapter"]) == 0
+    assert run_main(convert_to_hf.main, ["--ckpt", str(run), "--out", str(merged)]) == 0
+    adapter_config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (adapter_config["base_model_name_or_path"], adapter_config["revision"]) == (
+        REPO_ID, FIRST)
+    input_ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        adapted = AutoPeftModelForCausalLM.from_pretrained(adapter)(input_ids).logits
+        expected = LlamaForCausalLM.from_pretrained(merged)(input_ids).logits
+    torch.testing.assert_close(adapted, expected, rtol=1e-5, atol=1e-5)
