@@ -54,6 +54,7 @@ LAYOUTS = {
     "sft_dp2_tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2, "sft", None),
     "sft_dp2_pp2_zero1": (["--pipeline_parallel=2", "--zero_stage=1"], 2, "sft", None),
     "sft_dp2_pp2_zero3": (["--pipeline_parallel=2", "--zero_stage=3"], 2, "sft", None),
+    "sft_dp2_tp2_zero3": (["--tensor_parallel=2", "--zero_stage=3"], 2, "sft", None),
     "dpo_tp2_pp2": (TP2_PP2, 1, "dpo", None),
 }
 # DPO's loss is a difference of sequence log-probs near log 2: its gradients are small, so
