@@ -17,8 +17,18 @@ $(STAMP): requirements.txt
 demo: venv
 	$(PY) -m tools.demo
 
+# The `slow` tests (the README's commands run in order: minutes of mostly one-core work) run
+# beside the others, whose multi-rank tests leave a core idle much of the time: ~13 min instead
+# of ~18 on 2 cores. Both runs must pass; the slow run's output is printed after the main one's.
 test: venv
-	$(PY) -m pytest
+	@slow_log=$$(mktemp); \
+	$(PY) -m pytest -m slow >"$$slow_log" 2>&1 & slow_pid=$$!; \
+	trap 'kill $$slow_pid 2>/dev/null; rm -f "$$slow_log"' INT TERM; \
+	$(PY) -m pytest -m "not slow"; main_rc=$$?; \
+	wait $$slow_pid; slow_rc=$$?; \
+	echo "--- the slow tests (pytest -m slow), run beside the others:"; \
+	cat "$$slow_log"; rm -f "$$slow_log"; \
+	exit $$(( main_rc || slow_rc ))
 
 # The real CUDA kernels and NCCL (README "GPU notes": what it proves). Runs in $(GPU_VENV) when
 # it exists (`make gpu-venv`), else in .venv; fails, never skips, without a CUDA device. The
