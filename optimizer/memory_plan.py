@@ -68,7 +68,7 @@ from parallel.distributed_data_parallel.param_and_grad_buffer import pad_to_mult
 from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import micro_batches_in_flight
 from parallel.pipeline_parallel.stage import split_into_stage, zero_units
-from parallel.sharded_data_parallel import group_into_units
+from parallel.sharded_data_parallel import ShardedDataParallel, group_into_units
 from parallel.tensor_parallel.parallelize import parallelize_model
 from utils.precision import DTYPES
 
@@ -261,7 +261,7 @@ def measure_memory(wrapped: nn.Module, optimizer) -> dict[str, int]:
     """The bytes of the same tensors, read from a live wrapper and optimizer (after a step, when
     Adam's state exists): what `plan_memory`'s params, grads, optimizer and (LoRA)
     frozen_base lines predict; `params` counts the trainable parameters only."""
-    if hasattr(wrapped, "resident_bytes"):  # ZeRO-2/3
+    if isinstance(wrapped, ShardedDataParallel):  # ZeRO-2/3
         resident = wrapped.resident_bytes()
         params, grads = resident["params"], resident["grads"]
     else:  # our DDP (stage 0/1)
