@@ -48,14 +48,15 @@ from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
-from optimizer.memory_plan import plan_memory
 from parallel.context_parallel.context_shard import ContextShard
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
 )
 from parallel.local_ranks import run_on_ranks
-from parallel.parallel_dims import ParallelDims, check_parallel_shapes
+from parallel.parallel_dims import ParallelDims
+from parallel_plan.llama_shapes import check_parallel_shapes
+from parallel_plan.memory_plan import plan_memory
 from trainer.model_parallel import parallelize_grid
 from utils.boolean_flags import add_boolean_flag
 

@@ -6,7 +6,7 @@ Starts `world_size` local gloo ranks (parallel/local_ranks.run_on_ranks, 1 threa
 trains the same z2all model for a few AdamW steps (fp32) with each wrapper and reports, for
 rank 0:
     at rest  params + grads + optimizer state held between steps (measure_memory), and the
-             planner's prediction for the same (optimizer/memory_plan.py) next to it
+             planner's prediction for the same (parallel_plan/memory_plan.py) next to it
     peak     the largest params + grads seen at any block's forward or any gradient hook
              (stage 3 gathers units, stages 2/3 hold one unit's whole gradient while reducing)
     step     median seconds per step (forward, backward, reduction, AdamW)
@@ -28,9 +28,10 @@ from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
 from optimizer.data_parallel_factory import build_data_parallel
-from optimizer.memory_plan import MemoryPlan, measure_memory, plan_memory
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.local_ranks import run_on_ranks
+from parallel_plan.llama_units import zero_units
+from parallel_plan.memory_plan import MemoryPlan, measure_memory, plan_memory
 
 
 def model_config(args: argparse.Namespace) -> Z2allConfig:
@@ -82,7 +83,7 @@ def ours(args: argparse.Namespace, zero_stage: int, ids: torch.Tensor) -> dict:
     model = Z2allForCausalLM(model_config(args))
     wrapped, optimizer, _ = build_data_parallel(model, zero_stage,
                                                 DistributedDataParallelConfig(),
-                                                OptimizerConfig())
+                                                OptimizerConfig(), is_unit=zero_units(model))
     peak = sample_peak(wrapped, model)
 
     def step() -> None:

@@ -27,7 +27,7 @@ dropout mask, as each peft layer does). The base weight keeps its parameter name
 Also here: merging (W += (alpha/r) B A, for inference at the base model's speed) and
 unmerging, `adapters_disabled` (the base model's output without a second copy of its weights:
 the DPO reference), and the adapter-only state dict a LoRA checkpoint stores. Tensor
-parallelism slices a `LoraLinear` like its base weight (parallel/tensor_parallel/lora.py): it
+parallelism slices a `LoraLinear` like its base weight (parallel_plan/tensor_parallel_lora.py): it
 subclasses this layer, wraps its forward in the collectives and overrides `adapter_weights`.
 """
 

@@ -116,7 +116,7 @@ class Z2allModel(nn.Module):
 
     Its parts are methods (or modules) of their own, `embed`, `block_inputs`, `run_blocks`,
     `norm`, so that a pipeline or tensor-parallel stage composes the very same code from the
-    parts it holds (parallel/pipeline_parallel/stage.py) instead of a copy.
+    parts it holds (parallel_plan/llama_pipeline.py) instead of a copy.
 
     Context parallelism is one attribute, `context_parallel` (a `SequenceShard`, set by the
     plan; None: off): the inputs stay whole [B, S], and `embed`, `block_inputs` and the head

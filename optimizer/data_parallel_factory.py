@@ -36,7 +36,7 @@ from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (
     PowerSGDState,
     powerSGD_hook,
 )
-from parallel.sharded_data_parallel import ShardedDataParallel, is_decoder_block
+from parallel.sharded_data_parallel import ShardedDataParallel
 
 ZERO_STAGES = (0, 1, 2, 3)
 COMM_HOOKS = ("allreduce", "bf16", "powersgd", "overlap_optim")
@@ -85,12 +85,13 @@ def build_data_parallel(model: torch.nn.Module, zero_stage: int,
                         optimizer_config: OptimizerConfig,
                         process_group: dist.ProcessGroup | None = None,
                         comm_hook: str = "allreduce",
-                        powersgd_state: PowerSGDState | None = None,
-                        is_unit: Callable[[torch.nn.Module], bool] = is_decoder_block,
+                        powersgd_state: PowerSGDState | None = None, *,
+                        is_unit: Callable[[torch.nn.Module], bool],
                         ) -> tuple[torch.nn.Module, TrainingOptimizer, PowerSGDState | None]:
     """(the wrapped model, the optimizer the loop steps, the comm hook state a checkpoint must
     save or None). `process_group` is the data-parallel group (None = all ranks); `is_unit`
-    the ZeRO-2/3 unit boundaries (parallel/sharded_data_parallel/)."""
+    the ZeRO-2/3 unit boundaries, the model's knowledge (for our llama its decoder blocks:
+    parallel_plan/llama_units.py)."""
     zero_stage = check_zero_options(
         zero_stage, comm_hook, optimizer_config.use_distributed_optimizer,
         optimizer_config.cpu_offload, optimizer_config.overlap_param_gather)

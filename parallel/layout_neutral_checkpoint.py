@@ -27,18 +27,18 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from model.configuration_z2all import Z2allConfig
 from parallel.parallel_dims import ParallelDims
-from parallel.tensor_parallel.sharding import layout_for, shard_tensor, unshard_tensors
+from parallel.tensor_parallel.sharding import LayoutOf, shard_tensor, unshard_tensors
 
 
-def gather_full_tensors(local: dict[str, torch.Tensor], config: Z2allConfig,
+def gather_full_tensors(local: dict[str, torch.Tensor], layout_of: LayoutOf,
                         dims: ParallelDims) -> dict[str, torch.Tensor] | None:
-    """The whole model's tensors on global rank 0 (module docstring), None elsewhere."""
+    """The whole model's tensors on global rank 0 (module docstring), None elsewhere;
+    `layout_of` says how the model splits each name under tensor parallelism."""
     # Step 1: undo tensor parallelism.
     full = {}
     for name, tensor in local.items():
-        layout = layout_for(name, config) if dims.tensor_parallel > 1 else None
+        layout = layout_of(name) if dims.tensor_parallel > 1 else None
         if layout is None:
             full[name] = tensor.detach().clone()
             continue
@@ -57,7 +57,7 @@ def gather_full_tensors(local: dict[str, torch.Tensor], config: Z2allConfig,
     return {name: tensor for stage in stages for name, tensor in stage.items()}
 
 
-def shard_full_tensors(full: dict[str, torch.Tensor], names: list[str], config: Z2allConfig,
+def shard_full_tensors(full: dict[str, torch.Tensor], names: list[str], layout_of: LayoutOf,
                        dims: ParallelDims) -> dict[str, torch.Tensor]:
     """This rank's slices of the tensors `names` (its stage's) from a whole-model dict."""
     missing = sorted(set(names) - set(full))
@@ -66,7 +66,7 @@ def shard_full_tensors(full: dict[str, torch.Tensor], names: list[str], config: 
                          f"{missing[0]} (saved for a different model?)")
     local = {}
     for name in names:
-        layout = layout_for(name, config) if dims.tensor_parallel > 1 else None
+        layout = layout_of(name) if dims.tensor_parallel > 1 else None
         local[name] = (full[name] if layout is None
                        else shard_tensor(full[name], layout, dims.tp_rank, dims.tensor_parallel))
     return local

@@ -27,8 +27,9 @@ the dp x cp group (`dp_cp_group`; our DDP's process group; without context paral
 the data-parallel group). A tied embedding lives on the first and the last stage;
 `embedding_group` links those two ranks.
 
-`check_parallel_shapes` validates every shape constraint before any work; the trainer's option
-check calls it, so a bad grid fails in one line that names the option to change.
+`check_grid` validates the grid's sizes before any work (the model's plan adds its shapes:
+parallel_plan/llama_shapes.py); the trainer's option check calls both, so a bad grid fails in
+one line that names the option to change.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from model.configuration_z2all import Z2allConfig
-
 
 def _grid_product(tensor_parallel: int, pipeline_parallel: int, context_parallel: int) -> str:
     """'--tensor_parallel T x --pipeline_parallel P [x --context_parallel C]', for messages."""
@@ -47,10 +46,12 @@ def _grid_product(tensor_parallel: int, pipeline_parallel: int, context_parallel
     return named + (f" x --context_parallel {context_parallel}" if context_parallel > 1 else "")
 
 
-def check_parallel_shapes(config: Z2allConfig, world_size: int, tensor_parallel: int = 1,
-                          pipeline_parallel: int = 1, sequence_parallel: bool = False,
-                          seq_len: int | None = None, context_parallel: int = 1) -> None:
-    """Raise ValueError (one line naming the option) if the model cannot be split this way."""
+def check_grid(world_size: int, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+               sequence_parallel: bool = False, seq_len: int | None = None,
+               context_parallel: int = 1) -> None:
+    """Raise ValueError (one line naming the option) if the world or the sequence cannot be
+    cut this way; what the model's own shapes allow is its plan's check
+    (parallel_plan/llama_shapes.py)."""
     if tensor_parallel < 1 or pipeline_parallel < 1 or context_parallel < 1:
         raise ValueError("--tensor_parallel, --pipeline_parallel and --context_parallel must "
                          "be >= 1")
@@ -58,24 +59,6 @@ def check_parallel_shapes(config: Z2allConfig, world_size: int, tensor_parallel:
         raise ValueError(f"world size {world_size} is not divisible by "
                          f"{_grid_product(tensor_parallel, pipeline_parallel, context_parallel)}")
     t = tensor_parallel
-    for name, size in (("num_attention_heads", config.num_attention_heads),
-                       ("num_key_value_heads", config.num_key_value_heads),
-                       ("intermediate_size", config.intermediate_size),
-                       ("vocab_size", config.vocab_size)):
-        if size % t:
-            fix = (" (raise vocab_size_multiple to a multiple of it)" if name == "vocab_size"
-                   else "")
-            raise ValueError(f"model {name} {size} is not divisible by --tensor_parallel {t}"
-                             f"{fix}")
-    if t > 1 and config.dropout:
-        raise ValueError(f"dropout {config.dropout} with --tensor_parallel {t} is not "
-                         "supported (replicated regions would need one RNG stream); use 0")
-    if context_parallel > 1 and config.dropout:
-        raise ValueError(f"dropout {config.dropout} with --context_parallel {context_parallel} "
-                         "is not supported (ring attention has no dropout); use 0")
-    if config.num_hidden_layers % pipeline_parallel:
-        raise ValueError(f"model num_hidden_layers {config.num_hidden_layers} is not divisible "
-                         f"by --pipeline_parallel {pipeline_parallel}")
     if sequence_parallel and t == 1:
         raise ValueError("--sequence_parallel needs --tensor_parallel > 1")
     if sequence_parallel and seq_len is not None and seq_len % (t * context_parallel):

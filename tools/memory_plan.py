@@ -8,7 +8,7 @@ On a tensor/pipeline grid (data parallel = world_size / (T x P)) the ranks hold 
 parts: `--rank` picks one (default 0, the first stage; the last stage holds the head).
 
 Parameters, gradients and optimizer state are computed exactly as the code lays them out
-(optimizer/memory_plan.py; the trainer prints the same plan at start-up); activations are an
+(parallel_plan/memory_plan.py; the trainer prints the same plan at start-up); activations are an
 estimate. With --lora_rank only the adapters have gradients and optimizer state; the frozen
 base is its own line, whole on every data-parallel rank at every stage. Not counted: the CUDA
 context, allocator fragmentation, temporary buffers of one collective (one unit's whole
@@ -22,9 +22,9 @@ import sys
 
 from model.configuration_z2all import PRESETS, Z2allConfig
 from model.lora import LoraConfig
-from optimizer.memory_plan import plan_memory
-from parallel.parallel_dims import check_parallel_shapes
 from parallel.pipeline_parallel.schedules import SCHEDULES
+from parallel_plan.llama_shapes import check_parallel_shapes
+from parallel_plan.memory_plan import plan_memory
 from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.option_checks import raise_problems, range_problem

@@ -49,6 +49,7 @@ from optimizer.distributed_optimizer.zero1_checkpoint import (
 from optimizer.optimizer import STATE_VERSION, MainPiece, MixedPrecisionOptimizer
 from parallel.layout_neutral_checkpoint import gather_full_tensors, shard_full_tensors
 from parallel.parallel_dims import ParallelDims
+from parallel_plan.llama_tensor_parallel import layouts_of
 from utils.atomic_io import atomic_open
 
 GRID_OPTIMIZER_FILES = [shard_file_name(0, 1)]
@@ -74,7 +75,8 @@ def save_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
     trainable ones (with `lora`, the adapters: the frozen base has no state)."""
     local, step = _whole_on_this_rank(optimizer, params, dims)  # Step 1
     # Step 2: whole on rank 0.
-    full = {key: gather_full_tensors(tensors, config, dims) for key, tensors in local.items()}
+    full = {key: gather_full_tensors(tensors, layouts_of(config), dims)
+            for key, tensors in local.items()}
     if dims.rank != 0:
         return
     # Step 3: one piece per parameter, elements [0, numel).
@@ -120,7 +122,7 @@ def load_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
                                  shapes, dims.rank, dims.world_size)
     full = {key: {piece["name"]: piece[key].view(shapes[piece["name"]])
                   for piece in state["pieces"]} for key in TENSOR_KEYS}
-    local = {key: shard_full_tensors(tensors, list(params), config, dims)
+    local = {key: shard_full_tensors(tensors, list(params), layouts_of(config), dims)
              for key, tensors in full.items()}
     with torch.no_grad():
         for name, (_, pieces) in params.items():

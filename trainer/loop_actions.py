@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from optimizer.memory_plan import measure_memory
+from parallel_plan.memory_plan import measure_memory
 from trainer.distributed_env import all_reduce_sum
 from trainer.report import write_report
 from trainer.setup import Run

@@ -70,16 +70,13 @@ from parallel.distributed_data_parallel import (
     DistributedDataParallelConfig,
 )
 from parallel.layout_neutral_checkpoint import gather_full_tensors
-from parallel.parallel_dims import ParallelDims, check_parallel_shapes
+from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import PipelineSchedule
-from parallel.pipeline_parallel.stage import (
-    split_into_stage,
-    tied_embedding_param,
-    zero_units,
-)
 from parallel.sharded_data_parallel import ShardedDataParallel
-from parallel.tensor_parallel.parallelize import parallelize_model
-from parallel.tensor_parallel.sharding import layout_for
+from parallel_plan.llama_pipeline import llama_stage, split_into_stage, tied_embedding_param
+from parallel_plan.llama_shapes import check_parallel_shapes
+from parallel_plan.llama_tensor_parallel import layout_for, layouts_of, parallelize_model
+from parallel_plan.llama_units import zero_units
 from trainer.forward_steps import Batch, DPOStep, ForwardStep, as_base_model
 from trainer.grid_optimizer_checkpoint import (
     GRID_OPTIMIZER_FILES,
@@ -250,7 +247,8 @@ def split_reference(reference: Z2allForCausalLM, policy_schedule: PipelineSchedu
     if dims.tensor_parallel > 1:
         parallelize_model(reference, dims, policy_schedule.sequence_parallel)
     reference.requires_grad_(False)
-    return PipelinedEval(PipelineSchedule(reference, dims, policy_schedule.schedule,
+    return PipelinedEval(PipelineSchedule(llama_stage(reference, dims), dims,
+                                          policy_schedule.schedule,
                                           policy_schedule.sequence_parallel))
 
 
@@ -294,7 +292,8 @@ def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_par
         model, zero_stage, ddp_config, dataclasses.replace(optimizer_config, clip_grad=0.0),
         process_group=dims.dp_cp_group, comm_hook=comm_hook,
         is_unit=zero_units(model, dims))
-    schedule = PipelineSchedule(model, dims, pp_schedule, sequence_parallel, grad_sync=ddp)
+    schedule = PipelineSchedule(llama_stage(model, dims), dims, pp_schedule, sequence_parallel,
+                                grad_sync=ddp)
     optimizer = GridOptimizer(inner, model, dims, max_norm=optimizer_config.clip_grad)
     return ddp, optimizer, schedule, dims
 
@@ -306,7 +305,7 @@ def whole_model_on_rank0(model: Z2allForCausalLM, dims: ParallelDims
     elsewhere), for sample generation and model.safetensors (with LoRA: with its adapters, for
     the adapter file). Under ZeRO-3 the caller gathers the stage's shards first
     (`ShardedDataParallel.gathered_params`, as `Parallelized.whole_model` does)."""
-    full = gather_full_tensors(model.state_dict(), model.config, dims)
+    full = gather_full_tensors(model.state_dict(), layouts_of(model.config), dims)
     if full is None:
         yield None
         return

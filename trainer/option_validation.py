@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from model.loading import resolve_model_dir
-from parallel.parallel_dims import check_context_parallel_length, check_parallel_shapes
+from parallel.parallel_dims import check_context_parallel_length
+from parallel_plan.llama_shapes import check_parallel_shapes
 from trainer.model_setup import model_config_at, preset_model_config
 from trainer.options import TrainingOptions
 from trainer.parallelize import effective_zero_stage

@@ -51,9 +51,11 @@ from parallel.distributed_data_parallel import (
     DistributedDataParallelConfig,
 )
 from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import PowerSGDState
-from parallel.parallel_dims import ParallelDims, check_parallel_shapes
+from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import PipelineSchedule
 from parallel.sharded_data_parallel import ShardedDataParallel
+from parallel_plan.llama_shapes import check_parallel_shapes
+from parallel_plan.llama_units import zero_units
 from trainer.forward_steps import Batch, ForwardStep
 from trainer.model_parallel import (
     PipelinedBase,
@@ -212,7 +214,7 @@ def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
                       if parallel.comm_hook == "powersgd" else None)
     wrapped, optimizer, hook_state = build_data_parallel(
         model, stage, ddp_config, optimizer_config, comm_hook=parallel.comm_hook,
-        powersgd_state=powersgd_state)
+        powersgd_state=powersgd_state, is_unit=zero_units(model))
     return Parallelized(wrapped, optimizer, hook_state, stage, context=context)
 
 

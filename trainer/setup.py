@@ -42,8 +42,8 @@ from model.modeling_z2all import Z2allForCausalLM, kernels_already_reported
 from model.run_tokenizer import save_run_tokenizer
 from optimizer import TrainingOptimizer
 from optimizer.adamw import adamw_implementation
-from optimizer.memory_plan import MemoryPlan, plan_memory
 from parallel.distributed_data_parallel import DistributedDataParallel
+from parallel_plan.memory_plan import MemoryPlan, plan_memory
 from trainer.config_files import save_config
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
 from trainer.evaluation import Evaluator, eval_loader
@@ -261,7 +261,7 @@ def _print_memory_plan(run: Run) -> None:
 def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, rank: int,
                 dtype: str) -> MemoryPlan:
     """Rank `rank`'s bytes for params, grads, optimizer state and activations, predicted from
-    the options (optimizer/memory_plan.py); after the first step every rank's measured bytes
+    the options (parallel_plan/memory_plan.py); after the first step every rank's measured bytes
     are logged next to it (`"kind": "memory"`, trainer/loop_actions.py). With context
     parallelism a rank holds the activations of S/C tokens of each sequence, and the
     data-parallel states are sharded over the dp x cp group."""

@@ -1,9 +1,10 @@
 """Pipeline schedules: run forward and backward of M micro-batches through P stages.
 
-`PipelineSchedule(model, dims, schedule).step(micro_batches)` is what the trainer calls once
-per optimizer step instead of its own micro-batch loop. It returns the mean loss over the
-micro-batches (on every rank) and leaves the gradients of the M micro-batches summed in the
-parameters, each micro-batch's loss scaled by 1/M as gradient accumulation does.
+`PipelineSchedule(stage, dims, schedule).step(micro_batches)` is what the trainer calls once
+per optimizer step instead of its own micro-batch loop (`stage`: this rank's `PipelineStage`,
+stage.py). It returns the mean loss over the micro-batches (on every rank) and leaves the
+gradients of the M micro-batches summed in the parameters, each micro-batch's loss scaled by
+1/M as gradient accumulation does.
 
 Two schedules, drawn for P=3 stages and M=4 micro-batches (F = forward, B = backward of
 micro-batch n, time to the right, . = idle):
@@ -53,10 +54,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from model.modeling_z2all import Z2allForCausalLM
 from parallel.gradient_sync import GradientSync
 from parallel.parallel_dims import ParallelDims
-from parallel.pipeline_parallel.stage import stage_forward, sync_tied_embedding_grads
+from parallel.pipeline_parallel.stage import PipelineStage, sync_shared_grads
 
 SCHEDULES = ("afab", "1f1b")
 # (token log-probs [B, S] of the last stage, the micro-batch) -> (loss, metrics to log)
@@ -84,16 +84,18 @@ class PipelineStepStats:
 
 
 class PipelineSchedule:
-    def __init__(self, model: Z2allForCausalLM, dims: ParallelDims, schedule: str = "1f1b",
+    def __init__(self, stage: PipelineStage, dims: ParallelDims, schedule: str = "1f1b",
                  sequence_parallel: bool = False, grad_sync: GradientSync | None = None
                  ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"--pp_schedule {schedule!r}: choose one of {list(SCHEDULES)}")
-        self.model, self.dims, self.schedule = model, dims, schedule
+        self.stage, self.dims, self.schedule = stage, dims, schedule
+        self.model = stage.module
+        """This stage's module (what the data-parallel wrapper wraps)."""
         self.sequence_parallel = sequence_parallel
         self.grad_sync = grad_sync
         """The stage's data-parallel wrapper (module docstring), None without one."""
-        self.activation_dtype = next(model.parameters()).dtype
+        self.activation_dtype = next(self.model.parameters()).dtype
         self.last_step_stats: PipelineStepStats | None = None
         self.last_step_extras: dict[str, float] = {}
 
@@ -103,7 +105,7 @@ class PipelineSchedule:
         batch_size, seq_len = micro_batch["input_ids"].shape
         if self.sequence_parallel:
             seq_len //= self.dims.tensor_parallel
-        return torch.empty(batch_size, seq_len, self.model.config.hidden_size,
+        return torch.empty(batch_size, seq_len, self.stage.hidden_size,
                            dtype=self.activation_dtype, device=micro_batch["input_ids"].device)
 
     def _exchange(self, micro_batch: dict[str, torch.Tensor], send_next=None, send_prev=None,
@@ -135,8 +137,7 @@ class PipelineSchedule:
         start = time.perf_counter()
         if stage_input is not None:
             stage_input.requires_grad_()
-        output = stage_forward(self.model, self.dims, stage_input, micro_batch,
-                               per_token=self._loss_fn is not None)
+        output = self.stage.forward(stage_input, micro_batch, self._loss_fn is not None)
         if self.dims.is_last_stage:
             if self._loss_fn is not None:
                 output, extras = self._loss_fn(output, micro_batch)
@@ -207,7 +208,7 @@ class PipelineSchedule:
         rank, no backward (evaluation, DPO's reference model)."""
         dims = self.dims
         stage_input, _ = self._exchange(micro_batch, recv_prev=True)
-        output = stage_forward(self.model, dims, stage_input, micro_batch, per_token)
+        output = self.stage.forward(stage_input, micro_batch, per_token)
         self._exchange(micro_batch, send_next=output)
         result = (output.float() if dims.is_last_stage
                   else torch.zeros(micro_batch["labels"].shape if per_token else (),
@@ -235,7 +236,7 @@ class PipelineSchedule:
         else:
             self._one_forward_one_backward(micro_batches)
         step_seconds = time.perf_counter() - start
-        sync_tied_embedding_grads(self.model, dims, self.grad_sync)
+        sync_shared_grads(self.stage, dims.embedding_group, self.grad_sync)
         loss = (torch.stack(self._losses).mean() if dims.is_last_stage
                 else torch.zeros((), dtype=torch.float32,
                                  device=micro_batches[0]["input_ids"].device))

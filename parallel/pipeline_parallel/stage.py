@@ -1,97 +1,59 @@
-"""A pipeline stage: this rank's consecutive slice of the decoder blocks, and its forward,
-composed of the model's own parts (embedding, RoPE and attention layout, blocks, norm and
-head), so a stage computes exactly what the whole model does.
+"""A pipeline stage as the schedule sees it: a module holding some consecutive part of a model,
+and how to run it. The schedule (schedules.py) knows nothing of which model it drives: the
+model's plan cuts the model and hands over a `PipelineStage` (for our llama,
+parallel_plan/llama_pipeline.py).
 
-With P stages and L layers, stage s keeps blocks [s L/P, (s+1) L/P), the first stage also the
-embedding, the last the final norm and the head (which computes the loss). Worked example,
-L=4, P=2:
+    stage 0:  forward(None, micro_batch)         -> hidden [B, S, H]  --send-->
+    stage 1:  forward(hidden, micro_batch)       -> hidden [B, S, H]  --send-->
+    ...
+    stage P-1: forward(hidden, micro_batch)      -> the micro-batch's mean loss
+               forward(hidden, micro_batch, per_token=True) -> token log-probs [B, S]
 
-    stage 0:  embed_tokens, layers 0 1            --hidden [B, S, H]-->
-    stage 1:                layers 2 3, norm, lm_head -> loss
+Every stage sees the whole micro-batch (its `input_ids` and `attention_mask` give positions and
+masks); only the last one reads the labels.
 
-Blocks are kept in an `nn.ModuleDict` keyed by their layer number, so parameter names stay those
-of the whole model (`model.layers.2.mlp...` on stage 1): checkpoints address parameters by the
-unsharded names whatever the grid. Every stage sees the micro-batch's `input_ids` and
-`attention_mask` (for positions and masking); only the last one needs the labels.
-
-Tied embeddings: the first stage's `embed_tokens.weight` and the last stage's `lm_head.weight`
-are one Parameter in the whole model but two copies here (equal at the start: both come from
-the same full model). `sync_tied_embedding_grads` sums their gradients over `embedding_group`
-so the optimizer moves both copies identically (Megatron-LM's "embedding group").
+A weight shared by two stages (a tied embedding: the first stage's embedding and the last
+stage's head are one Parameter in the whole model, two copies here, equal at the start) must
+move identically: `sync_shared_grads` sums the two copies' gradients over the group that links
+those two ranks (`ParallelDims.embedding_group`, Megatron-LM's "embedding group"), so the
+optimizer sees the same gradient on both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from model.modeling_z2all import Z2allForCausalLM
 from parallel.gradient_sync import GradientSync
-from parallel.parallel_dims import ParallelDims
-from parallel.sharded_data_parallel import blocks_and_owner_of
+
+# (the previous stage's output or None on the first stage, the micro-batch, per_token)
+#   -> the next stage's input, or on the last stage the loss (per_token: token log-probs)
+StageForward = Callable[[torch.Tensor | None, dict[str, torch.Tensor], bool], torch.Tensor]
 
 
-def split_into_stage(model: Z2allForCausalLM, dims: ParallelDims) -> Z2allForCausalLM:
-    """Keep only this rank's stage of `model`, in place (other parts become None)."""
-    layers_per_stage = model.config.num_hidden_layers // dims.pipeline_parallel
-    first = dims.pp_rank * layers_per_stage
-    kept = range(first, first + layers_per_stage)
-    model.model.layers = nn.ModuleDict({str(index): model.model.layers[index]
-                                        for index in kept})
-    if not dims.is_first_stage:
-        model.model.embed_tokens = None
-    if not dims.is_last_stage:
-        model.model.norm = None
-        model.lm_head = None
-    return model
+@dataclass
+class PipelineStage:
+    module: nn.Module
+    """This stage's part of the model (its parameters are what this rank trains)."""
+    forward: StageForward
+    hidden_size: int
+    """The width of what stages send each other: [B, S (/T with sequence parallelism), H]."""
+    shared_param: nn.Parameter | None = None
+    """This stage's copy of a weight another stage also holds (module docstring), or None."""
 
 
-def tied_embedding_param(model: Z2allForCausalLM, dims: ParallelDims) -> nn.Parameter | None:
-    """This stage's copy of a tied embedding split over two stages, else None."""
-    if not model.config.tie_word_embeddings or dims.pipeline_parallel == 1:
-        return None
-    if dims.is_first_stage:
-        return model.model.embed_tokens.weight
-    if dims.is_last_stage:
-        return model.lm_head.weight
-    return None
-
-
-def zero_units(model: Z2allForCausalLM, dims: ParallelDims) -> Callable[[nn.Module], bool]:
-    """ZeRO-2/3's unit boundaries on this stage: its decoder blocks, and a tied embedding's
-    copy alone in a unit, so that both stages cut it into the same shards and
-    `sync_tied_embedding_grads` can sum them (parallel/sharded_data_parallel/)."""
-    return blocks_and_owner_of(tied_embedding_param(model, dims))
-
-
-def sync_tied_embedding_grads(model: Z2allForCausalLM, dims: ParallelDims,
-                              grad_sync: GradientSync | None = None) -> None:
-    """Sum the two copies' gradients, as if they were one Parameter: the ones the optimizer
-    reads, `grad_sync.accumulated_grad` with a data-parallel wrapper (DDP's `main_grad`,
-    ZeRO-2/3's shard of the same elements on both stages), else `.grad`. A frozen embedding
-    (LoRA's base) has none."""
-    param = tied_embedding_param(model, dims)
+def sync_shared_grads(stage: PipelineStage, group: dist.ProcessGroup | None,
+                      grad_sync: GradientSync | None = None) -> None:
+    """Sum the shared weight's two copies' gradients over `group`, as if they were one
+    Parameter: the ones the optimizer reads, `grad_sync.accumulated_grad` with a data-parallel
+    wrapper (DDP's `main_grad`, ZeRO-2/3's shard of the same elements on both stages), else
+    `.grad`. A frozen one (LoRA's base) has none."""
+    param = stage.shared_param
     if param is None or not param.requires_grad:
         return
     grad = param.grad if grad_sync is None else grad_sync.accumulated_grad(param)
-    dist.all_reduce(grad, group=dims.embedding_group)
-
-
-def stage_forward(model: Z2allForCausalLM, dims: ParallelDims, stage_input: torch.Tensor | None,
-                  micro_batch: dict[str, torch.Tensor], per_token: bool = False) -> torch.Tensor:
-    """Hidden states for the next stage, or on the last stage the micro-batch's mean loss
-    (`per_token`: its token log-probs [B, S], as `Z2allForCausalLM.token_log_probs`, for DPO).
-    The model's own parts (`Z2allModel.forward` composes the same ones), those this stage
-    holds: positions, RoPE and attention layout come from the whole micro-batch, whatever
-    part of the sequence `hidden` holds under sequence or context parallelism."""
-    inner, input_ids = model.model, micro_batch["input_ids"]
-    hidden = inner.embed(input_ids) if dims.is_first_stage else stage_input
-    inputs = inner.block_inputs(micro_batch.get("attention_mask"), input_ids.shape[1], 0,
-                                hidden)
-    hidden = inner.run_blocks(hidden, inputs)
-    if not dims.is_last_stage:
-        return hidden
-    return model.head_loss(inner.norm(hidden), micro_batch["labels"], per_token)
+    dist.all_reduce(grad, group=group)

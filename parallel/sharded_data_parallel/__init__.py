@@ -8,10 +8,8 @@ shards is optimizer/sharded_optimizer.py.
 from .flat_param_unit import FlatParamUnit
 from .sharded_data_parallel import (
     ShardedDataParallel,
-    blocks_and_owner_of,
     group_into_units,
-    is_decoder_block,
+    with_owner_of,
 )
 
-__all__ = ["FlatParamUnit", "ShardedDataParallel", "blocks_and_owner_of", "group_into_units",
-           "is_decoder_block"]
+__all__ = ["FlatParamUnit", "ShardedDataParallel", "group_into_units", "with_owner_of"]

@@ -2,7 +2,8 @@
 
 ZeRO-1 (optimizer/distributed_optimizer/) shards the optimizer state but keeps on every rank
 the whole model and its whole gradient. This wrapper shards those too, one *unit* at a time
-(flat_param_unit.py): a unit per decoder block plus a root unit for everything else
+(flat_param_unit.py): a unit per submodule the caller's `is_unit` names (for our llama each
+decoder block: parallel_plan/llama_units.py) plus a root unit for everything else
 (embeddings, final norm, lm_head; a tied lm_head is the embedding Parameter, so it is in the
 root unit once).
 
@@ -37,7 +38,7 @@ stage's final norm needs its weight in every one of those backwards; the blocks 
 again by their own pre-backward hooks.
 
 Pipeline stages: the wrapper wraps one stage's module over the data-parallel group; its units
-are the stage's blocks, plus (`blocks_and_owner_of`) the tied embedding's copy alone in a unit,
+are the stage's blocks, plus (`with_owner_of`) the tied embedding's copy alone in a unit,
 so that its gradient shard is the same elements on the first and the last stage.
 `accumulated_grad(param)` hands that shard to the schedule, which sums it over both stages.
 
@@ -47,7 +48,7 @@ master weights (4 + 4 + 4 = 12 bytes per parameter of state):
     stage 1: 2P + 4P + 12P/8                                            = 7.5 GB
     stage 2: 2P + 4P/8 + 12P/8 (+ one unit's full gradient in flight)   = 4 GB
     stage 3: 2P/8 + 4P/8 + 12P/8 (+ two units' full params and grads)   = 2.25 GB
-(`optimizer/memory_plan.py` computes these for a given model and prints the formulas.)
+(`parallel_plan/memory_plan.py` computes these for a given model and prints the formulas.)
 """
 
 from __future__ import annotations
@@ -63,33 +64,27 @@ from torch import nn
 from torch.autograd import Variable
 from torch.nn import Parameter
 
-from model.modeling_z2all import DecoderBlock
-
 from .flat_param_unit import FlatParamUnit
 
 
-def is_decoder_block(module: nn.Module) -> bool:
-    """The default unit boundary: one unit per decoder block."""
-    return isinstance(module, DecoderBlock)
-
-
-def blocks_and_owner_of(param: Parameter | None) -> Callable[[nn.Module], bool]:
-    """Unit boundaries: every decoder block, and the module that owns `param` (None: blocks
-    only). A pipeline's tied embedding is two Parameters on two stages (the first stage's
+def with_owner_of(is_unit: Callable[[nn.Module], bool], param: Parameter | None
+                  ) -> Callable[[nn.Module], bool]:
+    """Unit boundaries: those of `is_unit`, and the module that owns `param` (None: `is_unit`
+    alone). A pipeline's tied embedding is two Parameters on two stages (the first stage's
     embedding, the last stage's head) whose gradients are summed: alone in a unit, each is cut
     into the same shards on both stages, so the two shards can be summed
     (parallel/pipeline_parallel/stage.py)."""
-    def is_unit(module: nn.Module) -> bool:
-        return is_decoder_block(module) or (
+    def is_unit_or_owner(module: nn.Module) -> bool:
+        return is_unit(module) or (
             param is not None and any(own is param for own in module.parameters(recurse=False)))
-    return is_unit
+    return is_unit_or_owner
 
 
 def group_into_units(module: nn.Module, is_unit: Callable[[nn.Module], bool]
                      ) -> tuple[list[tuple[nn.Module, list[Parameter]]], list[Parameter]]:
     """([(unit module, its trainable parameters)] in module order, the root unit's parameters:
     every other trainable one). A parameter shared by two units (tied) goes to the first. The
-    one grouping the wrapper and the memory plan (optimizer/memory_plan.py) both use."""
+    one grouping the wrapper and the memory plan (parallel_plan/memory_plan.py) both use."""
     claimed: set[Parameter] = set()
     units = []
     for unit_module in module.modules():
@@ -113,7 +108,7 @@ class ShardedDataParallel(nn.Module):
     def __init__(self, module: nn.Module, zero_stage: int,
                  process_group: dist.ProcessGroup | None = None,
                  grad_reduce_in_fp32: bool = True,
-                 is_unit: Callable[[nn.Module], bool] = is_decoder_block) -> None:
+                 *, is_unit: Callable[[nn.Module], bool]) -> None:
         super().__init__()
         if zero_stage not in (2, 3):
             raise ValueError(f"ShardedDataParallel does ZeRO stages 2 and 3, got {zero_stage}")
@@ -263,12 +258,12 @@ class ShardedDataParallel(nn.Module):
 
     def accumulated_grad(self, param: Parameter) -> torch.Tensor:
         """This rank's shard of `param`'s gradient, averaged over the group and summed over the
-        micro-batches so far. Only for a parameter alone in its unit (`blocks_and_owner_of`):
+        micro-batches so far. Only for a parameter alone in its unit (`with_owner_of`):
         elsewhere the shard also holds other parameters' elements."""
         unit, _ = self._unit_of_param[param]
         if len(unit.params) != 1:
             raise ValueError(f"{self.param_names[param]} shares its ZeRO unit with other "
-                             "parameters: build the wrapper with is_unit=blocks_and_owner_of("
+                             "parameters: build the wrapper with is_unit=with_owner_of(is_unit, "
                              "param) to give it a unit of its own")
         return unit.grad_shard
 

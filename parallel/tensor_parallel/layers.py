@@ -4,7 +4,7 @@
     RowParallelLinear      y = sum_r x_r B_r  (B split by input columns: o, down)
     VocabParallelEmbedding rank r looks up ids in [r V/T, (r+1) V/T), others give 0, sum
     VocabParallelLMHead    logits for this rank's vocabulary slice, and the loss from them
-    SequenceParallelRMSNorm   the norm on my 1/T of the tokens, output gathered
+    SequenceParallelNorm   the norm on my 1/T of the tokens, output gathered
 
 Column then row needs no communication in between (each rank's column slice is exactly the
 input its row slice needs); the row-parallel output is partial and summed across ranks (or,
@@ -13,12 +13,13 @@ with sequence parallelism, summed and scattered by token). See collectives.py fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from model import kernels
 from parallel.tensor_parallel.collectives import (
     copy_to_region,
     gather_from_region,
@@ -32,7 +33,7 @@ from utils.labels import IGNORE_INDEX
 
 class ColumnParallelLinear(nn.Module):
     """y_r = x @ weight_r^T. With sequence parallelism the input arrives already gathered by
-    the preceding SequenceParallelRMSNorm (whose backward reduce-scatters x's gradient);
+    the preceding SequenceParallelNorm (whose backward reduce-scatters x's gradient);
     without it, `copy_to_region` all-reduces x's gradient in backward."""
 
     def __init__(self, local_weight: torch.Tensor, group: dist.ProcessGroup,
@@ -115,17 +116,24 @@ class VocabParallelLMHead(nn.Module):
         return token_losses.sum() / num_valid
 
 
-class SequenceParallelRMSNorm(nn.Module):
-    """RMSNorm on this rank's tokens [B, S/T, H], output gathered to [B, S, H] for the
+# A norm's function, (x, weight, eps) -> normed x: the model's own kernel (for our llama,
+# model/kernels.py's RMSNorm), so the sequence-parallel norm computes what the model's does.
+NormFunction = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+class SequenceParallelNorm(nn.Module):
+    """A norm on this rank's tokens [B, S/T, H], output gathered to [B, S, H] for the
     column-parallel matmul that follows. The weight is replicated but each rank sees only its
     tokens, so its gradient is partial: `copy_to_region` sums it over the group in backward."""
 
-    def __init__(self, weight: torch.Tensor, eps: float, group: dist.ProcessGroup) -> None:
+    def __init__(self, weight: torch.Tensor, eps: float, group: dist.ProcessGroup,
+                 norm: NormFunction) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.eps = eps
         self.group = group
+        self.norm = norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = kernels.rms_norm(x, copy_to_region(self.weight, self.group), self.eps)
+        normed = self.norm(x, copy_to_region(self.weight, self.group), self.eps)
         return gather_sequence(normed, self.group)

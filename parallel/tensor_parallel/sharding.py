@@ -1,23 +1,17 @@
-"""Which parameter is split how under tensor parallelism, and the slicing both ways.
+"""How a tensor-parallel weight is split, and the slicing both ways.
 
 A `ShardLayout` says along which dimension a weight is split and into which fused blocks.
 Each block is split into T equal chunks and rank r keeps chunk r of every block, so a fused
-matrix stays fused on every rank. Worked example, `qkv_proj.weight` with 4 query heads and 2
-key/value heads of size d (rows: q0 q1 q2 q3 | k0 k1 | v0 v1), T=2:
+matrix stays fused on every rank. Worked example, a fused `qkv_proj.weight` with 4 query heads
+and 2 key/value heads of size d (rows: q0 q1 q2 q3 | k0 k1 | v0 v1), T=2:
 
     blocks (4d, 2d, 2d) along dim 0
     rank 0 keeps  q0 q1 | k0 | v0        (its 2 query heads and the key/value head they use)
     rank 1 keeps  q2 q3 | k1 | v1
 
-so each rank runs ordinary attention on its heads. `o_proj` / `down_proj` are split along
-their input dimension (dim 1): rank r's columns match the heads / hidden units it computed.
-Embedding and head are split by vocabulary rows. Norm weights are replicated (layout None).
-
-LoRA adapters (model/lora.py: `lora_A.<HF projection>` [r, in], `lora_B.<projection>` [rows, r])
-are split like their base weight, so that B A is this rank's slice of the update: where the
-base's rows are split (column-parallel q/k/v, gate/up) each B keeps the rows of its
-projection's chunk and A is whole; where its columns are (row-parallel o, down) A keeps the
-input columns and B is whole (parallel/tensor_parallel/lora.py).
+so each rank runs ordinary attention on its heads. Which weight of a model has which layout
+is the model's plan's knowledge, not this package's: it passes a `LayoutOf` (for our llama,
+parallel_plan/llama_tensor_parallel.py).
 
 `shard_tensor` and `unshard_tensors` are exact inverses; checkpoints use them to save the
 unsharded model whatever the grid (parallel/layout_neutral_checkpoint.py).
@@ -25,11 +19,10 @@ unsharded model whatever the grid (parallel/layout_neutral_checkpoint.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from model.configuration_z2all import Z2allConfig
 
 
 @dataclass(frozen=True)
@@ -40,29 +33,10 @@ class ShardLayout:
     """Sizes along `dim` of the fused blocks of the unsharded weight; each is split in T."""
 
 
-def layout_for(param_name: str, config: Z2allConfig) -> ShardLayout | None:
-    """How the unsharded parameter `param_name` is split (None: replicated on every rank)."""
-    q_rows = config.num_attention_heads * config.head_dim
-    kv_rows = config.num_key_value_heads * config.head_dim
-    intermediate = config.intermediate_size
-    layouts = {
-        "qkv_proj.weight": ShardLayout(0, (q_rows, kv_rows, kv_rows)),
-        "o_proj.weight": ShardLayout(1, (q_rows,)),
-        "gate_up_proj.weight": ShardLayout(0, (intermediate,) * 2),
-        "down_proj.weight": ShardLayout(1, (intermediate,)),
-        "embed_tokens.weight": ShardLayout(0, (config.vocab_size,)),
-        "lm_head.weight": ShardLayout(0, (config.vocab_size,)),
-    }
-    # LoRA (module docstring): B's rows where the base's rows are split, A's columns where its
-    # columns are; the other factor is replicated (no entry).
-    split_rows = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows,
-                  "gate_proj": intermediate, "up_proj": intermediate}
-    split_columns = {"o_proj": q_rows, "down_proj": intermediate}
-    layouts |= {f"lora_B.{name}": ShardLayout(0, (rows,)) for name, rows in split_rows.items()}
-    layouts |= {f"lora_A.{name}": ShardLayout(1, (columns,))
-                for name, columns in split_columns.items()}
-    suffix = ".".join(param_name.split(".")[-2:])
-    return layouts.get(suffix)
+# A model's answer to "how is the unsharded parameter `name` split?" (None: replicated). The
+# model's plan supplies it (parallel_plan/llama_tensor_parallel.py `layout_for`): this package
+# knows how to slice, not which weights of which model.
+LayoutOf = Callable[[str], ShardLayout | None]
 
 
 def shard_tensor(full: torch.Tensor, layout: ShardLayout, rank: int, size: int

@@ -26,6 +26,7 @@ from optimizer import OptimizerConfig
 from optimizer.data_parallel_factory import build_data_parallel
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.local_ranks import run_on_ranks
+from parallel_plan.llama_units import zero_units
 from tests.model.model_helpers import VOCAB, small_model
 
 STEPS, GLOBAL_BATCH, SEQ_LEN = 4, 4, 12
@@ -56,7 +57,8 @@ def optimizer_config() -> OptimizerConfig:
 def wrap(model, zero_stage: int):
     """(the data-parallel wrapper, its optimizer) for `zero_stage`, as the trainer builds them."""
     wrapped, optimizer, _ = build_data_parallel(
-        model, zero_stage, DistributedDataParallelConfig(bucket_size=2000), optimizer_config())
+        model, zero_stage, DistributedDataParallelConfig(bucket_size=2000), optimizer_config(),
+        is_unit=zero_units(model))
     return wrapped, optimizer
 
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from optimizer.data_parallel_factory import build_data_parallel
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.local_ranks import run_on_ranks
+from parallel_plan.llama_units import zero_units
 from tests.parallel.zero_helpers import (
     as_numpy,
     batches,
@@ -42,7 +43,7 @@ def train(zero_stage: int, rank: int, world_size: int, steps: range, checkpoint=
     if checkpoint is not None:
         model.load_state_dict(torch.load(checkpoint / "model.pt", weights_only=True))
     wrapped, optimizer, _ = build_data_parallel(model, zero_stage, DDP_CONFIG,
-                                                make_optimizer_config())
+                                                make_optimizer_config(), is_unit=zero_units(model))
     if checkpoint is not None:
         optimizer.load_checkpoint(checkpoint / "optim")
     data = batches(TOTAL_STEPS, world_size=2)  # the same global batches at any world size

@@ -21,8 +21,8 @@ from parallel.distributed_data_parallel import (
 from parallel.layout_neutral_checkpoint import gather_full_tensors, shard_full_tensors
 from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import PipelineSchedule
-from parallel.pipeline_parallel.stage import split_into_stage
-from parallel.tensor_parallel.parallelize import parallelize_model
+from parallel_plan.llama_pipeline import llama_stage, split_into_stage
+from parallel_plan.llama_tensor_parallel import layouts_of, parallelize_model
 from tests.model.model_helpers import small_model
 
 STEPS, SEQ_LEN, MICRO_BATCH_SIZE, LR = 3, 8, 2, 1e-2
@@ -124,17 +124,18 @@ def train_on_grid(world_size: int, tensor_parallel: int, pipeline_parallel: int,
     if resume_from is not None:
         full_state, full_moments = resume_from
         model.load_state_dict(shard_full_tensors(full_state, list(model.state_dict()),
-                                                 model.config, dims))
+                                                 layouts_of(model.config), dims))
     ddp = None
     if dims.data_parallel * context_parallel > 1:  # our DDP, averaging over dp x cp only
         ddp = DistributedDataParallel(model, DistributedDataParallelConfig(
             bucket_size=None, overlap_grad_reduce=False), process_group=dims.dp_cp_group)
-    pipeline = PipelineSchedule(model, dims, schedule, sequence_parallel, grad_sync=ddp)
+    pipeline = PipelineSchedule(llama_stage(model, dims), dims, schedule, sequence_parallel,
+                                grad_sync=ddp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS)
     if resume_from is not None:
         names = [name for name, _ in model.named_parameters()]
         load_adam_state(model, optimizer, {
-            key: shard_full_tensors(by_name, names, model.config, dims)
+            key: shard_full_tensors(by_name, names, layouts_of(model.config), dims)
             for key, by_name in full_moments.items()}, step=steps.start)
     losses = []
     for step in steps:
@@ -150,9 +151,9 @@ def train_on_grid(world_size: int, tensor_parallel: int, pipeline_parallel: int,
         if ddp is not None:
             ddp.zero_grad_buffer()
         losses.append(loss.item())
-    moments = {key: gather_full_tensors(by_name, model.config, dims)
+    moments = {key: gather_full_tensors(by_name, layouts_of(model.config), dims)
                for key, by_name in adam_state_by_name(model, optimizer).items()}
-    state = gather_full_tensors(model.state_dict(), model.config, dims)
+    state = gather_full_tensors(model.state_dict(), layouts_of(model.config), dims)
     return losses, state, (moments if state is not None else None)
 
 

@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from parallel.parallel_dims import ParallelDims, check_parallel_shapes
+from parallel.parallel_dims import ParallelDims
+from parallel_plan.llama_shapes import check_parallel_shapes
 from tests.model.model_helpers import small_config
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from parallel.local_ranks import run_on_ranks
 from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import PipelineSchedule
-from parallel.pipeline_parallel.stage import split_into_stage
+from parallel_plan.llama_pipeline import llama_stage, split_into_stage
 from tests.model.model_helpers import small_model
 from tests.parallel.grid_helpers import micro_batches_of
 
@@ -41,7 +41,7 @@ def _ours_equals_torch_1f1b(rank: int, world_size: int) -> dict:
     theirs = copy.deepcopy(ours)
     micro_batches = [{"input_ids": mb["input_ids"], "labels": mb["labels"]}
                      for mb in micro_batches_of(step=0, data_parallel=1, num_micro=NUM_MICRO)[0]]
-    our_loss = PipelineSchedule(ours, dims, "1f1b").step(micro_batches)
+    our_loss = PipelineSchedule(llama_stage(ours, dims), dims, "1f1b").step(micro_batches)
 
     stage = PipelineStage(_TorchStage(theirs, dims.is_first_stage), dims.pp_rank, world_size,
                           torch.device("cpu"))

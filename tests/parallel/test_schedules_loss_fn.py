@@ -15,8 +15,8 @@ from parallel.layout_neutral_checkpoint import gather_full_tensors
 from parallel.local_ranks import run_on_ranks
 from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import PipelineSchedule
-from parallel.pipeline_parallel.stage import split_into_stage
-from parallel.tensor_parallel.parallelize import parallelize_model
+from parallel_plan.llama_pipeline import llama_stage, split_into_stage
+from parallel_plan.llama_tensor_parallel import layouts_of, parallelize_model
 from tests.model.model_helpers import small_model
 from tests.parallel.grid_helpers import micro_batches_of
 from utils.dpo import dpo_loss, sequence_log_prob
@@ -52,11 +52,11 @@ def _on_rank(rank: int, world_size: int) -> dict:
         model = split_into_stage(small_model("gqa", seed=0), dims)
         if tensor_parallel > 1:
             parallelize_model(model, dims, sequence_parallel)
-        schedule = PipelineSchedule(model, dims, "1f1b", sequence_parallel)
+        schedule = PipelineSchedule(llama_stage(model, dims), dims, "1f1b", sequence_parallel)
         token_logps = schedule.forward_only(_inputs(_pairs()[0]), per_token=True)
         loss = schedule.step(_pairs(), _dpo)
         grads = gather_full_tensors({key: param.grad for key, param in model.named_parameters()},
-                                    model.config, dims)
+                                    layouts_of(model.config), dims)
         results[name] = (token_logps.numpy(), float(loss), schedule.last_step_extras,
                          grads and {key: grad.numpy() for key, grad in grads.items()})
     return results

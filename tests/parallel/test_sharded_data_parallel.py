@@ -18,6 +18,7 @@ import torch
 from optimizer.data_parallel_factory import build_data_parallel, check_zero_options
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.local_ranks import run_on_ranks
+from parallel_plan.llama_units import zero_units
 from tests.model.model_helpers import VOCAB
 from tests.parallel.zero_helpers import (
     as_numpy,
@@ -65,7 +66,7 @@ def our_run(rank: int, world_size: int, zero_stage: int) -> dict:
     model = new_model()
     wrapped, optimizer, _ = build_data_parallel(
         model, zero_stage, DistributedDataParallelConfig(bucket_size=3000),
-        make_optimizer_config())
+        make_optimizer_config(), is_unit=zero_units(model))
     norms, gathered_after_step, gathered_in_forward = [], [], []
     if zero_stage == 3:
         count_gathered_blocks(wrapped, gathered_in_forward)
@@ -119,7 +120,8 @@ def bf16_run(rank: int, world_size: int, zero_stage: int) -> dict:
     config = make_optimizer_config()
     config.params_dtype = "bf16"
     wrapped, optimizer, _ = build_data_parallel(
-        model, zero_stage, DistributedDataParallelConfig(bucket_size=3000), config)
+        model, zero_stage, DistributedDataParallelConfig(bucket_size=3000), config,
+        is_unit=zero_units(model))
     for batch in batches(3, world_size):
         train_step(wrapped, optimizer, batch, rank, world_size)
     if zero_stage == 3:

@@ -16,13 +16,8 @@ from parallel.parallel_dims import ParallelDims
 from parallel.tensor_parallel.collectives import gather_from_region, scatter_to_region
 from parallel.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from parallel.tensor_parallel.parallelize import parallelize_model
-from parallel.tensor_parallel.sharding import (
-    ShardLayout,
-    layout_for,
-    shard_tensor,
-    unshard_tensors,
-)
+from parallel.tensor_parallel.sharding import ShardLayout, shard_tensor, unshard_tensors
+from parallel_plan.llama_tensor_parallel import layout_for, parallelize_model
 from tests.model.model_helpers import small_model
 
 

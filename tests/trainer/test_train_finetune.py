@@ -32,7 +32,7 @@ from model import convert_to_hf
 from model.loading import load_model
 from model.lora import LoraConfig, weights_fingerprint
 from model.lora_checkpoint import ADAPTERS_FILE, LORA_FILE
-from optimizer.memory_plan import plan_memory
+from parallel_plan.memory_plan import plan_memory
 from tests.train_helpers import records, run_on_two_ranks, train_losses
 from tokenizer import load_tokenizer
 from tools import tiny_hf_model

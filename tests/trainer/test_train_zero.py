@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from model.modeling_z2all import Z2allForCausalLM
-from optimizer.memory_plan import plan_memory
+from parallel_plan.memory_plan import plan_memory
 from tests.train_helpers import (
     TINY_ARGS,
     data_args,

@@ -19,15 +19,16 @@ from model.lora import LoraConfig, apply_lora
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
 from optimizer.data_parallel_factory import build_data_parallel
-from optimizer.memory_plan import (
+from parallel.distributed_data_parallel import DistributedDataParallelConfig
+from parallel.local_ranks import run_on_ranks
+from parallel_plan.llama_units import zero_units
+from parallel_plan.memory_plan import (
     ACTIVATION_MARGIN,
     CHECKPOINTED_ACTIVATION_MARGIN,
     measure_activation_bytes,
     measure_memory,
     plan_memory,
 )
-from parallel.distributed_data_parallel import DistributedDataParallelConfig
-from parallel.local_ranks import run_on_ranks
 from utils.precision import DTYPES
 
 BUCKET_SIZE = 5000  # several buckets, each padded
@@ -48,7 +49,7 @@ def planned_and_measured(rank: int, world_size: int) -> list[tuple]:
             model.to(DTYPES[dtype])
             wrapped, optimizer, _ = build_data_parallel(
                 model, zero_stage, DistributedDataParallelConfig(bucket_size=BUCKET_SIZE),
-                OptimizerConfig(params_dtype=dtype))
+                OptimizerConfig(params_dtype=dtype), is_unit=zero_units(model))
             ids = torch.randint(0, config.vocab_size, (2, 16))
             optimizer.zero_grad()
             wrapped(ids, labels=ids).loss.backward()

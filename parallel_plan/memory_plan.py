@@ -67,9 +67,10 @@ from optimizer.distributed_optimizer.shard_map import overlaps_with_shard
 from parallel.distributed_data_parallel.param_and_grad_buffer import pad_to_multiple, plan_layout
 from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import micro_batches_in_flight
-from parallel.pipeline_parallel.stage import split_into_stage, zero_units
 from parallel.sharded_data_parallel import ShardedDataParallel, group_into_units
-from parallel.tensor_parallel.parallelize import parallelize_model
+from parallel_plan.llama_pipeline import split_into_stage
+from parallel_plan.llama_tensor_parallel import parallelize_model
+from parallel_plan.llama_units import zero_units
 from utils.precision import DTYPES
 
 ACTIVATION_MARGIN = 0.15

@@ -1,7 +1,8 @@
 """LoRA under tensor parallelism: each adapter sliced like its frozen base weight.
 
 A `LoraLinear` (model/lora.py) computes y = W x + s B A x per row slice, s = alpha / r. With its
-base split over the T ranks of the tensor-parallel group (layers.py), rank r keeps:
+base split over the T ranks of the tensor-parallel group (parallel/tensor_parallel/layers.py),
+rank r keeps:
 
     base                  W              A [r, in]     B [out, r]   y on rank r
     column-parallel       rows r         whole         rows r       W_r x + s B_r (A x)
@@ -9,7 +10,7 @@ base split over the T ranks of the tensor-parallel group (layers.py), rank r kee
     row-parallel          columns r      columns r     whole        sum over ranks of
       (o, down)                                                     W_r x_r + s B (A_r x_r)
 
-so B A is exactly rank r's slice of the update (sharding.py names these layouts, and
+so B A is exactly rank r's slice of the update (llama_tensor_parallel.py names these layouts, and
 checkpoints gather the adapters whole with them). Column-parallel: rank r's output rows are its
 own, no reduction, as for the base. Row-parallel: B (A_r x_r) is a partial sum like W_r x_r;
 since B is linear the two partials are added first and reduced together, in the base's one
@@ -19,7 +20,7 @@ The replicated factor's gradient. Rank r's output rows depend on the whole A (co
 only through its rows B_r, and the reduced output on the whole B (row-parallel) through each
 rank's partial A_r x_r: each rank computes a partial gradient of that factor, and the true one
 is their sum. So the forward reads that factor through `copy_to_region` (identity forward,
-all-reduce backward), as SequenceParallelRMSNorm reads its replicated weight: every rank then
+all-reduce backward), as SequenceParallelNorm reads its replicated weight: every rank then
 holds the same, whole gradient, and the optimizer's clipping counts the replicated factor once
 (1/T per rank, trainer/model_parallel.py). The input's gradient needs nothing new: the
 column-parallel layer's input already goes through `copy_to_region` (or the sequence gather),
@@ -27,7 +28,7 @@ whose backward sums the ranks' partial input gradients, the LoRA path's included
 
 Merging (W += s B A) works on the slices unchanged: B_r A and B A_r are this rank's slice of
 B A. Dropout on the adapters' input is refused with tensor parallelism (as the model's own
-dropout is, parallel_dims.py): the column-parallel layer's input is replicated, and each rank
+dropout is, llama_shapes.py): the column-parallel layer's input is replicated, and each rank
 would draw another mask for it.
 """
 
@@ -46,7 +47,8 @@ from parallel.tensor_parallel.collectives import (
 )
 
 # (the adapter's or weight's name within its layer, e.g. "lora_A.q_proj", the whole tensor)
-#   -> this rank's slice (sharding.py's layout; the tensor itself where it is replicated)
+#   -> this rank's slice (llama_tensor_parallel.py's layout; the tensor itself where it is
+#   replicated)
 LocalSlice = Callable[[str, torch.Tensor], torch.Tensor]
 
 
