@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from trainer.distributed_env import DistributedEnv, all_reduce_sum
+from trainer.forward_steps import CausalLM
 from trainer.options import EvalOptions
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.labels import IGNORE_INDEX
@@ -76,7 +77,7 @@ def batches_on_every_rank(loader: Iterable[dict[str, torch.Tensor]], env: Distri
 
 
 @torch.no_grad()
-def evaluate_language_model(model: torch.nn.Module, loader: DataLoader, tokenizer: Any,
+def evaluate_language_model(model: CausalLM, loader: DataLoader, tokenizer: Any,
                             env: DistributedEnv, counted: bool = True) -> dict[str, float]:
     """val_loss (nats/token), val_ppl and val_bpb over the fixed eval set, all ranks together.
     `counted=False`: this rank's batches are copies of another rank's (a tensor/pipeline grid),
@@ -161,18 +162,18 @@ class Evaluator:
         self.forward_step, self.task_type = forward_step, task_type
         self.options, self.env = eval_options, env
 
-    def __call__(self, ddp: Any, model: Any,
+    def __call__(self, scored: CausalLM, model: Any,
                  whole_model: Callable[[], AbstractContextManager] | None = None
                  ) -> tuple[dict[str, float], list[dict[str, str]]]:
-        """(metrics, samples); leaves the model in train mode. `ddp` is what computes the
-        loss, `whole_model()` (entered by every rank) what rank 0 generates samples from
-        (trainer/parallelize.py; default: `model` itself)."""
+        """(metrics, samples); leaves the model in train mode. `scored` is what computes the
+        loss (trainer/parallelize.py `eval_model`), `whole_model()` (entered by every rank)
+        what rank 0 generates samples from (default: `model` itself)."""
         model.eval()
         if self.task_type == "dpo":
-            metrics = evaluate_with_forward_step(functools.partial(self.forward_step, ddp),
+            metrics = evaluate_with_forward_step(functools.partial(self.forward_step, scored),
                                                  self.valid_loader, self.env)
         else:
-            metrics = evaluate_language_model(ddp, self.valid_loader, self.tokenizer, self.env,
+            metrics = evaluate_language_model(scored, self.valid_loader, self.tokenizer, self.env,
                                               counted=self.counts_data)
         samples = []
         if self.options.eval_prompts:

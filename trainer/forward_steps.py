@@ -1,6 +1,10 @@
 """The one thing that differs between tasks: how a batch becomes a loss.
 
-    loss, extras = forward_step(ddp_model, batch)     # extras: metrics to log, e.g. DPO rewards
+    loss, extras = forward_step(model, batch)     # extras: metrics to log, e.g. DPO rewards
+
+`model` is anything that computes like our causal LM (`CausalLM`): the model itself (inside
+a data-parallel wrapper, whose forward is the model's: the wrappers hook parameters and
+blocks, not the call), or on a pipeline the stages run forward-only (trainer/model_parallel.py).
 
 Pretraining and SFT minimise next-token cross entropy (SFT's labels are -100 outside the
 assistant's answers); DPO compares the policy's and a frozen reference model's
@@ -15,25 +19,36 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from model.loading import load_model
 from model.lora import adapters_disabled
-from parallel.distributed_data_parallel import DistributedDataParallel
 from trainer.options import DPOOptions
 from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
 from utils.precision import DTYPES
 
 Batch = dict[str, torch.Tensor]
 StepOutput = tuple[torch.Tensor, dict[str, torch.Tensor]]  # (loss, extras to log)
-ForwardStep = Callable[[DistributedDataParallel, Batch], StepOutput]
-# (the policy, its DDP wrapper's module; the batch) -> the reference model's token log-probs
-ReferenceLogProbs = Callable[[torch.nn.Module, Batch], torch.Tensor]
 
 
-def forward_language_model(model: DistributedDataParallel, batch: Batch
+class CausalLM(Protocol):
+    """What a forward step calls: `Z2allForCausalLM`'s two entry points."""
+
+    def __call__(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None) -> Any: ...  # `.loss`
+
+    def token_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                        attention_mask: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+ForwardStep = Callable[[CausalLM, Batch], StepOutput]
+# (the policy; the batch) -> the reference model's token log-probs
+ReferenceLogProbs = Callable[[CausalLM, Batch], torch.Tensor]
+
+
+def forward_language_model(model: CausalLM, batch: Batch
                            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Pretraining and SFT: mean cross entropy over the target tokens (labels != -100)."""
     output = model(batch["input_ids"], labels=batch["labels"],
@@ -69,8 +84,7 @@ def base_model_log_probs(policy: torch.nn.Module, pair: Batch) -> torch.Tensor:
 @dataclass(frozen=True)
 class DPOStep:
     """DPO: chosen and rejected go through the policy as one batch of 2B sequences (the
-    collator pads both sides to one length). `model.module.token_log_probs` skips DDP's
-    forward, which is a plain pass-through: our DDP hooks the parameters, not the forward.
+    collator pads both sides to one length).
 
     The two halves are separate methods because a pipeline computes them in different places
     (trainer/model_parallel.py): `with_reference` on every rank before the schedule runs,
@@ -81,11 +95,11 @@ class DPOStep:
     label_smoothing: float
     nll_weight: float
 
-    def __call__(self, model: DistributedDataParallel, batch: Batch) -> StepOutput:
-        pair = self.with_reference(model.module, batch)
-        return self.objective(model.module.token_log_probs(**_model_inputs(pair)), pair)
+    def __call__(self, model: CausalLM, batch: Batch) -> StepOutput:
+        pair = self.with_reference(model, batch)
+        return self.objective(model.token_log_probs(**_model_inputs(pair)), pair)
 
-    def with_reference(self, policy: torch.nn.Module, batch: Batch) -> Batch:
+    def with_reference(self, policy: CausalLM, batch: Batch) -> Batch:
         """The pair batch (input_ids, labels, attention_mask: chosen rows, then rejected) and
         `reference_logps` [2B], the frozen reference's log-probability of each answer."""
         pair = {key: torch.cat([batch[f"chosen_{key}"], batch[f"rejected_{key}"]])

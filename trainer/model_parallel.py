@@ -130,8 +130,8 @@ def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
 
 class GridOptimizer:
     """The data-parallel optimizer (replicated, or sharded over the dp group: ZeRO-1/2/3)
-    with whole-model clipping and layout-neutral checkpoints (module docstring); everything
-    else is delegated to it."""
+    with whole-model clipping and layout-neutral checkpoints (module docstring): a
+    `TrainingOptimizer` (optimizer/factory.py) whose other calls go to the inner one."""
 
     def __init__(self, inner: MixedPrecisionOptimizer, model: Z2allForCausalLM,
                  dims: ParallelDims, max_norm: float) -> None:
@@ -145,8 +145,20 @@ class GridOptimizer:
             else 1.0 / dims.tensor_parallel
             for name, param in model.named_parameters()}
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    def set_lr(self, lr: float) -> None:
+        self.inner.set_lr(lr)
+
+    def zero_grad(self) -> None:
+        self.inner.zero_grad()
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.inner.scale_loss(loss)
+
+    def finish_param_sync(self) -> None:
+        self.inner.finish_param_sync()
+
+    def state_bytes(self) -> int:
+        return self.inner.state_bytes()
 
     def _owned_grads(self) -> list[torch.Tensor]:
         """The averaged gradient (after finish_grad_sync) of each piece this rank updates:
@@ -204,13 +216,11 @@ class GridOptimizer:
 
 class PipelinedEval:
     """`model(input_ids, labels=..., attention_mask=...).loss` and `model.token_log_probs(...)`
-    through the stages, forward only, the result on every rank: what the evaluator calls, and
-    DPO's frozen reference. `.module` is itself, as DDP's would be the model (DPOStep calls
-    `model.module.token_log_probs`)."""
+    through the stages, forward only, the result on every rank: a `CausalLM`
+    (trainer/forward_steps.py) for the evaluator and DPO's frozen reference."""
 
     def __init__(self, schedule: PipelineSchedule) -> None:
         self.schedule = schedule
-        self.module = self
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, labels: torch.Tensor,

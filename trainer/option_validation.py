@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 from model.loading import resolve_model_dir
+from optimizer.data_parallel_factory import check_zero_options
 from parallel.parallel_dims import check_context_parallel_length
 from parallel_plan.llama_shapes import check_parallel_shapes
 from trainer.model_setup import model_config_at, preset_model_config
 from trainer.options import TrainingOptions
-from trainer.parallelize import effective_zero_stage
 from utils.data_files import is_data_spec, locate_data
 from utils.option_checks import raise_problems, range_problem
 from utils.run_directory import out_dir_problem
@@ -125,8 +125,11 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
     if options.parallel.comm_hook == "overlap_optim" and options.optimization.grad_clip > 0:
         problems.append("--comm_hook=overlap_optim updates each bucket before the others are "
                         "reduced, so it cannot clip by the global norm: add --grad_clip=0")
+    parallel = options.parallel
     try:
-        zero_stage = effective_zero_stage(options.parallel)
+        zero_stage = check_zero_options(parallel.zero_stage, parallel.comm_hook,
+                                        parallel.use_distributed_optimizer,
+                                        parallel.cpu_offload, parallel.overlap_param_gather)
     except ValueError as error:
         problems.append(str(error))
     else:

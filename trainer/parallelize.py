@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from optimizer import OptimizerConfig, TrainingOptimizer
-from optimizer.data_parallel_factory import build_data_parallel, check_zero_options
+from optimizer.data_parallel_factory import build_data_parallel
 from parallel.context_parallel.context_shard import ContextShard
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
@@ -56,7 +56,7 @@ from parallel.pipeline_parallel.schedules import PipelineSchedule
 from parallel.sharded_data_parallel import ShardedDataParallel
 from parallel_plan.llama_shapes import check_parallel_shapes
 from parallel_plan.llama_units import zero_units
-from trainer.forward_steps import Batch, ForwardStep
+from trainer.forward_steps import Batch, CausalLM, ForwardStep
 from trainer.model_parallel import (
     PipelinedBase,
     PipelinedEval,
@@ -93,11 +93,9 @@ def from_options(component: type, options: dict[str, Any], **computed: Any) -> A
 
 
 def effective_zero_stage(parallel: ParallelOptions) -> int:
-    """--zero_stage, with --use_distributed_optimizer read as stage 1 (ValueError: a
-    combination that cannot work)."""
-    return check_zero_options(parallel.zero_stage, parallel.comm_hook,
-                              parallel.use_distributed_optimizer, parallel.cpu_offload,
-                              parallel.overlap_param_gather)
+    """--zero_stage, with --use_distributed_optimizer read as stage 1 (the combinations were
+    checked once, before any work: trainer/option_validation.py)."""
+    return max(parallel.zero_stage, int(parallel.use_distributed_optimizer))
 
 
 def optimizer_layout(parallel: ParallelOptions) -> str:
@@ -135,7 +133,7 @@ class Parallelized:
         for index, batch in enumerate(micro_batches):
             last_micro_batch = index == len(micro_batches) - 1
             with contextlib.nullcontext() if last_micro_batch else self.ddp.no_sync():
-                loss, extras = forward_step(self.ddp, batch)
+                loss, extras = forward_step(self.ddp.module, batch)
                 self.optimizer.scale_loss(loss / len(micro_batches)).backward()
             loss_sum += loss.detach().float()
             for key, value in extras.items():
@@ -175,9 +173,9 @@ class Parallelized:
         return None if self.schedule is None else PipelinedBase(self.schedule)
 
     @property
-    def eval_model(self) -> Any:
+    def eval_model(self) -> CausalLM:
         """What the evaluator calls like a model: forward only through the stages on a grid."""
-        return self.ddp if self.schedule is None else PipelinedEval(self.schedule)
+        return self.ddp.module if self.schedule is None else PipelinedEval(self.schedule)
 
 
 def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
