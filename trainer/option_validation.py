@@ -162,7 +162,8 @@ def _fp16_problems(options: TrainingOptions) -> list[str]:
 
 def _grid_problems(options: TrainingOptions) -> list[str]:
     """--tensor_parallel / --pipeline_parallel: what the grid does not support (yet). It
-    takes every --zero_stage (sharded over the data-parallel group), --comm_hook=bf16 and
+    takes every --zero_stage (sharded over the data-parallel group; with context parallelism
+    over dp x cp), --comm_hook=bf16 and
     --compile."""
     parallel = options.parallel
     grid = parallel.tensor_parallel * parallel.pipeline_parallel
