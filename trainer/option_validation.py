@@ -163,8 +163,7 @@ def _fp16_problems(options: TrainingOptions) -> list[str]:
 def _grid_problems(options: TrainingOptions) -> list[str]:
     """--tensor_parallel / --pipeline_parallel: what the grid does not support (yet). It
     takes every --zero_stage (sharded over the data-parallel group; with context parallelism
-    over dp x cp), --comm_hook=bf16 and
-    --compile."""
+    over dp x cp), --comm_hook=bf16 and --compile."""
     parallel = options.parallel
     grid = parallel.tensor_parallel * parallel.pipeline_parallel
     problems = [problem for name in ("tensor_parallel", "pipeline_parallel")
