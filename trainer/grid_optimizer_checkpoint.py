@@ -5,9 +5,11 @@ Each rank's AdamW holds state only for its slices of its stage's parameters. Sav
 
     Step 1  per parameter, the fp32 tensor AdamW updates (the weight itself in fp32, its main
             copy in bf16) and its two moments, under the whole model's parameter names; with
-            ZeRO-1 each rank of the data-parallel group holds pieces of them (its shard of
-            each bucket), laid into zeros and summed over that group: every element is held
-            by exactly one rank, so the sum is each tensor whole, bit for bit;
+            ZeRO-1/2/3 each rank of the group the state is sharded over (dp x cp: the
+            data-parallel group, with context parallelism its context-parallel ranks too)
+            holds pieces of them (its shard of each bucket or unit), laid into zeros and
+            summed over that group: every element is held by exactly one rank, so the sum is
+            each tensor whole, bit for bit;
     Step 2  each of the three gathered whole on global rank 0 (gather_full_tensors: unsplit
             over the TP group, stages merged over the PP group);
     Step 3  rank 0 writes them as a ZeRO-1 shard file of a one-rank run
@@ -95,7 +97,7 @@ def save_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
 def _whole_on_this_rank(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
                         dims: ParallelDims) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
     """Step 1: ({key of TENSOR_KEYS: {name: this rank's parameter's tensor, whole}}, Adam's
-    step), from the pieces (summed over the dp group when ZeRO-1 spread them over it)."""
+    step), from the pieces (summed over the dp x cp group when ZeRO spread them over it)."""
     local: dict[str, dict[str, torch.Tensor]] = {key: {} for key in TENSOR_KEYS}
     steps = {0}
     for name, (param, pieces) in params.items():
@@ -107,7 +109,7 @@ def _whole_on_this_rank(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
                 whole[key][piece.start:piece.end] = tensor.reshape(-1)
         for key, tensor in whole.items():
             if optimizer.grads_sharded:
-                dist.all_reduce(tensor, group=dims.dp_group)
+                dist.all_reduce(tensor, group=dims.dp_cp_group)
             local[key][name] = tensor.view(param.shape)
     return local, max(steps)  # the same for every tensor once stepped
 

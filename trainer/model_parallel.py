@@ -15,7 +15,8 @@ data-parallel replicas x T tensor shards (parallel/parallel_dims.py). `paralleli
             its units: this stage's blocks, and a tied embedding's copy alone, so that both
             stages shard it alike); the schedule drives it through `GradientSync`
             (parallel/gradient_sync.py);
-    Step 4  the optimizer (ZeRO-1/2/3: its state sharded over the data-parallel group),
+    Step 4  the optimizer (ZeRO-1/2/3: its state sharded over the group that averages the
+            gradients, dp x cp: the data-parallel group without context parallelism),
             wrapped so that clipping uses the norm of the *whole* model.
 
 Every rank of one data-parallel replica sees the same batches (the data is split by dp rank).
@@ -26,7 +27,8 @@ What differs from a data-parallel run, and how the loop is kept the same:
     grad norm         ||g||^2 summed over the TP and PP groups: TP-split tensors add their
                       shards, replicated ones (norm weights) count once (1/T from each of T
                       ranks), the tied embedding's second copy (last stage) not at all; with
-                      ZeRO-1/2/3 also over the dp group (each rank holds its shard's)
+                      ZeRO-1/2/3 also over the dp x cp group, which the state is sharded over
+                      (each rank holds its shard's)
     whole weights     gathered to rank 0 and loaded into a whole model there
                       (parallel/layout_neutral_checkpoint.py): samples and model.safetensors;
                       ZeRO-3 first gathers each stage's shards (`gathered_params`)
@@ -129,7 +131,7 @@ def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
 
 
 class GridOptimizer:
-    """The data-parallel optimizer (replicated, or sharded over the dp group: ZeRO-1/2/3)
+    """The data-parallel optimizer (replicated, or sharded over the dp x cp group: ZeRO-1/2/3)
     with whole-model clipping and layout-neutral checkpoints (module docstring): a
     `TrainingOptimizer` (optimizer/factory.py) whose other calls go to the inner one."""
 
@@ -168,7 +170,8 @@ class GridOptimizer:
 
     def grad_norm(self) -> float:
         """||g|| of the whole model: this rank's owned gradients, squared and weighted, summed
-        over the TP and PP groups (and over the dp group when ZeRO shards them)."""
+        over the TP and PP groups (and over the dp x cp group when ZeRO shards them over it;
+        without ZeRO the cp ranks hold the same averaged gradients, counted once)."""
         pieces = self.inner.main_pieces()
         norms = torch.stack(torch._foreach_norm([piece.grad for piece in pieces], 2.0)).double()
         weights = torch.tensor([self._norm_weight[piece.param] for piece in pieces],
@@ -176,7 +179,7 @@ class GridOptimizer:
         squares = (norms.square() * weights).sum()
         groups = [self.dims.tp_group, self.dims.pp_group]
         if self.inner.grads_sharded:
-            groups.append(self.dims.dp_group)
+            groups.append(self.dims.dp_cp_group)
         for group in groups:
             dist.all_reduce(squares, group=group)
         return float(squares.sqrt())

@@ -166,8 +166,8 @@ def _fp16_problems(options: TrainingOptions) -> list[str]:
 
 def _grid_problems(options: TrainingOptions) -> list[str]:
     """--tensor_parallel / --pipeline_parallel: what the grid does not support (yet). It
-    takes every --zero_stage (sharded over the data-parallel group), --comm_hook=bf16 and
-    --compile."""
+    takes every --zero_stage (sharded over the data-parallel group; with context parallelism
+    over dp x cp), --comm_hook=bf16 and --compile."""
     parallel = options.parallel
     grid = parallel.tensor_parallel * parallel.pipeline_parallel
     problems = [problem for name in ("tensor_parallel", "pipeline_parallel")
@@ -210,8 +210,9 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
 
 def _context_parallel_problems(options: TrainingOptions) -> list[str]:
     """--context_parallel: the sequence length it needs, and what it does not compose with
-    yet. It takes data parallelism, --tensor_parallel (+ --sequence_parallel), --zero_stage=1
-    without a tensor grid, --comm_hook=bf16, pretraining, SFT (padded or packed) and DPO."""
+    yet. It takes data parallelism, --tensor_parallel (+ --sequence_parallel),
+    --pipeline_parallel, every --zero_stage (sharded over the dp x cp ranks), --comm_hook=bf16,
+    pretraining, SFT (padded or packed), DPO and LoRA."""
     parallel, context = options.parallel, options.parallel.context_parallel
     if problem := range_problem("--context_parallel", context, low=1):
         return [problem]
@@ -224,21 +225,8 @@ def _context_parallel_problems(options: TrainingOptions) -> list[str]:
         problems = [str(error)]
     dropout = options.model.dropout
     unsupported = [  # (option, refused, why and what to use instead)
-        (f"--pipeline_parallel={parallel.pipeline_parallel}", parallel.pipeline_parallel > 1,
-         "pipeline stages exchange whole-sequence activations, not a rank's share; use "
-         "--tensor_parallel or data parallelism with it"),
-        (f"--zero_stage={parallel.zero_stage}", parallel.zero_stage >= 2,
-         "ZeRO-2/3 units are not wired to context parallelism yet; use --zero_stage=1 (the "
-         "optimizer state sharded over the dp x cp ranks)"),
-        ("--zero_stage=1 with --tensor_parallel",
-         parallel.tensor_parallel > 1 and (parallel.zero_stage == 1
-                                           or parallel.use_distributed_optimizer),
-         "the grid optimizer shards over the data-parallel group only; use --zero_stage=0 "
-         "there, or ZeRO-1 with --tensor_parallel=1"),
         (f"--comm_hook={parallel.comm_hook}", parallel.comm_hook in ("powersgd", "overlap_optim"),
          "not tested with context parallelism; use --comm_hook=allreduce or bf16"),
-        (f"--lora_rank={options.lora.lora_rank}", options.lora.lora_rank > 0,
-         "adapters are not tested with context parallelism; use --context_parallel=1"),
         ("--dtype=fp16", options.system.dtype == "fp16",
          "its loss scaling is not tested with context parallelism; use --dtype=bf16 or fp32"),
         (f"--dropout={dropout}", bool(dropout), "ring attention has no dropout; use 0"),

@@ -109,7 +109,8 @@ class ParallelOptions:
     pipeline_parallel: int = option(1, "split the layers into this many stages")
     context_parallel: int = option(1, "split each sequence over this many ranks (ring "
                                    "attention, load-balanced chunks; --max_seq_len a multiple "
-                                   "of 2x it)")
+                                   "of 2x it); composes with data/tensor/pipeline parallelism, "
+                                   "every --zero_stage (sharded over dp x cp) and LoRA")
     sequence_parallel: bool = option(False, "with --tensor_parallel: shard norms/residuals "
                                      "along the sequence")
     pp_schedule: Literal["afab", "1f1b"] = option("1f1b", "pipeline schedule (micro-batches = "

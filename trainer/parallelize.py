@@ -5,8 +5,8 @@ in here, and the loop keeps calling the same `Parallelized` objects.
 
 `--context_parallel C` gives the model one hook (`shard_sequences`: it then computes this
 rank's share of every sequence, parallel/context_parallel/context_shard.py) and changes nothing
-else here: the gradients are averaged over the dp x cp group, which without a tensor/pipeline
-grid is every rank, DDP's default (docs/design.md section 8.4a).
+else here: the gradients are averaged, and every ZeRO stage shards, over the dp x cp group,
+which without a tensor/pipeline grid is every rank, DDP's default (docs/design.md section 8.4a).
 
 `--zero_stage` picks the wrapper and optimizer (optimizer/data_parallel_factory.py): 0 our DDP,
 1 the same with the optimizer state sharded (ZeRO-1, also spelled --use_distributed_optimizer),

@@ -29,7 +29,10 @@ forward/backward) / (step time).
 Communication is point-to-point: activations to the next stage, their gradients back. A send
 and a receive that cross (send my output forward, receive a gradient from the same neighbour)
 are posted together (`batch_isend_irecv`) so that two neighbours waiting on each other cannot
-deadlock, as Megatron-LM's `send_forward_recv_backward` does.
+deadlock, as Megatron-LM's `send_forward_recv_backward` does. Under context parallelism a
+stage computes only its rank's two chunks of every sequence, so that share, [B, S/C, h], is
+what travels, between the ranks of the neighbour stages that hold the same chunks
+(`ParallelDims.stage_rank`).
 
 Data parallelism on top: the schedule is given the stage's data-parallel wrapper
 (`grad_sync`, parallel/gradient_sync.py: our DDP, or ZeRO-2/3's ShardedDataParallel) and runs
@@ -101,8 +104,10 @@ class PipelineSchedule:
 
     # ---- point to point ---------------------------------------------------------------------
     def _activation_buffer(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """An empty tensor shaped like what the previous stage sends: [B, S(/T), hidden]."""
+        """An empty tensor shaped like what the previous stage sends: [B, S/C(/T), hidden]
+        (context parallelism: this rank's share of each sequence, its two chunks)."""
         batch_size, seq_len = micro_batch["input_ids"].shape
+        seq_len //= self.dims.context_parallel
         if self.sequence_parallel:
             seq_len //= self.dims.tensor_parallel
         return torch.empty(batch_size, seq_len, self.stage.hidden_size,

@@ -39,6 +39,8 @@ LAYOUTS = {
     "pretrain": ("pretrain", []),
     # ZeRO-1 shards over dp x cp (both ranks); recomputed blocks run the ring again
     "pretrain_zero1_recompute": ("pretrain", ["--zero_stage=1", "--activation_checkpointing"]),
+    # ZeRO-3's units gathered and reduce-scattered over dp x cp around the ring's exchanges
+    "pretrain_zero3": ("pretrain", ["--zero_stage=3"]),
     "sft_padded": ("sft", []),
     "sft_packed": ("sft", ["--pack_samples"]),  # samples cross the chunk boundaries
     "dpo": ("dpo", ["--dpo_nll_weight=0.2"]),
@@ -134,12 +136,9 @@ def test_kill9_on_context_parallel_then_resume_is_bitwise(data, tmp_path):
 
 @pytest.mark.parametrize("changes, expected", [
     ({"max_seq_len": 30}, "--max_seq_len 30 is not divisible by 2 x --context_parallel 2 = 4"),
-    ({"pipeline_parallel": 2}, "--pipeline_parallel=2 with --context_parallel=2 is not "
-     "supported yet: pipeline stages exchange whole-sequence activations"),
-    ({"zero_stage": 3}, "--zero_stage=3 with --context_parallel=2"),
-    ({"tensor_parallel": 2, "zero_stage": 1}, "--zero_stage=1 with --tensor_parallel with"),
     ({"comm_hook": "powersgd"}, "--comm_hook=powersgd with --context_parallel=2"),
-    ({"lora_rank": 8, "init_from": "base"}, "--lora_rank=8 with --context_parallel=2"),
+    ({"comm_hook": "overlap_optim", "grad_clip": 0.0},
+     "--comm_hook=overlap_optim with --context_parallel=2"),
     ({"dtype": "fp16"}, "--dtype=fp16 with --context_parallel=2"),
     ({"dropout": 0.1}, "--dropout=0.1 with --context_parallel=2"),
     ({"compile": True}, "--compile with --context_parallel=2"),
@@ -150,11 +149,15 @@ def test_unsupported_combinations_are_refused_in_one_line(changes, expected):
 
 
 def test_supported_combinations_pass_the_option_check(tmp_path):
-    """What the tests above and test_train_grid_compose.py train with context parallelism (a
-    --data_dir not made yet: the check reads the data's kind where it exists, as in a
-    checkout where `make demo` ran)."""
+    """What the tests above, test_train_grid_compose.py and test_train_grid_lora.py train
+    with context parallelism (a --data_dir not made yet: the check reads the data's kind where
+    it exists, as in a checkout where `make demo` ran)."""
     for changes in ({}, {"zero_stage": 1, "comm_hook": "bf16"}, {"tensor_parallel": 2},
                     {"tensor_parallel": 2, "sequence_parallel": True}, {"pack_samples": True,
-                                                                         "task_type": "sft"}):
+                                                                         "task_type": "sft"},
+                    {"tensor_parallel": 2, "zero_stage": 1}, {"zero_stage": 3},
+                    {"pipeline_parallel": 2}, {"context_parallel": 4},
+                    {"lora_rank": 4, "init_from": "base", "task_type": "sft",
+                     "tensor_parallel": 2}):
         check_options(options_with(**{"context_parallel": 2, "max_seq_len": 32,
                                       "data_dir": str(tmp_path / "data"), **changes}))

@@ -1,8 +1,9 @@
 """Options that compose with a tensor/pipeline/context grid, from the command line on 4 gloo
 ranks: ZeRO-1/2/3 (the optimizer state, then the gradients, then the weights sharded over the
 grid's data-parallel group), ZeRO-1's bf16-compressed reduce-scatter, compiled decoder blocks,
-and context parallelism with data and tensor parallelism (2-rank context-parallel runs:
-test_train_context_parallel.py).
+and context parallelism with data, tensor and pipeline parallelism and every ZeRO stage (the
+states then sharded over the dp x cp group), and on 4 ranks alone (2-rank context-parallel
+runs: test_train_context_parallel.py).
 
 One table, one row per layout; all rows train in one spawn of 4 ranks (a spawn costs more
 than a run). Reference: the same command in one process on the same global batch (the
@@ -11,8 +12,9 @@ step's loss, the gradient norm (clipping uses the whole model's: with ZeRO each 
 only its shard's gradients) and the final model.safetensors, to fp32 rounding. A row with
 a "resumed from" entry stops at step 2 with those options and resumes with its own: on the
 same grid ZeRO-1 <-> replicated (the ZeRO-1 state, spread over the dp group, saved whole and
-read by a replicated optimizer, and the other way); ZeRO-3 on DP2 x PP2 resumed on the same
-layout, bit for bit the uninterrupted row; and the same stop resumed in one process
+read by a replicated optimizer, and the other way); ZeRO-3 on DP2 x PP2 and ZeRO-1 on
+CP2 x TP2 resumed on the same layout, bit for bit the uninterrupted row; and the same stop
+resumed in one process
 (ZeRO-3 reading the grid's one optimizer file, --batch_size x 2).
 
 bf16: each rank's gradient is rounded to bf16 (8-bit mantissa, relative error 2^-9) before the
@@ -49,6 +51,7 @@ noise there is fp32 rounding's x 2^14, so such weights differ by up to a few lr.
 # afab: the last stage's final norm is needed in both backwards after both forwards, which
 # ZeRO-3 keeps gathered through the schedule's no_sync() (1f1b alternates F and B there).
 DP2_PP2_ZERO3 = [*DP2_PP2, "--zero_stage=3", "--pp_schedule=afab"]
+CP2_TP2_ZERO1 = [*CP2, *DP2_TP2, "--zero_stage=1"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,15 @@ LAYOUTS = {
                                            2, resumed_from=DP2_PP2_ZERO3),
     "dp2_cp2_zero1": Layout([*CP2, "--zero_stage=1"], 2),  # ZeRO-1 over dp x cp
     "cp2_tp2_sp": Layout([*CP2, *DP2_TP2, "--sequence_parallel"], 1),
+    # The grid optimizer sharded over dp x cp (here the two cp ranks of each tp shard): its
+    # norm and its saved state summed over that group (a resume is bitwise)
+    "cp2_tp2_zero1": Layout(CP2_TP2_ZERO1, 1),
+    "cp2_tp2_zero1_resumed": Layout(CP2_TP2_ZERO1, 1, resumed_from=CP2_TP2_ZERO1,
+                                    bitwise_twin="cp2_tp2_zero1"),
+    "cp2_tp2_zero3": Layout([*CP2, *DP2_TP2, "--zero_stage=3"], 1),
+    "dp2_cp2_zero3": Layout([*CP2, "--zero_stage=3"], 2),  # units sharded over dp x cp
+    "cp2_pp2": Layout([*CP2, *DP2_PP2], 1),  # the stages exchange each rank's two chunks
+    "cp4": Layout(["--context_parallel=4"], 1),  # 8 chunks of 4 tokens, a ring of 4
 }
 
 
