@@ -40,7 +40,8 @@ def save_run_tokenizer(tokenizer_or_dir: Any, run_dir: str | os.PathLike) -> Pat
     """Keep a copy of the run's tokenizer in `<run_dir>/tokenizer/` (written to a temporary
     directory, then renamed into place: a crash leaves the old copy or the new one). An earlier
     copy is replaced only in a directory marked as a z2all run (utils/run_directory.py): a
-    `tokenizer/` anywhere else is not the run's to delete (it may be code)."""
+    `tokenizer/` anywhere else is not the run's to delete (it may be code). A copy of the same
+    tokenizer (a resumed run) is left as it is: the other ranks read it while rank 0 saves."""
     tokenizer = (load_tokenizer(tokenizer_or_dir)
                  if isinstance(tokenizer_or_dir, (str, os.PathLike)) else tokenizer_or_dir)
     run_dir = Path(run_dir)
@@ -48,13 +49,27 @@ def save_run_tokenizer(tokenizer_or_dir: Any, run_dir: str | os.PathLike) -> Pat
     if target.exists() and not (run_dir / RUN_MARKER).is_file():
         raise ValueError(f"{target} exists but {run_dir} is not a z2all run (no {RUN_MARKER}): "
                          "not replacing what the run did not write")
+    if target.exists() and _fingerprint_at(target) == tokenizer.fingerprint:
+        return target
     run_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=run_dir))
     tokenizer.save_pretrained(staging)
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
+    if target.exists():  # moved aside whole, then removed: never a half-deleted tokenizer/
+        replaced = Path(tempfile.mkdtemp(prefix=".tokenizer.old.", dir=run_dir))
+        target.rename(replaced / RUN_TOKENIZER_DIR)
+        staging.rename(target)
+        shutil.rmtree(replaced)
+    else:
+        staging.rename(target)
     return target
+
+
+def _fingerprint_at(tokenizer_dir: Path) -> str | None:
+    """The fingerprint of the tokenizer saved in `tokenizer_dir`; None if it cannot be read."""
+    try:
+        return load_tokenizer(tokenizer_dir).fingerprint
+    except (OSError, ValueError):
+        return None
 
 
 def _recorded_tokenizer_dir(run_dir: Path) -> Path | None:

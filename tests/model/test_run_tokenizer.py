@@ -28,6 +28,7 @@ from utils.checkpoint import save_checkpoint
 from utils.cli_errors import run_main
 from utils.conversation import build_generation_prompt, render_conversation, stop_ids
 from utils.labels import IGNORE_INDEX
+from utils.run_directory import RUN_MARKER
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,23 @@ def test_saved_run_tokenizer_is_the_same_tokenizer(tmp_path, tiny_hf_tokenizer_d
         # transformers reads the copy as it reads the source
         reference = AutoTokenizer.from_pretrained(source).apply_chat_template(messages)
         assert AutoTokenizer.from_pretrained(copy).apply_chat_template(messages) == reference
+
+
+def test_resaving_the_same_tokenizer_leaves_the_copy_other_ranks_read(
+        tmp_path, tiny_hf_tokenizer_dir, llama3_tokenizer_dir):
+    """A resumed run's rank 0 saves the tokenizer while the other ranks load the run's copy: the
+    same tokenizer leaves every file as it was (a rewrite once removed it under a reader); a
+    different one replaces it whole, leaving no staging folder behind."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RUN_MARKER).touch()
+    copy = save_run_tokenizer(tiny_hf_tokenizer_dir, run)
+    before = {path.name: path.stat().st_ino for path in copy.iterdir()}
+    save_run_tokenizer(tiny_hf_tokenizer_dir, run)
+    assert {path.name: path.stat().st_ino for path in copy.iterdir()} == before
+    save_run_tokenizer(llama3_tokenizer_dir, run)
+    assert load_tokenizer(copy).fingerprint == load_tokenizer(llama3_tokenizer_dir).fingerprint
+    assert sorted(path.name for path in run.iterdir()) == sorted([RUN_MARKER, "tokenizer"])
 
 
 def test_run_dir_tokenizer_found_from_any_directory_and_others_refused(
