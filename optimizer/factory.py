@@ -12,7 +12,7 @@ Whatever it returns, the trainer sees only `TrainingOptimizer`: the methods it c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from torch import Tensor
 
@@ -25,6 +25,7 @@ from optimizer.optimizer import (
 )
 from optimizer.optimizer_config import OptimizerConfig
 from optimizer.overlapped_adamw import OverlappedAdamW
+from parallel.distributed_data_parallel import DistributedDataParallel
 from utils.precision import DTYPES
 
 
@@ -42,7 +43,7 @@ class TrainingOptimizer(Protocol):
     def state_bytes(self) -> int: ...  # Adam's moments and fp32 copies (memory records)
 
 
-def get_optimizer(config: OptimizerConfig, ddp_model: Any
+def get_optimizer(config: OptimizerConfig, ddp_model: DistributedDataParallel
                   ) -> MixedPrecisionOptimizer | OverlappedAdamW:
     """Build the optimizer for a model wrapped in our DistributedDataParallel."""
     expected_dtype = DTYPES[config.params_dtype]

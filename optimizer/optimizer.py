@@ -37,7 +37,13 @@ from optimizer.adamw import (
 from optimizer.clip_grads import clip_grads_, global_grad_norm, unscale_and_check_for_inf_
 from optimizer.grad_scaler import DynamicGradScaler
 from optimizer.optimizer_config import OptimizerConfig
+from parallel.distributed_data_parallel import DistributedDataParallel
+from parallel.sharded_data_parallel import ShardedDataParallel
 from utils.atomic_io import atomic_open
+
+# The wrappers an optimizer reads gradients from: our DDP (whole `main_grad`s, stages 0 and 1)
+# or ZeRO-2/3's ShardedDataParallel (each rank's gradient shard).
+DataParallelModel = DistributedDataParallel | ShardedDataParallel
 
 STATE_FORMAT = "z2all-optimizer"
 STATE_VERSION = 1
@@ -69,7 +75,7 @@ def build_grad_scaler(config: OptimizerConfig) -> DynamicGradScaler | None:
                              config.loss_scale_window, config.hysteresis)
 
 
-def trainable_params(ddp_model: Any) -> list[Tensor]:
+def trainable_params(ddp_model: DataParallelModel) -> list[Tensor]:
     """The wrapped model's params that get gradients (tied weights appear once)."""
     return [param for param in ddp_model.module.parameters() if param.requires_grad]
 
@@ -87,14 +93,15 @@ def model_grad(param: Tensor) -> Tensor:
 class MixedPrecisionOptimizer:
     """The step recipe above plus lr, loss scaling and (de)serialisation; see module doc."""
 
-    def __init__(self, config: OptimizerConfig, ddp_model: Any, inner: torch.optim.Optimizer,
+    def __init__(self, config: OptimizerConfig, ddp_model: DataParallelModel,
+                 inner: torch.optim.Optimizer,
                  grads_sharded: bool) -> None:
         self.config = config
         self.ddp_model = ddp_model
         self.inner = inner
         self.grad_scaler = build_grad_scaler(config)
         self.grads_sharded = grads_sharded
-        self.process_group = getattr(ddp_model, "process_group", None)
+        self.process_group = ddp_model.process_group
 
     # ---- the two steps that differ per wrapper ------------------------------------------------
     def _prepare_main_grads(self) -> None:
@@ -240,7 +247,7 @@ def check_state_header(state: dict[str, Any], expected_format: str, expected_kin
 class FP32Optimizer(MixedPrecisionOptimizer):
     """fp32 model params are updated in place: the main params are the model params."""
 
-    def __init__(self, config: OptimizerConfig, ddp_model: Any) -> None:
+    def __init__(self, config: OptimizerConfig, ddp_model: DistributedDataParallel) -> None:
         params = trainable_params(ddp_model)
         groups = weight_decay_groups([(p, p) for p in params], config.weight_decay)
         inner = build_adamw(groups, config)
@@ -263,7 +270,7 @@ class FP32Optimizer(MixedPrecisionOptimizer):
 class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
     """bf16/fp16 model params; every rank keeps a full fp32 main copy (no sharding)."""
 
-    def __init__(self, config: OptimizerConfig, ddp_model: Any) -> None:
+    def __init__(self, config: OptimizerConfig, ddp_model: DistributedDataParallel) -> None:
         self.model_params = trainable_params(ddp_model)
         self.main_params = [param.detach().clone().float() for param in self.model_params]
         groups = weight_decay_groups(list(zip(self.model_params, self.main_params)),

@@ -71,6 +71,7 @@ from optimizer.adamw import (
     weight_decay_groups,
 )
 from optimizer.optimizer_config import OptimizerConfig
+from parallel.distributed_data_parallel import DistributedDataParallel
 from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
     CommHandle,
     CommHook,
@@ -93,7 +94,7 @@ class OverlappedAdamW:
     receives the rounded result.
     """
 
-    def __init__(self, ddp_model: Any, lr: float, weight_decay: float = 0.0,
+    def __init__(self, ddp_model: DistributedDataParallel, lr: float, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
                  clip_grad: float = 0.0, params_dtype: str = "fp32",
                  reduce_hook: CommHook = allreduce_hook) -> None:
@@ -129,7 +130,8 @@ class OverlappedAdamW:
         ddp_model.register_comm_hook(self, overlap_optim_step_hook)
 
     @classmethod
-    def from_config(cls, config: Any, ddp_model: Any) -> OverlappedAdamW:
+    def from_config(cls, config: OptimizerConfig, ddp_model: DistributedDataParallel
+                    ) -> OverlappedAdamW:
         """Build from an optimizer.optimizer_config.OptimizerConfig (read by attribute name)."""
         return cls(ddp_model, lr=config.lr, weight_decay=config.weight_decay,
                    betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,

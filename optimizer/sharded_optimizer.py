@@ -31,9 +31,10 @@ from optimizer.distributed_optimizer.distributed_optimizer import (
 from optimizer.distributed_optimizer.shard_map import ShardPiece, pieces_in_range
 from optimizer.optimizer import MixedPrecisionOptimizer
 from optimizer.optimizer_config import OptimizerConfig
+from parallel.sharded_data_parallel import FlatParamUnit, ShardedDataParallel
 
 
-def unit_pieces(unit: Any) -> list[ShardPiece]:
+def unit_pieces(unit: FlatParamUnit) -> list[ShardPiece]:
     """Intersect each parameter's [start, end) in the unit's flat buffer with this rank's shard
     (the same cut as shard_map.py's, with a unit in place of a bucket)."""
     return pieces_in_range(unit.params, unit.param_names, unit.ranges, unit.shard_start,
@@ -43,7 +44,7 @@ def unit_pieces(unit: Any) -> list[ShardPiece]:
 class ShardedOptimizer(DistributedOptimizer):
     """AdamW over the shards of a `ShardedDataParallel` model (ZeRO-2 or ZeRO-3)."""
 
-    def __init__(self, config: OptimizerConfig, sharded_model: Any) -> None:
+    def __init__(self, config: OptimizerConfig, sharded_model: ShardedDataParallel) -> None:
         if config.cpu_offload or config.overlap_param_gather or config.overlap_step:
             raise ValueError("cpu_offload, overlap_param_gather and overlap_step are ZeRO-1/DDP "
                              "options; turn them off for ZeRO stage 2/3")
@@ -58,7 +59,7 @@ class ShardedOptimizer(DistributedOptimizer):
         self._reported_unwaited_gathers = False
 
     @staticmethod
-    def _build_unit_shard(unit: Any) -> BucketShard:
+    def _build_unit_shard(unit: FlatParamUnit) -> BucketShard:
         pieces = unit_pieces(unit)
         main_param_shard = fp32_shard(unit.param_shard, cpu_offload=False)
         return BucketShard(

@@ -46,6 +46,7 @@ from optimizer.optimizer import (
     check_state_header,
 )
 from optimizer.optimizer_config import OptimizerConfig
+from parallel.distributed_data_parallel import DistributedDataParallel
 from parallel.flat_collectives import all_gather_single
 from utils.atomic_io import atomic_open
 
@@ -91,7 +92,7 @@ def fp32_shard(source: Tensor, cpu_offload: bool) -> Tensor:
 class DistributedOptimizer(MixedPrecisionOptimizer):
     """ZeRO-1 AdamW over a model wrapped with `use_distributed_optimizer=True` DDP."""
 
-    def __init__(self, config: OptimizerConfig, ddp_model: Any) -> None:
+    def __init__(self, config: OptimizerConfig, ddp_model: DistributedDataParallel) -> None:
         if any(buffer.param_data is None for buffer in ddp_model.param_and_grad_buffers):
             raise ValueError("DistributedOptimizer needs DDP built with "
                              "use_distributed_optimizer=True (params must live in param_data)")
