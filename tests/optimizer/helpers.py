@@ -42,6 +42,7 @@ class OneProcessDDP(nn.Module):
     def __init__(self, module: nn.Module, grad_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.module = module
+        self.process_group = None  # every rank: the only one
         self.config = SimpleNamespace(use_distributed_optimizer=False)
         for param in module.parameters():
             param.main_grad = torch.zeros_like(param, dtype=grad_dtype or param.dtype)
