@@ -60,13 +60,9 @@ def check_parallel_shapes(config: Z2allConfig, world_size: int, tensor_parallel:
     t = tensor_parallel
     for name, size in (("num_attention_heads", config.num_attention_heads),
                        ("num_key_value_heads", config.num_key_value_heads),
-                       ("intermediate_size", config.intermediate_size),
-                       ("vocab_size", config.vocab_size)):
-        if size % t:
-            fix = (" (raise vocab_size_multiple to a multiple of it)" if name == "vocab_size"
-                   else "")
-            raise ValueError(f"model {name} {size} is not divisible by --tensor_parallel {t}"
-                             f"{fix}")
+                       ("intermediate_size", config.intermediate_size)):
+        if size % t:  # (the vocabulary need not be: it is padded, tensor_parallel/sharding.py)
+            raise ValueError(f"model {name} {size} is not divisible by --tensor_parallel {t}")
     if t > 1 and config.dropout:
         raise ValueError(f"dropout {config.dropout} with --tensor_parallel {t} is not "
                          "supported (replicated regions would need one RNG stream); use 0")
