@@ -7,8 +7,9 @@ reads --batch_size x 2), starting from the same SFT-stand-in model, which is als
 reference. Compared to fp32 rounding: every step's loss, gradient norm and DPO metrics
 (rewards, accuracies, margins, the chosen answers' NLL), the validation metrics (policy and
 reference forward-only through the stages) and the final model.safetensors (gathered whole).
-With ZeRO-3 the frozen reference is sharded like the policy: its units are gathered for its
-forward too.
+Under ZeRO the policy's gradients (2) and weights (3) are sharded over the data-parallel group;
+the frozen reference is cut into the same stage and tensor slices (trainer/model_parallel.py
+`split_reference`) and held whole on each data-parallel rank.
 """
 
 from __future__ import annotations
