@@ -4,11 +4,11 @@
     RowParallelLinear      y = sum_r x_r B_r  (B split by input columns: o, down)
     VocabParallelEmbedding rank r looks up ids in [r V'/T, (r+1) V'/T), others give 0, sum
     VocabParallelLMHead    logits for this rank's vocabulary slice, and the loss from them
-
-where V' is the vocabulary V padded to a multiple of T (sharding.py): the padding rows are
-never looked up, and the head masks their logits to -inf, so no padded token is ever
-predicted, weighs in a softmax or gets a gradient.
     SequenceParallelRMSNorm   the norm on my 1/T of the tokens, output gathered
+
+V' is the vocabulary V padded to a multiple of T (sharding.py): the padding rows are never
+looked up, and the head masks their logits to -inf, so no padded token is ever predicted,
+weighs in a softmax or gets a gradient.
 
 Column then row needs no communication in between (each rank's column slice is exactly the
 input its row slice needs); the row-parallel output is partial and summed across ranks (or,
