@@ -1,7 +1,8 @@
 """What our llama's shapes allow on a device grid: the checks that need the model config.
 
-Tensor parallelism splits the attention heads, the key/value heads, the MLP's hidden units and
-the vocabulary into T equal parts; a pipeline cuts the decoder blocks into P equal stages.
+Tensor parallelism splits the attention heads, the key/value heads and the MLP's hidden units
+into T equal parts (the vocabulary too, padded to a multiple of T:
+parallel/tensor_parallel/sharding.py); a pipeline cuts the decoder blocks into P equal stages.
 Dropout is refused where ranks would have to draw the same mask from one RNG stream (the
 replicated regions of tensor parallelism) or where the kernel has none (ring attention). The
 grid's own sizes (world size, sequence length) are checked by parallel/parallel_dims.py's
@@ -23,13 +24,9 @@ def check_parallel_shapes(config: Z2allConfig, world_size: int, tensor_parallel:
     t = tensor_parallel
     for name, size in (("num_attention_heads", config.num_attention_heads),
                        ("num_key_value_heads", config.num_key_value_heads),
-                       ("intermediate_size", config.intermediate_size),
-                       ("vocab_size", config.vocab_size)):
-        if size % t:
-            fix = (" (raise vocab_size_multiple to a multiple of it)" if name == "vocab_size"
-                   else "")
-            raise ValueError(f"model {name} {size} is not divisible by --tensor_parallel {t}"
-                             f"{fix}")
+                       ("intermediate_size", config.intermediate_size)):
+        if size % t:  # (the vocabulary need not be: it is padded, tensor_parallel/sharding.py)
+            raise ValueError(f"model {name} {size} is not divisible by --tensor_parallel {t}")
     if t > 1 and config.dropout:
         raise ValueError(f"dropout {config.dropout} with --tensor_parallel {t} is not "
                          "supported (replicated regions would need one RNG stream); use 0")

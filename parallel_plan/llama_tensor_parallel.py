@@ -47,7 +47,7 @@ from parallel.tensor_parallel.layers import (
     VocabParallelEmbedding,
     VocabParallelLMHead,
 )
-from parallel.tensor_parallel.sharding import LayoutOf, ShardLayout, shard_tensor
+from parallel.tensor_parallel.sharding import LayoutOf, ShardLayout, padded_size, shard_tensor
 from parallel_plan.tensor_parallel_lora import ColumnParallelLoraLinear, RowParallelLoraLinear
 
 
@@ -120,7 +120,7 @@ def parallelize_model(model: Z2allForCausalLM, dims: ParallelDims,
         block.input_layernorm = norm(block.input_layernorm)
         block.post_attention_layernorm = norm(block.post_attention_layernorm)
 
-    vocab_start = rank * config.vocab_size // size
+    vocab_start = rank * padded_size(config.vocab_size, size) // size  # (sharding.py)
     if model.model.embed_tokens is not None:
         model.model.embed_tokens = VocabParallelEmbedding(
             local_slice("embed_tokens.weight", model.model.embed_tokens.weight), vocab_start,
@@ -132,7 +132,7 @@ def parallelize_model(model: Z2allForCausalLM, dims: ParallelDims,
         tied = config.tie_word_embeddings and embedding is not None
         model.lm_head = VocabParallelLMHead(
             embedding.weight if tied else local_slice("lm_head.weight", model.lm_head.weight),
-            vocab_start, group, sequence_parallel)
+            vocab_start, group, sequence_parallel, config.vocab_size)
         if tied:
             model.lm_head.weight = embedding.weight  # one Parameter, as in tie_weights()
     for name, param in model.named_parameters():  # (the new modules made fresh Parameters)

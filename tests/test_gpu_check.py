@@ -10,20 +10,29 @@ What these prove on a GPU node (what the CPU suite can only emulate, tests/fake_
 - NCCL at world size 2 when the node has >= 2 GPUs (else 1): DDP against gloo, PowerSGD on
   its side stream, ZeRO-1 with CPU offload, OverlappedAdamW with its side stream (the overlap
   it achieved is measured with CUDA events and printed);
-- the optimizers on the GPU match the CPU ones, and a GPU checkpoint resumes on the CPU.
-Each distributed test runs the NCCL group beside the gloo default group: one set of processes
-runs both sides.
+- the optimizers on the GPU match the CPU ones, and a GPU checkpoint resumes on the CPU;
+- the grid paths as users run them: train_my_ddp.py under torchrun, one NCCL rank per GPU,
+  TP2 (with sequence parallelism) and PP2 at world size 2, and issue #30's done-when command
+  (an HF Llama-3 base, DP2 x TP2, ZeRO-3, LoRA rank 8) at world size 4, each against the same
+  command on one GPU (the same micro-batches): every step's loss and gradient norm, and the
+  saved weights (the adapters, for LoRA). An entry that needs more GPUs than the node has is
+  skipped, saying how many.
+The other distributed tests run the NCCL group beside the gloo default group: one set of
+processes runs both sides.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file
 
 from model import kernels
+from model.lora_checkpoint import ADAPTERS_FILE
 from optimizer import OptimizerConfig, get_optimizer
 from optimizer.adamw import adamw_implementation
 from optimizer.optimizer import FP32Optimizer
@@ -39,12 +48,17 @@ from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import (
 from parallel.local_ranks import run_on_ranks
 from tests.model.model_helpers import VOCAB, random_batch, small_model
 from tests.optimizer.helpers import OneProcessDDP, TinyNet, loss_fn, random_batches
+from tests.parallel.grid_helpers import ADAM_EPS
 from tests.parallel.toy_models import make_batch, make_mlp, mse_loss
+from tests.train_helpers import TINY_ARGS, data_args, records, tiny_training_data
+from tests.trainer.test_train_stream import finish, torchrun
+from tools import tiny_hf_model
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-WORLD_SIZE = 2 if torch.cuda.device_count() >= 2 else 1
+GPUS = torch.cuda.device_count()
+WORLD_SIZE = 2 if GPUS >= 2 else 1
 SPREAD_FACTOR = 3.0   # GPU bf16 error may exceed the CPU bf16 error by this factor, no more
 ERROR_FLOOR = 1e-3    # a spread measured as ~0 (exact in both) must not demand bit equality
 
@@ -312,3 +326,65 @@ def _overlapped_adamw_vs_cpu(rank: int, world_size: int) -> None:
 
 def test_overlapped_adamw_on_its_side_stream_matches_cpu():
     run_on_ranks(_overlapped_adamw_vs_cpu, world_size=WORLD_SIZE)
+
+
+# ---- the grid paths: train_my_ddp.py under torchrun on NCCL vs the same command on one GPU ----
+
+# Each micro-batch one sequence: an SFT loss is a mean over the micro-batch's tokens, so the
+# one-GPU reference reads the same micro-batches (--gradient_accumulation_steps 2 x D).
+GRID_ARGS = ["--num_hidden_layers=2", "--num_key_value_heads=2", "--max_iters=3",
+             "--eval_interval=3", "--save_interval=100", "--eval_prompts=[]", "--batch_size=1",
+             f"--adam_eps={ADAM_EPS}"]  # (rounding noise not blown up to a whole lr)
+# name: (grid options, ranks: one GPU each, data-parallel size D, task, base: None = a fresh
+# tiny model, "hf_llama3" = tools/tiny_hf_model.py's with LoRA rank 8: issue #30's done-when)
+GRID_RUNS = {
+    "tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2, 1, "pretrain", None),
+    "pp2": (["--pipeline_parallel=2"], 2, 1, "pretrain", None),
+    "dp2_tp2_zero3_lora_hf_llama3": (["--tensor_parallel=2", "--zero_stage=3"], 4, 2, "sft",
+                                     "hf_llama3"),
+}
+
+
+def grid_skip_reason(ranks: int, gpus: int) -> str:
+    """Why a grid entry of `ranks` NCCL ranks cannot run on a node with `gpus` GPUs."""
+    return (f"needs {ranks} GPUs (one NCCL rank each, world size {ranks}); "
+            f"this node has {gpus}")
+
+
+@pytest.fixture(scope="module")
+def grid_data(tmp_path_factory, tiny_hf_tokenizer_dir) -> dict[str, Path]:
+    """The trainer tests' tiny data set, and the HF Llama-3 base with its own tokenizer."""
+    data = tiny_training_data(tmp_path_factory.getbasetemp(), tiny_hf_tokenizer_dir)
+    base = tmp_path_factory.mktemp("hf") / "hf_llama3"
+    tiny_hf_model.main(["--tokenizer_dir", str(tiny_hf_tokenizer_dir), "--style", "llama3",
+                        "--out", str(base)])
+    return {**data, "hf_llama3": base}
+
+
+def _grid_args(data: dict[str, Path], task: str, base: str | None) -> list[str]:
+    """The command of an entry without its grid; an HF base brings its own tokenizer."""
+    if base is None:
+        return [*TINY_ARGS, *GRID_ARGS, *data_args(data, task)]
+    return [*TINY_ARGS, *GRID_ARGS, f"--task_type={task}", f"--data_dir={data[task]}",
+            f"--init_from={data[base]}", "--lora_rank=8", "--lora_alpha=16"]
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.skipif(ranks > GPUS,
+                                                reason=grid_skip_reason(ranks, GPUS)))
+    for name, (_, ranks, _, _, _) in GRID_RUNS.items()])
+def test_grid_on_nccl_trains_like_one_gpu(name, grid_data, tmp_path):
+    options, ranks, data_parallel, task, base = GRID_RUNS[name]
+    args = _grid_args(grid_data, task, base)
+    run, single = tmp_path / name, tmp_path / "one_gpu"
+    finish(torchrun([*args, *options, "--gradient_accumulation_steps=2"], run, ranks))
+    finish(torchrun([*args, f"--gradient_accumulation_steps={2 * data_parallel}"], single, 1))
+    for key in ("loss", "grad_norm"):
+        assert ([step[key] for step in records(run, "train")] == pytest.approx(
+            [step[key] for step in records(single, "train")], rel=1e-4)), (name, key)
+    weights = Path("ckpt") / "step_000003" / (ADAPTERS_FILE if base else "model.safetensors")
+    expected, saved = load_file(single / weights), load_file(run / weights)
+    assert sorted(saved) == sorted(expected)
+    for key in expected:
+        torch.testing.assert_close(saved[key], expected[key], rtol=1e-3, atol=1e-4,
+                                   msg=lambda message, key=key: f"{name}: {key}: {message}")

@@ -2,9 +2,13 @@
 
     ColumnParallelLinear   y_r = x A_r        (A split by output rows: q/k/v, gate/up)
     RowParallelLinear      y = sum_r x_r B_r  (B split by input columns: o, down)
-    VocabParallelEmbedding rank r looks up ids in [r V/T, (r+1) V/T), others give 0, sum
+    VocabParallelEmbedding rank r looks up ids in [r V'/T, (r+1) V'/T), others give 0, sum
     VocabParallelLMHead    logits for this rank's vocabulary slice, and the loss from them
     SequenceParallelNorm   the norm on my 1/T of the tokens, output gathered
+
+V' is the vocabulary V padded to a multiple of T (sharding.py): the padding rows are never
+looked up, and the head masks their logits to -inf, so no padded token is ever predicted,
+weighs in a softmax or gets a gradient.
 
 Column then row needs no communication in between (each rank's column slice is exactly the
 input its row slice needs); the row-parallel output is partial and summed across ranks (or,
@@ -67,7 +71,7 @@ class RowParallelLinear(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Rank r holds rows [vocab_start, vocab_start + V/T) of the table."""
+    """Rank r holds rows [vocab_start, vocab_start + V'/T) of the (padded) table."""
 
     def __init__(self, local_weight: torch.Tensor, vocab_start: int,
                  group: dist.ProcessGroup, sequence_parallel: bool) -> None:
@@ -91,23 +95,29 @@ class VocabParallelLMHead(nn.Module):
     """The output layer with the same call forms as model/chunked_lm_head.py's `LMHead`:
     forward(hidden) gives full logits (gathered: generation), forward(hidden, labels) the mean
     loss, forward(hidden, labels, per_token=True) per-token log-probs; the loss paths never
-    gather the full logits (cross_entropy.py)."""
+    gather the full logits (cross_entropy.py). `vocab_size` is the real vocabulary: rows of
+    this slice at or past it are padding, their logits -inf (module docstring)."""
 
     def __init__(self, local_weight: torch.Tensor, vocab_start: int,
-                 group: dist.ProcessGroup, sequence_parallel: bool) -> None:
+                 group: dist.ProcessGroup, sequence_parallel: bool, vocab_size: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(local_weight)
         self.vocab_start = vocab_start
         self.group = group
         self.sequence_parallel = sequence_parallel
+        self.vocab_size = vocab_size
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None,
                 per_token: bool = False) -> torch.Tensor:
         if not self.sequence_parallel:
             hidden = copy_to_region(hidden, self.group)
         local_logits = F.linear(hidden, self.weight)
+        real_rows = self.vocab_size - self.vocab_start
+        if real_rows < local_logits.shape[-1]:  # this slice ends in padding
+            padding = torch.arange(local_logits.shape[-1], device=local_logits.device)
+            local_logits = local_logits.masked_fill(padding >= real_rows, float("-inf"))
         if labels is None:
-            return gather_from_region(local_logits, self.group)
+            return gather_from_region(local_logits, self.group)[..., :self.vocab_size]
         token_losses = vocab_parallel_cross_entropy(local_logits, labels, self.vocab_start,
                                                     self.group)
         if per_token:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.lora import LoraConfig, LoraLinear, apply_lora, linear_with_weight
+from parallel.layout_neutral_checkpoint import gather_full_tensors
 from parallel.local_ranks import run_on_ranks
 from parallel.parallel_dims import ParallelDims
 from parallel.tensor_parallel.collectives import gather_from_region, scatter_to_region
@@ -18,7 +19,7 @@ from parallel.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from parallel.tensor_parallel.sharding import ShardLayout, shard_tensor, unshard_tensors
 from parallel_plan.llama_tensor_parallel import layout_for, parallelize_model
-from tests.model.model_helpers import small_model
+from tests.model.model_helpers import random_batch, small_model
 
 
 def _linear_pair_matches_dtensor(rank: int, world_size: int) -> None:
@@ -93,11 +94,39 @@ def _tensor_parallel_logits_match_the_model(rank: int, world_size: int) -> None:
     torch.testing.assert_close(model(input_ids).logits, reference(input_ids).logits)
 
 
+def _odd_vocabulary_is_padded_and_never_predicted(rank: int, world_size: int) -> None:
+    """A vocabulary of 253 on T=2: each rank holds 127 rows, the last one padding. Logits,
+    loss and the embedding/head gradients (gathered whole: real rows only) equal the whole
+    model's, tied or not; the padding row's logit never wins and its gradient is 0."""
+    dims = ParallelDims(world_size, tensor_parallel=world_size).build_groups()
+    input_ids, labels = random_batch(2, 8)
+    input_ids, labels = input_ids % 253, labels.masked_fill(labels >= 253, 252)
+    labels[0, :3] = 252  # the last real token, beside the padding row
+    for tied in (True, False):
+        odd = dict(vocab_size=253, vocab_size_multiple=1, tie_word_embeddings=tied)
+        reference = small_model("gqa", seed=0, **odd)
+        model = parallelize_model(small_model("gqa", seed=0, **odd), dims, False)
+        assert model.lm_head.weight.shape[0] == 127
+        torch.testing.assert_close(model(input_ids).logits, reference(input_ids).logits)
+        for each in (model, reference):
+            each(input_ids, labels=labels).loss.backward()
+        torch.testing.assert_close(model(input_ids, labels=labels).loss,
+                                   reference(input_ids, labels=labels).loss)
+        grads = {name: param.grad for name, param in model.named_parameters()}
+        whole = gather_full_tensors(grads, model.config, dims)
+        if rank == world_size - 1:
+            assert torch.count_nonzero(model.lm_head.weight.grad[-1]) == 0
+        if rank == 0:
+            for name, param in reference.named_parameters():
+                torch.testing.assert_close(whole[name], param.grad, msg=name)
+
+
 def _check_all(rank: int, world_size: int) -> None:
     _linear_pair_matches_dtensor(rank, world_size)
     _vocab_parallel_loss_matches_cross_entropy(rank, world_size)
     _gather_and_scatter_match_slicing(rank, world_size)
     _tensor_parallel_logits_match_the_model(rank, world_size)
+    _odd_vocabulary_is_padded_and_never_predicted(rank, world_size)
 
 
 def test_tensor_parallel_pieces_match_references():
@@ -110,6 +139,18 @@ def test_unshard_inverts_shard_of_fused_blocks():
     shards = [shard_tensor(full, layout, rank, 2) for rank in range(2)]
     assert torch.equal(shards[1], torch.cat([full[4:8], full[9:10], full[12:14]]))
     assert torch.equal(unshard_tensors(shards, layout), full)
+
+
+def test_a_block_that_size_does_not_divide_is_zero_padded():
+    """5 vocabulary rows on T=2 (sharding.py's worked example) and on T=3."""
+    full = torch.randn(5, 4)
+    layout = ShardLayout(0, (5,))
+    shards = [shard_tensor(full, layout, rank, 2) for rank in range(2)]
+    assert torch.equal(shards[0], full[:3])
+    assert torch.equal(shards[1], torch.cat([full[3:], torch.zeros(1, 4)]))
+    assert torch.equal(unshard_tensors(shards, layout), full)
+    assert torch.equal(unshard_tensors([shard_tensor(full, layout, rank, 3) for rank in range(3)],
+                                       layout), full)
 
 
 def test_lora_adapters_are_sliced_like_their_weight():

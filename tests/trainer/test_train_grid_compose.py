@@ -83,6 +83,10 @@ LAYOUTS = {
     "dp2_pp2_zero0_from_zero1": Layout(DP2_PP2, 2, resumed_from=[*DP2_PP2, "--zero_stage=1"]),
     "dp2_tp2_zero2": Layout([*DP2_TP2, "--zero_stage=2"], 2),
     "dp2_tp2_zero3": Layout([*DP2_TP2, "--zero_stage=3"], 2),
+    # Sequence parallelism's norm weights: replicated, each rank's gradient partial (summed over
+    # the TP group in backward) before ZeRO reduce-scatters it over the dp group.
+    "dp2_tp2_sp_zero2": Layout([*DP2_TP2, "--sequence_parallel", "--zero_stage=2"], 2),
+    "dp2_tp2_sp_zero3": Layout([*DP2_TP2, "--sequence_parallel", "--zero_stage=3"], 2),
     "dp2_pp2_zero2": Layout([*DP2_PP2, "--zero_stage=2"], 2),
     "dp2_pp2_zero3": Layout(DP2_PP2_ZERO3, 2),
     "dp2_pp2_zero3_resumed": Layout(DP2_PP2_ZERO3, 2, resumed_from=DP2_PP2_ZERO3,

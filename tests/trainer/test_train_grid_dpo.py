@@ -1,4 +1,5 @@
-"""`--task_type=dpo` on a tensor x pipeline grid (4 gloo ranks: TP2 x PP2, and DP2 x PP2).
+"""`--task_type=dpo` on a tensor x pipeline grid (4 gloo ranks: TP2 x PP2, DP2 x PP2, and
+ZeRO-2/3 over the data-parallel group of DP2 x TP2 and DP2 x PP2).
 
 Reference: the same DPO command in one process on the same global batch (a TP2 x PP2 grid
 has one data-parallel replica: the same --batch_size; DP2 x PP2 has two: the single process
@@ -6,6 +7,9 @@ reads --batch_size x 2), starting from the same SFT-stand-in model, which is als
 reference. Compared to fp32 rounding: every step's loss, gradient norm and DPO metrics
 (rewards, accuracies, margins, the chosen answers' NLL), the validation metrics (policy and
 reference forward-only through the stages) and the final model.safetensors (gathered whole).
+Under ZeRO the policy's gradients (2) and weights (3) are sharded over the data-parallel group;
+the frozen reference is cut into the same stage and tensor slices (trainer/model_parallel.py
+`split_reference`) and held whole on each data-parallel rank.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ DPO_METRICS = ("loss", "grad_norm", "dpo_loss", "chosen_nll", "rewards/chosen",
 # the global batch's mean, as with DDP, so it is compared on the one-replica grid only.
 GRIDS = {"tp2_pp2": (["--tensor_parallel=2", "--pipeline_parallel=2", "--dpo_nll_weight=0.2"],
                      1),
-         "dp2_pp2": (["--pipeline_parallel=2"], 2)}
+         "dp2_pp2": (["--pipeline_parallel=2"], 2),
+         "dp2_tp2_zero2": (["--tensor_parallel=2", "--zero_stage=2"], 2),
+         "dp2_pp2_zero3": (["--pipeline_parallel=2", "--zero_stage=3"], 2)}
 
 
 def _dpo_args(data, init, *extra) -> list[str]:
@@ -41,12 +47,13 @@ def test_dpo_on_a_grid_equals_one_process(data, tmp_path):
     runs = [_dpo_args(data, init, *grid, f"--out_dir={tmp_path / name}")
             for name, (grid, _) in GRIDS.items()]
     nll_weight = {name: [arg for arg in grid if "nll" in arg] for name, (grid, _) in GRIDS.items()}
-    assert run_on_ranks(_runs_on_rank, runs, world_size=4, timeout=600) == [[0, 0]] * 4
+    assert run_on_ranks(_runs_on_rank, runs, world_size=4, timeout=600) == [[0] * len(runs)] * 4
 
     for name, (_, data_parallel) in GRIDS.items():
-        single = tmp_path / f"single_{name}"
-        assert run_main(_dpo_args(data, init, f"--batch_size={2 * data_parallel}",
-                                  *nll_weight[name], f"--out_dir={single}")) == 0
+        single = tmp_path / f"single_dp{data_parallel}{'_nll' * bool(nll_weight[name])}"
+        if not single.exists():  # (one reference per global batch and loss)
+            assert run_main(_dpo_args(data, init, f"--batch_size={2 * data_parallel}",
+                                      *nll_weight[name], f"--out_dir={single}")) == 0
         grid_steps, single_steps = records(tmp_path / name, "train"), records(single, "train")
         assert len(grid_steps) == len(single_steps) == 3
         # the policy moved away from the reference: rewards are not all 0
