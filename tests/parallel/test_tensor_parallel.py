@@ -18,7 +18,7 @@ from parallel.tensor_parallel.collectives import gather_from_region, scatter_to_
 from parallel.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from parallel.tensor_parallel.sharding import ShardLayout, shard_tensor, unshard_tensors
-from parallel_plan.llama_tensor_parallel import layout_for, parallelize_model
+from parallel_plan.llama_tensor_parallel import layout_for, layouts_of, parallelize_model
 from tests.model.model_helpers import random_batch, small_model
 
 
@@ -113,7 +113,7 @@ def _odd_vocabulary_is_padded_and_never_predicted(rank: int, world_size: int) ->
         torch.testing.assert_close(model(input_ids, labels=labels).loss,
                                    reference(input_ids, labels=labels).loss)
         grads = {name: param.grad for name, param in model.named_parameters()}
-        whole = gather_full_tensors(grads, model.config, dims)
+        whole = gather_full_tensors(grads, layouts_of(model.config), dims)
         if rank == world_size - 1:
             assert torch.count_nonzero(model.lm_head.weight.grad[-1]) == 0
         if rank == 0:
