@@ -12,7 +12,8 @@ What these prove on a GPU node (what the CPU suite can only emulate, tests/fake_
   it achieved is measured with CUDA events and printed);
 - the optimizers on the GPU match the CPU ones, and a GPU checkpoint resumes on the CPU;
 - the grid paths as users run them: train_my_ddp.py under torchrun, one NCCL rank per GPU,
-  TP2 (with sequence parallelism) and PP2 at world size 2, and issue #30's done-when command
+  TP2 (with sequence parallelism), PP2 and CP2 (ring attention's send/recv on NCCL; pretrain
+  and padded SFT) at world size 2, and issue #30's done-when command
   (an HF Llama-3 base, DP2 x TP2, ZeRO-3, LoRA rank 8) at world size 4, each against the same
   command on one GPU (the same micro-batches): every step's loss and gradient norm, and the
   saved weights (the adapters, for LoRA). An entry that needs more GPUs than the node has is
@@ -340,6 +341,9 @@ GRID_ARGS = ["--num_hidden_layers=2", "--num_key_value_heads=2", "--max_iters=3"
 GRID_RUNS = {
     "tp2_sp": (["--tensor_parallel=2", "--sequence_parallel"], 2, 1, "pretrain", None),
     "pp2": (["--pipeline_parallel=2"], 2, 1, "pretrain", None),
+    # context parallelism: the ring's K/V blocks on NCCL send/recv, each rank 2 of 4 chunks
+    "cp2": (["--context_parallel=2"], 2, 1, "pretrain", None),
+    "cp2_sft": (["--context_parallel=2"], 2, 1, "sft", None),
     "dp2_tp2_zero3_lora_hf_llama3": (["--tensor_parallel=2", "--zero_stage=3"], 4, 2, "sft",
                                      "hf_llama3"),
 }
