@@ -20,8 +20,8 @@ What lives where (stage 3):
     grad_shard    [S] fp32, always allocated: this rank's part of the averaged gradient,
                   accumulated over micro-batches
     full_grads    [W*S] fp32, allocated only from the unit's first gradient of a backward until
-                  its reduce-scatter has finished (the wrapper waits for it once a few newer
-                  units' reduce-scatters are in flight: sharded_data_parallel.py)
+                  its reduce-scatter has finished (the wrapper waits for it as soon as newer
+                  units' reduce-scatters reach its bound: sharded_data_parallel.py)
 Stage 2 uses the same unit with `keep_params_gathered=True`: `full_params` is never freed and
 `param_shard` is a view of this rank's part of it (what the optimizer updates before the
 all-gather), so only gradients (and optimizer state) are sharded.

@@ -15,12 +15,14 @@ Reduce-scatters in flight are bounded. A reduce-scatter is started asynchronousl
 overlaps the backward of the next units, and the unit's full gradient must live until it has
 finished. Waiting for all of them only at the end of backward would keep every unit's full
 gradient alive at once: the whole model's gradient, the memory stage 2 exists to remove. So
-when a new reduce-scatter starts and more than `max_reductions_in_flight` (default 2) are
-pending, the oldest is waited for, added into its shard and its full gradient freed (DeepSpeed's
-stage 2 bounds the same memory with its fixed-size reduce buckets). Full gradients alive during
-backward, at most: the in-flight ones, the block whose gradients are arriving, and the root
-unit, whose final-norm gradient arrives first and whose embedding gradient arrives last.
-Each unit's shard receives the same sum whenever it is waited for: results are unchanged.
+when a new reduce-scatter starts and more than `max_reductions_in_flight` (default 1) are
+pending, the oldest is waited for, added into its shard and its full gradient freed. With 1,
+block k's reduce-scatter overlaps the backward of block k - 1 and is waited for when block
+k - 1's own starts (torch FSDP2's `reduce_scatter_max_input_buffers`, default 1, is the same
+bound). Full gradients alive during backward, at most: the in-flight ones, the block whose
+gradients are arriving, and the root unit, whose final-norm gradient arrives first and whose
+embedding gradient arrives last. Each unit's shard receives the same sum whenever it is waited
+for, so results do not depend on the bound.
 
 Stage 3, parameters sharded (what FSDP does). A unit's parameters exist whole only while it
 computes:
@@ -56,9 +58,10 @@ Memory per rank, worked example: a 1B-parameter bf16 model (P = 1e9), W = 8, Ada
 master weights (4 + 4 + 4 = 12 bytes per parameter of state):
     stage 0: params 2P + grads 4P (fp32 reduction) + state 12P          = 18 GB
     stage 1: 2P + 4P + 12P/8                                            = 7.5 GB
-    stage 2: 2P + 4P/8 + 12P/8 (+ a few units' full gradients)          = 4 GB
-    stage 3: 2P/8 + 4P/8 + 12P/8 (+ a few units' full params and grads) = 2.25 GB
-("a few": the bounded reduce-scatters above, the root unit and the unit(s) computing.)
+    stage 2: 2P + 4P/8 + 12P/8 (+ 3 units' full gradients)              = 4 GB
+    stage 3: 2P/8 + 4P/8 + 12P/8 (+ 3 units' full params and grads)     = 2.25 GB
+(3 units in backward: the root, the block computing, and the block reducing (grads) or being
+prefetched (params); at most `max_reductions_in_flight` blocks reduce at once, see above.)
 (`optimizer/memory_plan.py` computes these for a given model and prints the formulas.)
 """
 
@@ -121,14 +124,14 @@ class ShardedDataParallel(nn.Module):
     The optimizer (optimizer/sharded_optimizer.py) reads and updates `unit.param_shard` with
     `unit.grad_shard` for every unit in `.units`, then calls `after_optimizer_step()`.
     `max_reductions_in_flight`: reduce-scatters left running before the oldest is waited for
-    (module docstring); 1 keeps the least memory, more overlap communication longer.
+    (module docstring): 1 keeps the least memory, more let communication overlap longer.
     """
 
     def __init__(self, module: nn.Module, zero_stage: int,
                  process_group: dist.ProcessGroup | None = None,
                  grad_reduce_in_fp32: bool = True,
                  is_unit: Callable[[nn.Module], bool] = is_decoder_block,
-                 max_reductions_in_flight: int = 2) -> None:
+                 max_reductions_in_flight: int = 1) -> None:
         super().__init__()
         if zero_stage not in (2, 3):
             raise ValueError(f"ShardedDataParallel does ZeRO stages 2 and 3, got {zero_stage}")
