@@ -15,8 +15,8 @@ the first and last stage also hold the embedding or the head):
     at rest  params + grads + optimizer state held between steps (`measure_memory`)
     planned  the memory plan of the same rank (`plan_memory`: equal on CPU)
     peak     params + grads + state at their most during a step: ZeRO-3 gathers a unit's
-             weights, ZeRO-2/3 hold one unit's whole gradient while reducing (sampled by
-             hooks, bench_zero.py's), activations not counted
+             weights, ZeRO-2/3 hold the whole gradients of the root, the computing block and
+             the one reducing (sampled by hooks, bench_zero.py's), activations not counted
     step     median seconds per step; bubble: measured idle fraction of the pipeline step next
              to the theory (P-1)/(M+P-1)
 

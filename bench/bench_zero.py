@@ -8,7 +8,8 @@ rank 0:
     at rest  params + grads + optimizer state held between steps (measure_memory), and the
              planner's prediction for the same (parallel_plan/memory_plan.py) next to it
     peak     the largest params + grads seen at any block's forward or any gradient hook
-             (stage 3 gathers units, stages 2/3 hold one unit's whole gradient while reducing)
+             (stage 3 gathers units; stages 2/3 hold the whole gradients of the root, the
+             computing block and the one reducing)
     step     median seconds per step (forward, backward, reduction, AdamW)
 FSDP2's bytes at rest are its local shards (params, grads, AdamW state); its peak is not
 sampled (its unsharded buffers are internal). Timings on a shared CPU are noisy.

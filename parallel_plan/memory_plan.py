@@ -14,7 +14,8 @@ grad_reduce_in_fp32) and AdamW:
     2       P b         P g / W     8P/W (+ 4P/W)
     3       P b / W     P g / W     8P/W (+ 4P/W)
 (+ padding to multiples of W, + 4 bytes of Adam step counter per tensor piece.) Stages 2 and 3
-also hold, transiently, one or two units' whole gradient (and stage 3 params) while reducing.
+also hold, during backward, the whole gradients of the root unit, the computing block and the
+`max_reductions_in_flight` (1) blocks reducing (and stage 3 a few units' whole params).
 
 On a grid of T tensor x P pipeline x D data-parallel ranks (`tensor_parallel`,
 `pipeline_parallel`; W = D) "the model" is this rank's part of it, built exactly as the

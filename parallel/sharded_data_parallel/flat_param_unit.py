@@ -20,7 +20,8 @@ What lives where (stage 3):
     grad_shard    [S] fp32, always allocated: this rank's part of the averaged gradient,
                   accumulated over micro-batches
     full_grads    [W*S] fp32, allocated only from the unit's first gradient of a backward until
-                  its reduce-scatter has finished
+                  its reduce-scatter has finished (the wrapper waits for it as soon as newer
+                  units' reduce-scatters reach its bound: sharded_data_parallel.py)
 Stage 2 uses the same unit with `keep_params_gathered=True`: `full_params` is never freed and
 `param_shard` is a view of this rank's part of it (what the optimizer updates before the
 all-gather), so only gradients (and optimizer state) are sharded.
@@ -137,6 +138,11 @@ class FlatParamUnit:
         work = reduce_scatter_single(reduced, self.full_grads, op=dist.ReduceOp.SUM,
                                           group=self.process_group, async_op=True)
         self._reduce = (work, reduced)
+
+    @property
+    def is_reducing(self) -> bool:
+        """A reduce-scatter was started and not yet waited for: `full_grads` is still alive."""
+        return self._reduce is not None
 
     def finish_reduce(self) -> None:
         """Wait for the reduce-scatter, add it into the shard, drop the full gradient."""

@@ -12,6 +12,19 @@ backward arrives, its full gradient (allocated for that moment only) is reduce-s
 rank r adds the average of its shard into its persistent `grad_shard`. After the optimizer has
 updated the shard, each unit's shards are all-gathered back into the full parameters.
 
+Reduce-scatters in flight are bounded. A reduce-scatter is started asynchronously, so that it
+overlaps the backward of the next units, and the unit's full gradient must live until it has
+finished. Waiting for all of them only at the end of backward would keep every unit's full
+gradient alive at once: the whole model's gradient, the memory stage 2 exists to remove. So
+when a new reduce-scatter starts and more than `max_reductions_in_flight` (default 1) are
+pending, the oldest is waited for, added into its shard and its full gradient freed. With 1,
+block k's reduce-scatter overlaps the backward of block k - 1 and is waited for when block
+k - 1's own starts (torch FSDP2's `reduce_scatter_max_input_buffers`, default 1, is the same
+bound). Full gradients alive during backward, at most: the in-flight ones, the block whose
+gradients are arriving, and the root unit, whose final-norm gradient arrives first and whose
+embedding gradient arrives last. Each unit's shard receives the same sum whenever it is waited
+for, so results do not depend on the bound.
+
 Stage 3, parameters sharded (what FSDP does). A unit's parameters exist whole only while it
 computes:
     forward   pre-hook: all-gather this unit (waiting for the prefetch), start gathering the
@@ -46,8 +59,10 @@ Memory per rank, worked example: a 1B-parameter bf16 model (P = 1e9), W = 8, Ada
 master weights (4 + 4 + 4 = 12 bytes per parameter of state):
     stage 0: params 2P + grads 4P (fp32 reduction) + state 12P          = 18 GB
     stage 1: 2P + 4P + 12P/8                                            = 7.5 GB
-    stage 2: 2P + 4P/8 + 12P/8 (+ one unit's full gradient in flight)   = 4 GB
-    stage 3: 2P/8 + 4P/8 + 12P/8 (+ two units' full params and grads)   = 2.25 GB
+    stage 2: 2P + 4P/8 + 12P/8 (+ 3 units' full gradients)              = 4 GB
+    stage 3: 2P/8 + 4P/8 + 12P/8 (+ 3 units' full params and grads)     = 2.25 GB
+(3 units in backward: the root, the block computing, and the block reducing (grads) or being
+prefetched (params); at most `max_reductions_in_flight` blocks reduce at once, see above.)
 (`parallel_plan/memory_plan.py` computes these for a given model and prints the formulas.)
 """
 
@@ -103,15 +118,22 @@ class ShardedDataParallel(nn.Module):
 
     The optimizer (optimizer/sharded_optimizer.py) reads and updates `unit.param_shard` with
     `unit.grad_shard` for every unit in `.units`, then calls `after_optimizer_step()`.
+    `max_reductions_in_flight`: reduce-scatters left running before the oldest is waited for
+    (module docstring): 1 keeps the least memory, more let communication overlap longer.
     """
 
     def __init__(self, module: nn.Module, zero_stage: int,
                  process_group: dist.ProcessGroup | None = None,
                  grad_reduce_in_fp32: bool = True,
-                 *, is_unit: Callable[[nn.Module], bool]) -> None:
+                 *, is_unit: Callable[[nn.Module], bool],
+                 max_reductions_in_flight: int = 1) -> None:
         super().__init__()
         if zero_stage not in (2, 3):
             raise ValueError(f"ShardedDataParallel does ZeRO stages 2 and 3, got {zero_stage}")
+        if max_reductions_in_flight < 1:
+            raise ValueError(f"max_reductions_in_flight must be at least 1, got "
+                             f"{max_reductions_in_flight}")
+        self.max_reductions_in_flight = max_reductions_in_flight
         self.module = module
         self.zero_stage = zero_stage
         self.process_group = process_group
@@ -146,7 +168,7 @@ class ShardedDataParallel(nn.Module):
         self._more_backwards_follow = False  # inside no_sync()
         self._pinned = False  # inside gathered_params(): no hook frees anything
         self._in_backward: set[FlatParamUnit] = set()
-        self._reducing: list[FlatParamUnit] = []
+        self._reducing: list[FlatParamUnit] = []  # reduce-scatters in flight, oldest first
         self.comm_bytes_last_step = 0
         """Bytes this rank sent in the last step's gathers and reduce-scatters (as our DDP's)."""
 
@@ -215,6 +237,8 @@ class ShardedDataParallel(nn.Module):
                 unit.free_params()  # stage 3: its backward is done
             unit.start_reduce()
             self._reducing.append(unit)
+            while len(self._reducing) > self.max_reductions_in_flight:
+                self._reducing.pop(0).finish_reduce()  # frees its full gradient
 
     def _queue_backward_callback(self) -> None:
         if not self._backward_callback_queued:
@@ -222,7 +246,8 @@ class ShardedDataParallel(nn.Module):
             Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def _end_of_backward(self) -> None:
-        """After every backward (every micro-batch): finish the reductions, free everything."""
+        """After every backward (every micro-batch): finish the reductions still in flight, free
+        everything."""
         self._backward_callback_queued = False
         incomplete = [unit for unit in self.units
                       if unit.params_with_grad and unit not in self._reducing]

@@ -5,21 +5,26 @@ z2all model (tied embeddings, activation checkpointing on) for 5 steps with clip
 micro-batches per rank, and must equal torch AdamW on the whole batch in one process; stage 3
 must also equal torch FSDP2 (`fully_shard`) on the same model and data, keep 1/W of the
 parameters at rest, have at most two blocks gathered at any forward (current + prefetched),
-leave no unit gathered after a step, and generate (KV cache) like the reference.
+leave no unit gathered after a step, and generate (KV cache) like the reference. On a deeper
+model, stages 2 and 3 must keep at most `max_reductions_in_flight` reduce-scatters pending and
+so at most that many units' whole gradients (plus the root's and the computing block's) alive.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
+import numpy as np
 import pytest
 import torch
 
 from optimizer.data_parallel_factory import build_data_parallel, check_zero_options
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.local_ranks import run_on_ranks
+from parallel.sharded_data_parallel import ShardedDataParallel
 from parallel_plan.llama_units import zero_units
-from tests.model.model_helpers import VOCAB
+from tests.model.model_helpers import VOCAB, small_model
 from tests.parallel.zero_helpers import (
     as_numpy,
     batches,
@@ -131,8 +136,36 @@ def bf16_run(rank: int, world_size: int, zero_stage: int) -> dict:
     return {n: t.detach().float() for n, t in model.state_dict().items()}
 
 
+def whole_grads_run(rank: int, world_size: int, zero_stage: int, in_flight: int) -> dict:
+    """One step's backwards (2 micro-batches) of a 6-block model; at every gradient hook, after
+    the wrapper's own: the reduce-scatters pending and the bytes of whole unit gradients alive
+    (the wrapper's grads minus its persistent shards)."""
+    model = small_model(seed=3, num_hidden_layers=6, tie_word_embeddings=True)
+    wrapped = ShardedDataParallel(model, zero_stage, is_unit=zero_units(model),
+                                  max_reductions_in_flight=in_flight)
+    shard_bytes = sum(u.grad_shard.numel() * u.grad_shard.element_size() for u in wrapped.units)
+    pending, whole_bytes = [], []
+
+    def sample(_) -> None:
+        pending.append(sum(unit.is_reducing for unit in wrapped.units))
+        whole_bytes.append(wrapped.resident_bytes()["grads"] - shard_bytes)
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(sample)
+    input_ids, labels = batches(1, world_size)[0]
+    for index, (ids, lab) in enumerate(zip(input_ids.chunk(world_size)[rank].chunk(2),
+                                           labels.chunk(world_size)[rank].chunk(2))):
+        with wrapped.no_sync() if index == 0 else contextlib.nullcontext():
+            wrapped(ids, labels=lab).loss.backward()
+    unit_bytes = [u.numel * u.grad_shard.element_size() for u in wrapped.units]
+    return {"pending": pending, "whole_bytes": whole_bytes, "unit_bytes": unit_bytes,
+            "grad_shards": [u.grad_shard.numpy().copy() for u in wrapped.units]}
+
+
 def all_checks(rank: int, world_size: int) -> dict:
     results = {stage: our_run(rank, world_size, stage) for stage in (0, 1, 2, 3)}
+    results["whole_grads"] = {(stage, in_flight): whole_grads_run(rank, world_size, stage,
+                                                                  in_flight)
+                              for stage in (2, 3) for in_flight in (1, 2)}
     results["fsdp2"] = fsdp2_run(rank, world_size)
     results["bf16"] = {stage: bf16_run(rank, world_size, stage) for stage in (0, 3)}
     return as_numpy(results)
@@ -174,6 +207,23 @@ def test_stage3_gathers_one_block_plus_prefetch_and_frees_after(two_ranks):
         assert rank_result[3]["blocks_gathered_after_generate"] == []
         # stage 2 keeps every param whole by design
         assert all(len(names) == 4 for names in rank_result[2]["gathered_after_step"])
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_whole_gradients_alive_are_bounded_by_reductions_in_flight(two_ranks, zero_stage,
+                                                                   in_flight):
+    for rank_result in two_ranks:
+        run = rank_result["whole_grads"][zero_stage, in_flight]
+        root, blocks = run["unit_bytes"][0], run["unit_bytes"][1:]
+        # in flight, the block whose gradients are arriving, and the root (module docstring)
+        bound = root + (in_flight + 1) * max(blocks)
+        assert bound < sum(run["unit_bytes"])  # deep enough that the bound means something
+        assert max(run["pending"]) == in_flight
+        assert 0 < max(run["whole_bytes"]) <= bound
+        # waiting earlier for a reduce-scatter leaves the same sums in the shards
+        fewest = rank_result["whole_grads"][zero_stage, 1]["grad_shards"]
+        assert all(np.array_equal(a, b) for a, b in zip(run["grad_shards"], fewest))
 
 
 def test_stage3_params_at_rest_are_one_over_w(two_ranks):
