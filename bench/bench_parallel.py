@@ -91,10 +91,11 @@ def bench_row(row: Row, args: argparse.Namespace) -> dict:
     """One grid, built and stepped as the trainer does; this rank's figures."""
     torch.manual_seed(0)
     sequence_parallel = row.tensor_parallel > 1
-    ddp, optimizer, schedule, dims = parallelize_grid(
+    grid = parallelize_grid(
         Z2allForCausalLM(make_config(args)), row.tensor_parallel, row.pipeline_parallel,
         sequence_parallel, "1f1b", row.zero_stage, "allreduce",
         DistributedDataParallelConfig(overlap_grad_reduce=False), OptimizerConfig(lr=1e-3))
+    ddp, optimizer, schedule, dims = grid.ddp, grid.optimizer, grid.schedule, grid.dims
     peak = sample_peak(ddp, ddp.module)
     generator = torch.Generator().manual_seed(dims.dp_rank)
     times, bubbles = [], []

@@ -4,7 +4,7 @@ The training loop and the pipeline schedule run several backwards per optimizer 
 (gradient accumulation; a pipeline's micro-batches) and then read gradients. Two wrappers
 keep them: our DDP (parallel/distributed_data_parallel/: whole gradients in `main_grad`,
 reduced once per step) and ZeRO-2/3's ShardedDataParallel (parallel/sharded_data_parallel/:
-each rank keeps its shard, reduced every backward). Both answer the same three calls, so the
+each rank keeps its shard, reduced every backward). Both answer the same calls, so the
 callers need not know which one they drive:
 
     no_sync()              a context: the backwards inside it are not the step's last
@@ -15,6 +15,9 @@ callers need not know which one they drive:
                            this rank's shard (already averaged over the group). A sum of it
                            over ranks that hold the same elements, such as a pipeline's two
                            copies of a tied embedding, commutes with the data-parallel average.
+    gathered_params()      a context (every rank enters): inside, every weight is whole, for
+                           one rank alone to generate from or save (DDP: always; ZeRO-3
+                           gathers its shards and keeps them until the block ends)
 """
 
 from __future__ import annotations
@@ -32,3 +35,5 @@ class GradientSync(Protocol):
     def finish_grad_sync(self) -> None: ...
 
     def accumulated_grad(self, param: Parameter) -> Tensor: ...
+
+    def gathered_params(self) -> AbstractContextManager[None]: ...

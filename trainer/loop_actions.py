@@ -82,9 +82,8 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
     counts |= {name: int(total) for name, total in zip(policy, totals) if total}
     averages = {name: total / per_step for name, total in zip(names, sums)}
     throughput = run.meter.report()
-    schedule = run.parallel.schedule
-    if schedule is not None and schedule.dims.pipeline_parallel > 1:  # rank 0's idle share
-        stats = schedule.last_step_stats
+    stats = run.parallel.pipeline_stats()
+    if stats is not None:  # rank 0's idle share
         counts.update(bubble_theory=stats.bubble_theory, bubble_measured=stats.bubble_measured)
     run.log.log("train", run.counters.step, **counts, lr=lr, grad_norm=grad_norm,
                 skipped=not stepped, tokens=run.counters.tokens_seen, **averages, **throughput)

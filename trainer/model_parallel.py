@@ -23,7 +23,7 @@ Every rank of one data-parallel replica sees the same batches (the data is split
 What differs from a data-parallel run, and how the loop is kept the same:
 
     forward/backward  `PipelineSchedule.step(micro_batches)` (afab or 1f1b) instead of the
-                      micro-batch loop (`GridParallel.forward_backward`)
+                      micro-batch loop (`GridRun.forward_backward`)
     grad norm         ||g||^2 summed over the TP and PP groups: TP-split tensors add their
                       shards, replicated ones (norm weights) count once (1/T from each of T
                       ranks), the tied embedding's second copy (last stage) not at all; with
@@ -67,13 +67,14 @@ from optimizer import OptimizerConfig
 from optimizer.clip_grads import clip_grads_
 from optimizer.data_parallel_factory import build_data_parallel
 from optimizer.optimizer import MixedPrecisionOptimizer
+from parallel.context_parallel.context_shard import ContextShard
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
 )
 from parallel.layout_neutral_checkpoint import gather_full_tensors
 from parallel.parallel_dims import ParallelDims
-from parallel.pipeline_parallel.schedules import PipelineSchedule
+from parallel.pipeline_parallel.schedules import PipelineSchedule, PipelineStepStats
 from parallel.sharded_data_parallel import ShardedDataParallel
 from parallel_plan.llama_pipeline import llama_stage, split_into_stage, tied_embedding_param
 from parallel_plan.llama_shapes import check_parallel_shapes
@@ -282,18 +283,70 @@ def pipelined_forward_backward(schedule: PipelineSchedule, forward_step: Forward
     return loss * count, {key: value * count for key, value in schedule.last_step_extras.items()}
 
 
+@dataclass
+class GridRun:
+    """What the loop steps on a tensor/pipeline grid (trainer/parallelize.py's `ParallelRun`):
+    the stage's data-parallel wrapper and the grid optimizer, driven through the schedule;
+    whole weights rebuilt on rank 0; evaluation and DPO's reference forward-only through the
+    stages. With context parallelism each rank computes its share of every sequence."""
+
+    ddp: DistributedDataParallel | ShardedDataParallel
+    optimizer: GridOptimizer
+    zero_stage: int
+    dims: ParallelDims
+    schedule: PipelineSchedule
+    context: ContextShard | None = None
+    comm_hook_state: None = None
+    """(powersgd, whose per-rank state a layout-neutral checkpoint cannot hold, is refused on
+    a grid)"""
+
+    def forward_backward(self, forward_step: ForwardStep, micro_batches: list[Batch]
+                         ) -> tuple[torch.Tensor, dict[str, float]]:
+        return pipelined_forward_backward(self.schedule, forward_step, micro_batches)
+
+    @contextlib.contextmanager
+    def whole_model(self) -> Iterator[Z2allForCausalLM | None]:
+        """Collective: a fresh whole model on rank 0 (no slices, no ring), None elsewhere."""
+        with self.ddp.gathered_params(), whole_model_on_rank0(self.ddp.module, self.dims) as whole:
+            yield whole
+
+    def split_like_policy(self, reference: Z2allForCausalLM) -> PipelinedEval:
+        reference.model.context_parallel = self.context
+        return split_reference(reference, self.schedule)
+
+    @property
+    def base_of_policy(self) -> PipelinedBase:
+        return PipelinedBase(self.schedule)
+
+    @property
+    def eval_model(self) -> PipelinedEval:
+        return PipelinedEval(self.schedule)
+
+    def pipeline_stats(self) -> PipelineStepStats | None:
+        """The last step's bubble (theory and measured), None without a pipeline."""
+        return self.schedule.last_step_stats if self.dims.pipeline_parallel > 1 else None
+
+
+def shard_sequences(model: Z2allForCausalLM, dims: ParallelDims) -> ContextShard | None:
+    """Context parallelism's one change to the model: from now on it computes this rank's share
+    of every sequence it is given (parallel/context_parallel/context_shard.py); None when the
+    grid has no context-parallel dimension."""
+    if dims.context_parallel == 1:
+        return None
+    context = ContextShard.of(dims.cp_group)
+    model.model.context_parallel = context
+    return context
+
+
 def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_parallel: int,
                      sequence_parallel: bool, pp_schedule: str, zero_stage: int, comm_hook: str,
                      ddp_config: DistributedDataParallelConfig,
-                     optimizer_config: OptimizerConfig, context_parallel: int = 1
-                     ) -> tuple[DistributedDataParallel | ShardedDataParallel, GridOptimizer,
-                                PipelineSchedule, ParallelDims]:
-    """(the data-parallel wrapper, the optimizer, the schedule, the grid): the module
-    docstring's steps. `comm_hook` allreduce or bf16 (the option check refuses the rest on a
-    grid): the same wrapper and optimizer as data parallelism alone
+                     optimizer_config: OptimizerConfig, context_parallel: int = 1) -> GridRun:
+    """The module docstring's steps. `comm_hook` allreduce or bf16 (the option check refuses
+    the rest on a grid): the same wrapper and optimizer as data parallelism alone
     (optimizer/data_parallel_factory.py), over the dp group (with context parallelism the
-    dp x cp group: its ranks hold the same weights and see different tokens; the caller then
-    gives the model its share of the sequences, trainer/parallelize.py)."""
+    dp x cp group: its ranks hold the same weights and see different tokens, and the model
+    computes its share of the sequences)."""
     check_parallel_shapes(model.config, dist.get_world_size(), tensor_parallel,
                           pipeline_parallel, sequence_parallel, context_parallel=context_parallel)
     dims = ParallelDims(dist.get_world_size(), tensor_parallel,  # Step 1
@@ -308,7 +361,7 @@ def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_par
     schedule = PipelineSchedule(llama_stage(model, dims), dims, pp_schedule, sequence_parallel,
                                 grad_sync=ddp)
     optimizer = GridOptimizer(inner, model, dims, max_norm=optimizer_config.clip_grad)
-    return ddp, optimizer, schedule, dims
+    return GridRun(ddp, optimizer, zero_stage, dims, schedule, shard_sequences(model, dims))
 
 
 @contextlib.contextmanager
@@ -317,7 +370,7 @@ def whole_model_on_rank0(model: Z2allForCausalLM, dims: ParallelDims
     """Collective: the whole model, rebuilt from every rank's pieces, on rank 0 (None
     elsewhere), for sample generation and model.safetensors (with LoRA: with its adapters, for
     the adapter file). Under ZeRO-3 the caller gathers the stage's shards first
-    (`ShardedDataParallel.gathered_params`, as `Parallelized.whole_model` does)."""
+    (`ShardedDataParallel.gathered_params`, as `GridRun.whole_model` does)."""
     full = gather_full_tensors(model.state_dict(), layouts_of(model.config), dims)
     if full is None:
         yield None

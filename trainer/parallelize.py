@@ -1,7 +1,8 @@
 """How the model is spread over ranks and updated: our DDP around it, the optimizer, and the
 `--comm_hook`, built from the trainer's `parallel`, `optimization` and `system` option groups in
 this one place (torchtitan's `parallelize_llama` is the pattern): a new parallelism plan plugs
-in here, and the loop keeps calling the same `Parallelized` objects.
+in here, and the loop keeps calling the same `ParallelRun` protocol: `DataParallelRun` below,
+or `GridRun` on a tensor/pipeline grid (trainer/model_parallel.py).
 
 `--context_parallel C` gives the model one hook (`shard_sequences`: it then computes this
 rank's share of every sequence, parallel/context_parallel/context_shard.py) and changes nothing
@@ -13,7 +14,7 @@ which without a tensor/pipeline grid is every rank, DDP's default (docs/design.m
 2 ShardedDataParallel with gradients sharded too, 3 with parameters sharded too. At stage 3 a
 rank holds only its shard of each weight between forwards, so whatever reads the whole weights
 outside a forward (sample generation on rank 0, saving, the NaN check) runs inside
-`Parallelized.whole_params()`, which every rank enters.
+`ParallelRun.whole_model()`, which every rank enters.
 
 `--comm_hook` picks how DDP reduces each gradient bucket (stages 0 and 1 only):
 
@@ -37,34 +38,27 @@ import contextlib
 import dataclasses
 import inspect
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from optimizer import OptimizerConfig, TrainingOptimizer
 from optimizer.data_parallel_factory import build_data_parallel
+from optimizer.optimizer import DataParallelModel
 from parallel.context_parallel.context_shard import ContextShard
 from parallel.distributed_data_parallel import (
-    DistributedDataParallel,
     DistributedDataParallelConfig,
 )
 from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 from parallel.parallel_dims import ParallelDims
-from parallel.pipeline_parallel.schedules import PipelineSchedule
-from parallel.sharded_data_parallel import ShardedDataParallel
+from parallel.pipeline_parallel.schedules import PipelineStepStats
 from parallel_plan.llama_shapes import check_parallel_shapes
 from parallel_plan.llama_units import zero_units
 from trainer.forward_steps import Batch, CausalLM, ForwardStep
-from trainer.model_parallel import (
-    PipelinedBase,
-    PipelinedEval,
-    parallelize_grid,
-    pipelined_forward_backward,
-    split_reference,
-    whole_model_on_rank0,
-)
+from trainer.model_parallel import GridRun, parallelize_grid, shard_sequences
 from trainer.options import OptimizationOptions, ParallelOptions, SystemOptions
 
 # component field -> the trainer option that sets it, where the names differ.
@@ -107,27 +101,58 @@ def optimizer_layout(parallel: ParallelOptions) -> str:
     return "overlapped" if parallel.comm_hook == "overlap_optim" else "replicated"
 
 
-@dataclass
-class Parallelized:
-    """What the loop steps: the wrapped model, its optimizer, the comm-hook state a checkpoint
-    must save (None when the hook keeps none), on a tensor/pipeline grid the grid and its
-    schedule (trainer/model_parallel.py), and with context parallelism this rank's place in
-    its group (the model computes its share of every sequence)."""
+class ParallelRun(Protocol):
+    """What the loop, the evaluator, checkpoints and DPO's reference need of the layout the run
+    trains on, whatever it is: `DataParallelRun` below, or on a tensor/pipeline grid
+    `GridRun` (trainer/model_parallel.py)."""
 
-    ddp: DistributedDataParallel | ShardedDataParallel
+    ddp: DataParallelModel  # the data-parallel wrapper (GradientSync, comm bytes, memory)
     optimizer: TrainingOptimizer
-    comm_hook_state: PowerSGDState | None
-    zero_stage: int = 0
-    dims: ParallelDims | None = None
-    schedule: PipelineSchedule | None = None
-    context: ContextShard | None = None
+    comm_hook_state: PowerSGDState | None  # what a checkpoint must save of the comm hook
+    zero_stage: int
+    dims: ParallelDims
+    context: ContextShard | None  # this rank's place in its context-parallel group
 
     def forward_backward(self, forward_step: ForwardStep, micro_batches: list[Batch]
                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Forward and backward of every micro-batch, gradients accumulated (reduced over
         ranks on the last one); the summed loss and task extras."""
-        if self.schedule is not None:  # the pipeline runs its own micro-batch loop
-            return pipelined_forward_backward(self.schedule, forward_step, micro_batches)
+
+    def whole_model(self) -> AbstractContextManager[torch.nn.Module | None]:
+        """Collective (every rank enters): the model with every weight whole, for one rank
+        alone to generate from or save; None on the ranks that do not hold it."""
+
+    def split_like_policy(self, reference: torch.nn.Module) -> CausalLM:
+        """DPO's frozen reference, run as the policy is (same stage and slices, same share of
+        every sequence)."""
+
+    @property
+    def base_of_policy(self) -> CausalLM | None:
+        """LoRA DPO's reference when it is not the policy module itself, else None."""
+
+    @property
+    def eval_model(self) -> CausalLM:
+        """What the evaluator calls like a model."""
+
+    def pipeline_stats(self) -> PipelineStepStats | None:
+        """The last step's pipeline bubble, None without a pipeline."""
+
+
+@dataclass
+class DataParallelRun:
+    """Data parallelism alone (over dp x cp with context parallelism): the whole model on every
+    rank (ZeRO-2/3 shards it between uses), one micro-batch loop with the wrapper's
+    `no_sync()` on all but the last."""
+
+    ddp: DataParallelModel
+    optimizer: TrainingOptimizer
+    comm_hook_state: PowerSGDState | None
+    zero_stage: int
+    dims: ParallelDims
+    context: ContextShard | None = None
+
+    def forward_backward(self, forward_step: ForwardStep, micro_batches: list[Batch]
+                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss_sum = torch.zeros((), device=next(iter(micro_batches[0].values())).device)
         extra_sums: dict[str, torch.Tensor] = {}
         for index, batch in enumerate(micro_batches):
@@ -141,46 +166,37 @@ class Parallelized:
         return loss_sum, extra_sums
 
     @contextlib.contextmanager
-    def whole_model(self) -> Iterator[torch.nn.Module | None]:
-        """The model with every weight whole, for one rank alone to generate from or save:
-        collective (every rank enters; ZeRO-3 gathers its shards first, then a grid rebuilds
-        the model from its stages and slices on rank 0 and yields None elsewhere)."""
-        gathered = self.ddp.gathered_params() if self.zero_stage == 3 else contextlib.nullcontext()
-        with gathered:
-            if self.dims is not None:  # a fresh whole model: no slices, no ring
-                with whole_model_on_rank0(self.ddp.module, self.dims) as whole:
-                    yield whole
-            elif self.context is not None:  # rank 0 alone generates: whole sequences, no ring
-                self.ddp.module.model.context_parallel = None
-                try:
-                    yield self.ddp.module
-                finally:
-                    self.ddp.module.model.context_parallel = self.context
-            else:
-                yield self.ddp.module
+    def whole_model(self) -> Iterator[torch.nn.Module]:
+        """Every rank holds the model (ZeRO-3 gathers its shards first); with context
+        parallelism the ring is off inside, as rank 0 alone generates whole sequences."""
+        module = self.ddp.module
+        with self.ddp.gathered_params():
+            module.model.context_parallel = None
+            try:
+                yield module
+            finally:
+                module.model.context_parallel = self.context
 
-    def split_like_policy(self, reference: torch.nn.Module) -> Any:
-        """DPO's frozen reference, run as the policy is: on a grid cut into the same stage and
-        slices (trainer/model_parallel.py), else whole; with context parallelism on its
-        share of every sequence."""
+    def split_like_policy(self, reference: torch.nn.Module) -> CausalLM:
         reference.model.context_parallel = self.context
-        return reference if self.schedule is None else split_reference(reference, self.schedule)
+        return reference
 
     @property
-    def base_of_policy(self) -> PipelinedBase | None:
-        """LoRA DPO's reference on a grid: the policy's stages with the adapters off (None
-        without a grid: the policy itself is called, model/lora.py's `adapters_disabled`)."""
-        return None if self.schedule is None else PipelinedBase(self.schedule)
+    def base_of_policy(self) -> None:
+        """The policy module itself is called with its adapters off (model/lora.py)."""
+        return None
 
     @property
     def eval_model(self) -> CausalLM:
-        """What the evaluator calls like a model: forward only through the stages on a grid."""
-        return self.ddp.module if self.schedule is None else PipelinedEval(self.schedule)
+        return self.ddp.module
+
+    def pipeline_stats(self) -> None:
+        return None
 
 
 def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
                 optimization: OptimizationOptions, system: SystemOptions, dtype_name: str
-                ) -> Parallelized:
+                ) -> DataParallelRun | GridRun:
     """The data-parallel wrapper around `model` (already on its device, in its dtype), the
     optimizer and the comm hook, as the options say; on a tensor/pipeline grid the model is
     split first (trainer/model_parallel.py)."""
@@ -196,32 +212,20 @@ def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
         # The schedule sums a tied embedding's two copies after the last backward, before
         # DDP reduces them: no bucket may start reducing during that backward.
         ddp_config = dataclasses.replace(ddp_config, overlap_grad_reduce=False)
-        ddp, optimizer, schedule, dims = parallelize_grid(
+        return parallelize_grid(
             model, parallel.tensor_parallel, parallel.pipeline_parallel,
             parallel.sequence_parallel, parallel.pp_schedule, stage, parallel.comm_hook,
             ddp_config, optimizer_config, context_parallel=parallel.context_parallel)
-        return Parallelized(ddp, optimizer, None, stage, dims, schedule,
-                            shard_sequences(model, dims))
-    context = None
+    dims = ParallelDims(dist.get_world_size(), context_parallel=parallel.context_parallel,
+                        rank=dist.get_rank())
     if parallel.context_parallel > 1:  # the dp x cp group is every rank: DDP's default
         check_parallel_shapes(model.config, dist.get_world_size(),
                               context_parallel=parallel.context_parallel)
-        context = shard_sequences(model, ParallelDims(
-            dist.get_world_size(), context_parallel=parallel.context_parallel).build_groups())
+        dims.build_groups()
     powersgd_state = (from_options(PowerSGDState, options, process_group=None)
                       if parallel.comm_hook == "powersgd" else None)
     wrapped, optimizer, hook_state = build_data_parallel(
         model, stage, ddp_config, optimizer_config, comm_hook=parallel.comm_hook,
         powersgd_state=powersgd_state, is_unit=zero_units(model))
-    return Parallelized(wrapped, optimizer, hook_state, stage, context=context)
-
-
-def shard_sequences(model: torch.nn.Module, dims: ParallelDims) -> ContextShard | None:
-    """Context parallelism's one change to the model: from now on it computes this rank's share
-    of every sequence it is given (parallel/context_parallel/context_shard.py); None when the
-    grid has no context-parallel dimension."""
-    if dims.context_parallel == 1:
-        return None
-    context = ContextShard.of(dims.cp_group)
-    model.model.context_parallel = context
-    return context
+    return DataParallelRun(wrapped, optimizer, hook_state, stage, dims,
+                           shard_sequences(model, dims))

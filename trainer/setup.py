@@ -42,7 +42,7 @@ from model.modeling_z2all import Z2allForCausalLM, kernels_already_reported
 from model.run_tokenizer import save_run_tokenizer
 from optimizer import TrainingOptimizer
 from optimizer.adamw import adamw_implementation
-from parallel.distributed_data_parallel import DistributedDataParallel
+from optimizer.optimizer import DataParallelModel
 from parallel_plan.memory_plan import MemoryPlan, plan_memory
 from trainer.config_files import save_config
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
@@ -54,7 +54,7 @@ from trainer.model_parallel import DataShare, data_share, saved_data_leader_rank
 from trainer.model_setup import build_model, run_tokenizer
 from trainer.options import TrainingOptions
 from trainer.parallelize import (
-    Parallelized,
+    ParallelRun,
     effective_zero_stage,
     optimizer_layout,
     parallelize,
@@ -90,7 +90,7 @@ class Run:
     precision: PrecisionChoice
     tokenizer: Any
     model: Z2allForCausalLM
-    parallel: Parallelized
+    parallel: ParallelRun
     schedule: LRSchedule
     forward_step: ForwardStep
     data: TrainData
@@ -106,7 +106,7 @@ class Run:
     memory_measured: bool = False  # measure_memory logged after the first step
 
     @property
-    def ddp(self) -> DistributedDataParallel:
+    def ddp(self) -> DataParallelModel:
         return self.parallel.ddp
 
     @property
@@ -245,7 +245,7 @@ def _print_memory_plan(run: Run) -> None:
     print(f"memory plan per rank (ZeRO stage {run.parallel.zero_stage}):\n{plan.render()}",
           flush=True)
     dims = run.parallel.dims
-    if dims is None:
+    if dims.tensor_parallel * dims.pipeline_parallel == 1:
         return
     print(f"grid: {dims.pipeline_parallel} pipeline stages x {dims.data_parallel} data "
           f"parallel x {dims.tensor_parallel} tensor parallel; the plan above is rank 0's "
@@ -283,7 +283,7 @@ def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype
                             tokenizer: Any, data: TrainData,
                             resume_candidates: Iterator[Path], resume_dir: Path | None
                             ) -> tuple[tuple[Z2allForCausalLM, dict[str, str] | None],
-                                       Parallelized, dict | None, Path | None]:
+                                       ParallelRun, dict | None, Path | None]:
     """((model, LoRA base reference or None), its DDP + optimizer, the resumed trainer state
     or None, the checkpoint used), trying older checkpoints while the chosen one does not load
     on every rank."""

@@ -182,6 +182,12 @@ class DistributedDataParallel(nn.Module):
         finally:
             self._is_last_microbatch = True
 
+    @contextlib.contextmanager
+    def gathered_params(self) -> Iterator[None]:
+        """Every parameter whole inside the block: always so with DDP (ZeRO-3's wrapper
+        gathers its shards here; parallel/gradient_sync.py)."""
+        yield
+
     def accumulated_grad(self, param: Parameter) -> torch.Tensor:
         """`param.main_grad`: this rank's sum over the micro-batches until finish_grad_sync
         reduces it (parallel/gradient_sync.py)."""
