@@ -78,6 +78,7 @@ from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
     allreduce_hook,
 )
 from parallel.distributed_data_parallel.param_and_grad_buffer import Bucket
+from parallel.side_stream import SideStream
 from utils.atomic_io import atomic_open
 
 CHECKPOINT_FILE = "overlapped_adamw.pt"
@@ -126,7 +127,8 @@ class OverlappedAdamW:
             self.bucket_optimizers.append(build_adamw(groups, adamw_config))
         self._buckets_stepped = 0
         self._in_flight: list[CommHandle] = []  # launched, not yet stepped (CPU)
-        self._stream: Any = None
+        self.side_stream = SideStream()
+        """Where the bucket steps are queued on CUDA (parallel/side_stream.py)."""
         ddp_model.register_comm_hook(self, overlap_optim_step_hook)
 
     @classmethod
@@ -144,14 +146,6 @@ class OverlappedAdamW:
         return master
 
     # ---- called by the comm hook ---------------------------------------------------------
-
-    def side_stream(self, device: torch.device) -> Any:
-        """The CUDA stream the bucket steps are queued on, or None on CPU (polled, inline)."""
-        if device.type != "cuda":
-            return None
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=device)
-        return self._stream
 
     def queue_bucket_step(self, bucket: Bucket, reduction: Any,
                           stream: Any) -> CommHandle:
@@ -192,8 +186,9 @@ class OverlappedAdamW:
         """Finish the step (reduce + update what is left); return (True, global grad norm)."""
         if self._buckets_stepped < len(self.buckets):
             self.ddp_model.finish_grad_sync()
-        if self._stream is not None:  # the norm below must see every queued step's effects
-            torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
+        stream = self.side_stream.stream
+        if stream is not None:  # the norm below must see every queued step's effects
+            torch.cuda.current_stream(stream.device).wait_stream(stream)
         assert self._buckets_stepped == len(self.buckets), "every bucket steps once per step"
         self._buckets_stepped = 0
         self._in_flight = []
@@ -288,7 +283,7 @@ def overlap_optim_step_hook(optimizer: OverlappedAdamW, bucket: Bucket) -> CommH
     """Start reducing `bucket`. CUDA: queue its update behind the reduction on the side stream.
     CPU: first step the earlier buckets reduced by now; this one's update runs at a later poll
     or when DDP waits for it."""
-    stream = optimizer.side_stream(bucket.grad_data.device)
+    stream = optimizer.side_stream.on(bucket.grad_data.device)
     if stream is None:
         optimizer.step_reduced_buckets()
     reduction = optimizer.reduce_hook(optimizer.ddp_model.process_group, bucket)

@@ -241,7 +241,7 @@ def _powersgd_side_stream_vs_cpu(rank: int, world_size: int) -> None:
     model = make_mlp(seed=0)
     gpu_grads, gpu_state = _powersgd_grads(model, nccl, device, rank)
     cpu_grads, _ = _powersgd_grads(model, None, "cpu", rank)
-    assert gpu_state._stream is not None  # the compression really ran on a side stream
+    assert gpu_state.side_stream.stream is not None  # the compression ran on a side stream
     for on_gpu, on_cpu in zip(gpu_grads, cpu_grads):
         for got, expected in zip(on_gpu, on_cpu):
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
@@ -308,7 +308,8 @@ def _overlapped_adamw_params(model, process_group, device, rank, steps=3):
         optimizer.zero_grad()
     early = 0
     if on_cuda:
-        assert optimizer._stream is not None and len(stepped) == len(optimizer.buckets)
+        assert (optimizer.side_stream.stream is not None
+                and len(stepped) == len(optimizer.buckets))
         torch.cuda.synchronize()
         early = sum(event.elapsed_time(backward_done) > 0 for event in stepped)
     return [p.detach().cpu() for p in ddp.module.parameters()], early, len(optimizer.buckets)

@@ -24,6 +24,7 @@ from parallel.distributed_data_parallel import (
 )
 from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import allreduce_hook
 from parallel.local_ranks import run_on_ranks
+from parallel.side_stream import SideStream
 from tests.parallel.toy_models import make_batch, make_mlp, mse_loss
 
 HYPER = dict(lr=3e-2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
@@ -65,10 +66,10 @@ def _install_fake_cuda_streams(log: list[str]) -> list[FakeStream]:
     torch.cuda.Event = FakeEvent
 
 
-    def side_stream(self, device):  # what the real one does, with the fake stream
-        self._stream = side
+    def on(self, device):  # what the real one does, with the fake stream
+        self.stream = side
         return side
-    OverlappedAdamW.side_stream = side_stream
+    SideStream.on = on
     return current
 
 

@@ -22,6 +22,7 @@ from parallel.distributed_data_parallel import (
 )
 from parallel.distributed_data_parallel.ddp_comm_hooks import powerSGD_hook as powersgd
 from parallel.local_ranks import run_on_ranks
+from parallel.side_stream import SideStream
 from tests.parallel.toy_models import make_batch, make_mlp, mse_loss
 
 
@@ -77,7 +78,7 @@ def _use_fake_streams(log: list[str]) -> list[FakeStream]:
 
     torch.cuda.current_stream = lambda device=None: current[0]
     torch.cuda.stream = use_stream
-    powersgd.PowerSGDState.side_stream = lambda self, device: side
+    SideStream.on = lambda self, device: side
     return current
 
 

@@ -41,6 +41,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from parallel.side_stream import SideStream
+
 from ..param_and_grad_buffer import Bucket
 from .default_hooks import CommHandle, allreduce_average_async, allreduce_hook, allreduce_wire_bytes
 
@@ -68,7 +70,8 @@ class PowerSGDState:
         """Per bucket (global index): this rank's input minus what was applied, flat."""
         self.q_memory_dict: dict[int, Tensor] = {}
         """Per bucket: the Q matrices of its compressed tensors, flat (warm start)."""
-        self._stream: Any = None
+        self.side_stream = SideStream()
+        """Where the compression math runs on CUDA (parallel/side_stream.py)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a bitwise resume needs (the error buffers differ per rank)."""
@@ -81,14 +84,6 @@ class PowerSGDState:
         self.iter = int(state["iter"])
         self.error_dict = dict(state["error_dict"])
         self.q_memory_dict = dict(state["q_memory_dict"])
-
-    def side_stream(self, device: torch.device) -> Any:
-        """A CUDA stream for the compression math, or None on CPU (everything runs inline)."""
-        if device.type != "cuda":
-            return None
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=device)
-        return self._stream
 
 
 def _should_compress(num_rows: int, num_cols: int, rank: int, min_compression_rate: float,
@@ -136,7 +131,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: Bucket) -> CommHandle:
     if step < state.start_powerSGD_iter or not matrices:  # warm-up, or nothing to compress
         return allreduce_hook(group, bucket)
 
-    stream = state.side_stream(grad.device)
+    stream = state.side_stream.on(grad.device)
     if stream is not None:
         stream.wait_stream(torch.cuda.current_stream(grad.device))  # gradients are written
 
