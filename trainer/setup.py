@@ -42,6 +42,7 @@ from model.modeling_z2all import Z2allForCausalLM, kernels_already_reported
 from model.run_tokenizer import save_run_tokenizer
 from optimizer import TrainingOptimizer
 from optimizer.adamw import adamw_implementation
+from parallel.context_parallel.flash_blocks import ring_kernel
 from parallel.distributed_data_parallel import DistributedDataParallel
 from parallel_plan.memory_plan import MemoryPlan, plan_memory
 from trainer.config_files import save_config
@@ -195,7 +196,7 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
     """Which implementation runs each hot op and the optimizer, and why not a faster one."""
     choices = kernel_choices(env.device, DTYPES[dtype_name], model.config.head_dim)
     if options.parallel.context_parallel > 1:
-        choices["attention"] = "ring (context parallel; plain matmul/softmax blocks in fp32)"
+        choices["attention"] = ring_kernel(env.device, DTYPES[dtype_name], model.config.head_dim)
     optimizer_device = torch.device("cpu") if options.parallel.cpu_offload else env.device
     choices["adamw"] = adamw_implementation(optimizer_device)
     choices["torch.compile"] = "on" if options.system.compile else "off"
