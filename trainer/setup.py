@@ -248,9 +248,11 @@ def _print_memory_plan(run: Run) -> None:
     dims = run.parallel.dims
     if dims is None:
         return
+    context = (f" x {dims.context_parallel} context parallel" if dims.context_parallel > 1
+               else "")
     print(f"grid: {dims.pipeline_parallel} pipeline stages x {dims.data_parallel} data "
-          f"parallel x {dims.tensor_parallel} tensor parallel; the plan above is rank 0's "
-          "(stage 0)", flush=True)
+          f"parallel{context} x {dims.tensor_parallel} tensor parallel; the plan above is rank "
+          "0's (stage 0)", flush=True)
     for stage in range(1, dims.pipeline_parallel):
         rank = dims.rank_of(stage, 0, 0, 0)
         total = memory_plan(run.options, run.model.config, world_size, rank,
@@ -268,8 +270,7 @@ def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, 
     data-parallel states are sharded over the dp x cp group."""
     parallel, optimization = options.parallel, options.optimization
     return plan_memory(config, world_size, effective_zero_stage(parallel), dtype,
-                       optimization.batch_size,
-                       options.data.max_seq_len // parallel.context_parallel,
+                       optimization.batch_size, options.data.max_seq_len,
                        options.model.activation_checkpointing,
                        grad_reduce_in_fp32=parallel.grad_reduce_in_fp32,
                        bucket_size=parallel.bucket_size, rank=rank,
@@ -277,7 +278,7 @@ def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, 
                        pipeline_parallel=parallel.pipeline_parallel,
                        pp_schedule=parallel.pp_schedule,
                        micro_batches=optimization.gradient_accumulation_steps,
-                       lora=options.lora.config())
+                       lora=options.lora.config(), context_parallel=parallel.context_parallel)
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
