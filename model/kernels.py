@@ -29,17 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from model.sequence_shard import SequenceShard
-from utils import gpu_libraries
 from utils.gpu_libraries import (
     OptionalImport,
     apex_extension_problem,
-    flash_attn_version_problem,
+    flash_attn_problem,
+    import_flash_attn,
     import_optional,
     runs_gpu_kernels,
 )
-
-FLASH_MAX_HEAD_DIM = 256  # flash-attn 2 kernels exist for head dims up to 256
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -55,10 +52,8 @@ def find_gpu_kernels() -> GpuKernels:
     """Import the optional kernels that will run (once at import; the tests re-run it on
     emulations): flash-attn >= 2.1, apex with its compiled norm extension."""
     return GpuKernels(
-        flash_attn_func=import_optional("flash_attn", "flash_attn_func",
-                                        flash_attn_version_problem),
-        flash_attn_varlen_func=import_optional("flash_attn", "flash_attn_varlen_func",
-                                               flash_attn_version_problem),
+        flash_attn_func=import_flash_attn("flash_attn_func"),
+        flash_attn_varlen_func=import_flash_attn("flash_attn_varlen_func"),
         apply_rotary_emb=import_optional("flash_attn.layers.rotary", "apply_rotary_emb"),
         swiglu=import_optional("flash_attn.ops.activations", "swiglu"),
         fused_rms_norm_affine=import_optional(
@@ -78,18 +73,9 @@ def _why_not(kernel: OptionalImport, device: torch.device) -> str:
 
 def why_not_flash_attention(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     """'' if flash-attn runs attention for these activations, else why it does not."""
-    reason = (_why_not(gpu_kernels.flash_attn_func, device)
-              or _why_not(gpu_kernels.flash_attn_varlen_func, device))
-    if reason:
-        return reason
-    major, minor = gpu_libraries.compute_capability(device)
-    if (major, minor) < gpu_libraries.FLASH_ATTN_MIN_CAPABILITY:
-        return f"sm{major}{minor}: flash-attn 2 needs compute capability >= 8.0 (Ampere)"
-    if dtype not in _HALF_DTYPES:
-        return f"{str(dtype).removeprefix('torch.')}: flash-attn runs fp16/bf16 only"
-    if head_dim > FLASH_MAX_HEAD_DIM:
-        return f"head_dim {head_dim} > {FLASH_MAX_HEAD_DIM}"
-    return ""
+    return (gpu_kernels.flash_attn_func.missing_reason
+            or gpu_kernels.flash_attn_varlen_func.missing_reason
+            or flash_attn_problem(device, dtype, head_dim))
 
 
 def kernel_choices(device: torch.device, dtype: torch.dtype, head_dim: int) -> dict[str, str]:

@@ -17,8 +17,10 @@ grad_reduce_in_fp32) and AdamW:
 also hold, during backward, the whole gradients of the root unit, the computing block and the
 `max_reductions_in_flight` (1) blocks reducing (and stage 3 a few units' whole params).
 
-On a grid of T tensor x P pipeline x D data-parallel ranks (`tensor_parallel`,
-`pipeline_parallel`; W = D) "the model" is this rank's part of it, built exactly as the
+On a grid of T tensor x P pipeline x D data-parallel x C context-parallel ranks
+(`tensor_parallel`, `pipeline_parallel`, `context_parallel`; W = D x C: the C ranks of a
+context-parallel group hold the same weights, and the states shard over the dp x cp group as
+over data-parallel ranks) "the model" is this rank's part of it, built exactly as the
 trainer builds it (on the meta device: no memory): its stage's blocks (the first stage also
 the embedding, the last the final norm and head, with a tied embedding's copy), every matrix
 sliced to 1/T (norm weights whole), then laid out in buckets or units and sharded over the
@@ -46,7 +48,9 @@ adds 8h + 4 + hb + 4h + 8 per token and its fp32 weight gradient 4Vh, computed i
 With activation checkpointing a block keeps only its input (hb) and one block at a time is
 recomputed in backward. On a grid: the stage's blocks (and the head on the last stage only),
 the tensors tensor parallelism slices (attention's, the MLP's, the head's weight gradient)
-1/T, times the micro-batches in flight (a pipeline stage holds several: `in_flight`).
+1/T, times the micro-batches in flight (a pipeline stage holds several: `in_flight`). With
+context parallelism a rank computes S/C tokens of every sequence (its two chunks), so every
+per-token term is for B S/C tokens.
 `measure_activation_bytes` counts what autograd really saves (a
 saved-tensor hook, parameters excluded): the test holds the estimate within
 `ACTIVATION_MARGIN` of it without checkpointing, and within `CHECKPOINTED_ACTIVATION_MARGIN`
@@ -170,26 +174,32 @@ def plan_memory(config: Z2allConfig, world_size: int, zero_stage: int, dtype: st
                 grad_reduce_in_fp32: bool = True, bucket_size: int | None = 40_000_000,
                 rank: int = 0, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                 pp_schedule: str = "1f1b", micro_batches: int = 1,
-                lora: LoraConfig | None = None) -> MemoryPlan:
+                lora: LoraConfig | None = None, context_parallel: int = 1) -> MemoryPlan:
     """Bytes held by rank `rank` of `world_size` (module docstring); `dtype` is fp32, bf16 or
-    fp16; `micro_batches` per step (a pipeline stage holds several at once); `lora`: the
+    fp16; `max_seq_len` the whole sequence (a context-parallel rank computes max_seq_len / C
+    of it); `micro_batches` per step (a pipeline stage holds several at once); `lora`: the
     adapters of a LoRA run (None: every parameter trains)."""
-    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, rank=rank)
+    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, context_parallel,
+                        rank=rank)
     model = stage_model(config, dims, lora)
     plan = MemoryPlan()
     _plan_states(plan, model, dims, zero_stage, DTYPES[dtype].itemsize,
                  4 if grad_reduce_in_fp32 else DTYPES[dtype].itemsize, bucket_size)
     in_flight = micro_batches_in_flight(pp_schedule, pipeline_parallel, dims.pp_rank,
                                         micro_batches)
-    _plan_activations(plan, config, dims, DTYPES[dtype].itemsize, batch_size * max_seq_len,
-                      activation_checkpointing, in_flight)
+    _plan_activations(plan, config, dims, DTYPES[dtype].itemsize,
+                      batch_size * max_seq_len // context_parallel, activation_checkpointing,
+                      in_flight)
     return plan
 
 
 def _plan_states(plan: MemoryPlan, model: nn.Module, dims: ParallelDims, stage: int, b: int,
                  g: int, bucket_size: int | None) -> None:
-    """Steps 1 and 2: parameters, gradients and AdamW's state, as the wrappers lay them out."""
-    W, rank = dims.data_parallel, dims.dp_rank
+    """Steps 1 and 2: parameters, gradients and AdamW's state, as the wrappers lay them out:
+    sharded over the W = D x C ranks of the dp x cp group, where this rank is dp C + cp (the
+    group's ranks in order, `ParallelDims.group_ranks`)."""
+    C = dims.context_parallel
+    W, rank = dims.data_parallel * C, dims.dp_rank * C + dims.cp_rank
     params = [p for p in model.parameters() if p.requires_grad]
     P = sum(p.numel() for p in params)
     regions = _regions(model, stage, W, bucket_size, dims)
@@ -205,8 +215,9 @@ def _plan_states(plan: MemoryPlan, model: nn.Module, dims: ParallelDims, stage: 
                      3: "P b / W (+ padding)"}[stage]
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     trainable = " trainable (LoRA adapters)" if frozen else ""
+    group = f" (D {dims.data_parallel} x C {C})" if C > 1 else ""
     plan.lines.append(MemoryLine("params", param_bytes, f"{param_formula}, P = {P:,}{trainable}"
-                                                        f"{whose}, b = {b}, W = {W}"))
+                                                        f"{whose}, b = {b}, W = {W}{group}"))
     if frozen:
         plan.lines.append(MemoryLine("frozen_base", frozen * b,
                                      f"P_frozen b, P_frozen = {frozen:,} (the LoRA base, "
@@ -254,6 +265,8 @@ def _plan_activations(plan: MemoryPlan, config: Z2allConfig, dims: ParallelDims,
     if T > 1 or dims.pipeline_parallel > 1:
         formula += (f"; L = {L} blocks of this stage, sliced terms / T = {T}, x {in_flight} "
                     "micro-batches in flight")
+    if dims.context_parallel > 1:
+        formula += f"; B T: this rank's S/C tokens of each sequence, C = {dims.context_parallel}"
     margin = CHECKPOINTED_ACTIVATION_MARGIN if activation_checkpointing else ACTIVATION_MARGIN
     plan.lines.append(MemoryLine("activations", activations,
                                  f"~{formula}, B T = {tokens:,} (estimate, ±{margin:.0%})"))

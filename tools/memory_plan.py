@@ -2,10 +2,14 @@
 
     python -m tools.memory_plan --model_preset 0.5B --world_size 8 --zero_stage 3 --dtype bf16 \\
         --batch_size 4 --max_seq_len 2048 [--activation_checkpointing] [--lora_rank 8]
-        [--tensor_parallel T --pipeline_parallel P --rank R --gradient_accumulation_steps M]
+        [--tensor_parallel T --pipeline_parallel P --context_parallel C --rank R
+         --gradient_accumulation_steps M]
 
-On a tensor/pipeline grid (data parallel = world_size / (T x P)) the ranks hold different
-parts: `--rank` picks one (default 0, the first stage; the last stage holds the head).
+On a tensor/pipeline/context grid (data parallel D = world_size / (T x P x C), ranks laid out
+as the trainer lays them out) the ranks hold different parts: `--rank` picks one (default 0,
+the first stage; the last stage holds the head). With `--context_parallel C` each rank
+computes max_seq_len / C tokens of every sequence (ring attention), so its activations are
+~1/C, and ZeRO shards over the D x C ranks that hold the same weights.
 
 Parameters, gradients and optimizer state are computed exactly as the code lays them out
 (parallel_plan/memory_plan.py; the trainer prints the same plan at start-up); activations are an
@@ -47,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="fp32 gradients (false: in the params' dtype)")
     parser.add_argument("--tensor_parallel", type=int, default=1, help="T")
     parser.add_argument("--pipeline_parallel", type=int, default=1, help="P")
+    parser.add_argument("--context_parallel", type=int, default=1,
+                        help="C: every sequence split over C ranks (ring attention)")
     parser.add_argument("--pp_schedule", choices=SCHEDULES, default="1f1b")
     parser.add_argument("--gradient_accumulation_steps", type=int, default=1,
                         help="micro-batches per step (a pipeline stage holds several)")
@@ -58,11 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     raise_problems([range_problem(f"--{name}", getattr(args, name), low=1) for name in (
         "world_size", "batch_size", "max_seq_len", "tensor_parallel", "pipeline_parallel",
-        "gradient_accumulation_steps")]
+        "context_parallel", "gradient_accumulation_steps")]
                    + [range_problem("--rank", args.rank, 0, args.world_size - 1)])
     overrides = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
     config = Z2allConfig.from_preset(args.model_preset, **overrides)
-    check_parallel_shapes(config, args.world_size, args.tensor_parallel, args.pipeline_parallel)
+    check_parallel_shapes(config, args.world_size, args.tensor_parallel, args.pipeline_parallel,
+                          seq_len=args.max_seq_len, context_parallel=args.context_parallel)
     lora = (LoraConfig(rank=args.lora_rank, targets=args.lora_targets) if args.lora_rank
             else None)
     plan = plan_memory(config, args.world_size, args.zero_stage, args.dtype, args.batch_size,
@@ -70,9 +77,11 @@ def main(argv: list[str] | None = None) -> int:
                        grad_reduce_in_fp32=args.grad_reduce_in_fp32, rank=args.rank,
                        tensor_parallel=args.tensor_parallel,
                        pipeline_parallel=args.pipeline_parallel, pp_schedule=args.pp_schedule,
-                       micro_batches=args.gradient_accumulation_steps, lora=lora)
-    grid = (f" (T {args.tensor_parallel} x P {args.pipeline_parallel}: rank {args.rank})"
-            if args.tensor_parallel * args.pipeline_parallel > 1 else "")
+                       micro_batches=args.gradient_accumulation_steps, lora=lora,
+                       context_parallel=args.context_parallel)
+    model_parallel = args.tensor_parallel * args.pipeline_parallel * args.context_parallel
+    grid = (f" (T {args.tensor_parallel} x P {args.pipeline_parallel} x C "
+            f"{args.context_parallel}: rank {args.rank})" if model_parallel > 1 else "")
     print(f"model {args.model_preset}, ZeRO stage {args.zero_stage}, {args.world_size} "
           f"rank(s){grid}, {args.dtype}, micro-batch {args.batch_size} x {args.max_seq_len}, "
           f"activation checkpointing {'on' if args.activation_checkpointing else 'off'}"

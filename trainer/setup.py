@@ -43,6 +43,7 @@ from model.run_tokenizer import save_run_tokenizer
 from optimizer import TrainingOptimizer
 from optimizer.adamw import adamw_implementation
 from optimizer.optimizer import DataParallelModel
+from parallel.context_parallel.flash_blocks import ring_kernel
 from parallel_plan.memory_plan import MemoryPlan, plan_memory
 from trainer.config_files import save_config
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
@@ -195,7 +196,7 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
     """Which implementation runs each hot op and the optimizer, and why not a faster one."""
     choices = kernel_choices(env.device, DTYPES[dtype_name], model.config.head_dim)
     if options.parallel.context_parallel > 1:
-        choices["attention"] = "ring (context parallel; plain matmul/softmax blocks in fp32)"
+        choices["attention"] = ring_kernel(env.device, DTYPES[dtype_name], model.config.head_dim)
     optimizer_device = torch.device("cpu") if options.parallel.cpu_offload else env.device
     choices["adamw"] = adamw_implementation(optimizer_device)
     choices["torch.compile"] = "on" if options.system.compile else "off"
@@ -247,9 +248,11 @@ def _print_memory_plan(run: Run) -> None:
     dims = run.parallel.dims
     if dims.tensor_parallel * dims.pipeline_parallel == 1:
         return
+    context = (f" x {dims.context_parallel} context parallel" if dims.context_parallel > 1
+               else "")
     print(f"grid: {dims.pipeline_parallel} pipeline stages x {dims.data_parallel} data "
-          f"parallel x {dims.tensor_parallel} tensor parallel; the plan above is rank 0's "
-          "(stage 0)", flush=True)
+          f"parallel{context} x {dims.tensor_parallel} tensor parallel; the plan above is rank "
+          "0's (stage 0)", flush=True)
     for stage in range(1, dims.pipeline_parallel):
         rank = dims.rank_of(stage, 0, 0, 0)
         total = memory_plan(run.options, run.model.config, world_size, rank,
@@ -267,8 +270,7 @@ def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, 
     data-parallel states are sharded over the dp x cp group."""
     parallel, optimization = options.parallel, options.optimization
     return plan_memory(config, world_size, effective_zero_stage(parallel), dtype,
-                       optimization.batch_size,
-                       options.data.max_seq_len // parallel.context_parallel,
+                       optimization.batch_size, options.data.max_seq_len,
                        options.model.activation_checkpointing,
                        grad_reduce_in_fp32=parallel.grad_reduce_in_fp32,
                        bucket_size=parallel.bucket_size, rank=rank,
@@ -276,7 +278,7 @@ def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, 
                        pipeline_parallel=parallel.pipeline_parallel,
                        pp_schedule=parallel.pp_schedule,
                        micro_batches=optimization.gradient_accumulation_steps,
-                       lora=options.lora.config())
+                       lora=options.lora.config(), context_parallel=parallel.context_parallel)
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,

@@ -35,6 +35,8 @@ import torch
 KERNEL_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 FLASH_ATTN_MIN_VERSION = (2, 1)        # bottom-right causal alignment (see module docstring)
 FLASH_ATTN_MIN_CAPABILITY = (8, 0)     # Ampere
+FLASH_ATTN_MAX_HEAD_DIM = 256          # flash-attn 2 kernels exist for head dims up to 256
+FLASH_ATTN_DTYPES = (torch.float16, torch.bfloat16)
 APEX_INSTALL_HINT = "reinstall apex with its CUDA extensions (README, GPU notes)"
 
 
@@ -91,6 +93,27 @@ def flash_attn_version_problem() -> str:
         return f"flash_attn version {version!r} unreadable (need >= {needed})"
     return (f"flash_attn {version} < {needed} (top-left causal mask breaks KV-cache decoding)"
             if too_old else "")
+
+
+def import_flash_attn(name: str) -> OptionalImport:
+    """`flash_attn.name` if flash-attn >= 2.1 is installed and imports, else why not."""
+    return import_optional("flash_attn", name, flash_attn_version_problem)
+
+
+def flash_attn_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """'' if flash-attn 2's kernels (once imported) run attention on activations on `device`
+    in `dtype` with heads of `head_dim`, else the one-line reason (the model's attention and
+    the context-parallel ring both ask)."""
+    if not runs_gpu_kernels(device):
+        return f"{device.type}: no GPU kernel"
+    major, minor = compute_capability(device)
+    if (major, minor) < FLASH_ATTN_MIN_CAPABILITY:
+        return f"sm{major}{minor}: flash-attn 2 needs compute capability >= 8.0 (Ampere)"
+    if dtype not in FLASH_ATTN_DTYPES:
+        return f"{str(dtype).removeprefix('torch.')}: flash-attn runs fp16/bf16 only"
+    if head_dim > FLASH_ATTN_MAX_HEAD_DIM:
+        return f"head_dim {head_dim} > {FLASH_ATTN_MAX_HEAD_DIM}"
+    return ""
 
 
 def compute_capability(device: torch.device) -> tuple[int, int]:

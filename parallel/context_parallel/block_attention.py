@@ -32,6 +32,8 @@ parallelism saves on the other activations (bench/bench_parallel.py --context).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -48,6 +50,26 @@ def allowed_pairs(query_pos: torch.Tensor, key_pos: torch.Tensor,
     is_self = key_pos[None, :] == query_pos[:, None]
     same_sample = (key_ids[:, None, :] == query_ids[:, :, None]) & (key_ids[:, None, :] > 0)
     return causal & (same_sample | is_self)
+
+
+@dataclass(frozen=True)
+class BlockMask:
+    """Who may attend to whom in one block of the ring, in the terms of either kernel: the
+    plain path takes the boolean mask (`allowed`), flash-attn a causal flag and the sample ids
+    (flash_blocks.py). `diagonal`: the block is the rank's own tokens, so the mask is causal in
+    the order the rank holds them (its two chunks end to end are in sequence order); any other
+    block the ring computes is allowed whole, up to the sample rule."""
+    diagonal: bool
+    query_pos: torch.Tensor          # [Tq] positions in the whole sequence
+    key_pos: torch.Tensor            # [Tk]
+    query_ids: torch.Tensor | None   # [B, Tq] sample ids; None = one unpadded sample per row
+    key_ids: torch.Tensor | None     # [B, Tk]
+
+    def allowed(self) -> torch.Tensor | None:
+        """`allowed_pairs` of the block, or None when every pair may attend."""
+        if self.query_ids is None and not self.diagonal:
+            return None
+        return allowed_pairs(self.query_pos, self.key_pos, self.query_ids, self.key_ids)
 
 
 def _grouped(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

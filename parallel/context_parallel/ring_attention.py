@@ -31,8 +31,12 @@ Backward: the same ring. dQ of my queries accumulates here. dK/dV of a block are
 every rank that attended to it, so an accumulator travels with the block: rank i adds its
 share and passes it on to i+1, and after the C-th pass it is back with the block's owner
 (one send more than the K/V). Nothing goes through autograd: the communication is explicit in
-both directions. Each block is plain matmul/softmax with sums in fp32 (or fp64), on any device:
-SDPA returns no lse, and a flash-attn path would need its internal backward with our lse.
+both directions.
+
+Kernels, chosen per call from the activations: a block's forward runs on flash-attn (with its
+lse) on a CUDA GPU it serves, in bf16/fp16 (flash_blocks.py); otherwise, and for every
+backward, blocks are plain matmul/softmax with sums in fp32 (or fp64), on any device (SDPA
+returns no lse).
 """
 
 from __future__ import annotations
@@ -45,11 +49,12 @@ import torch
 import torch.distributed as dist
 
 from parallel.context_parallel.block_attention import (
-    allowed_pairs,
+    BlockMask,
     attend_block,
     block_grads,
     merge_into,
 )
+from parallel.context_parallel.flash_blocks import flash_attend_block, why_not_flash_blocks
 from parallel.context_parallel.load_balance import held_positions
 
 
@@ -109,23 +114,20 @@ class _Blocks:
     query_pos: torch.Tensor         # [S/C] positions of my tokens in the whole sequence
 
     def work(self, source: int, key_ids: torch.Tensor | None
-             ) -> tuple[slice, slice, torch.Tensor | None]:
-        """(my query slice, the source's key slice, mask or None = all allowed)."""
+             ) -> tuple[slice, slice, BlockMask]:
+        """(my query slice, the source's key slice, who may attend to whom there)."""
         queries, keys = block_work(self.rank, source, len(self.query_pos) // 2)
-        if self.query_ids is None and source != self.rank:
-            return queries, keys, None
         key_pos = held_positions(source, self.cp_size, len(self.query_pos) * self.cp_size,
                                  self.query_pos.device)
         query_ids = None if self.query_ids is None else self.query_ids[:, queries]
         key_ids = None if key_ids is None else key_ids[:, keys]
-        return queries, keys, allowed_pairs(self.query_pos[queries], key_pos[keys],
-                                            query_ids, key_ids)
+        return queries, keys, BlockMask(source == self.rank, self.query_pos[queries],
+                                        key_pos[keys], query_ids, key_ids)
 
 
 def _visit_blocks(ring: _Ring, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   sample_ids: torch.Tensor | None, dtype: torch.dtype
-                  ) -> Iterator[tuple[slice, slice, torch.Tensor | None, torch.Tensor,
-                                      torch.Tensor]]:
+                  ) -> Iterator[tuple[slice, slice, BlockMask, torch.Tensor, torch.Tensor]]:
     """Steps 1 and 2, shared by forward and backward: yield every K/V block in ring order as
     (my query slice, its key slice, mask, key, value) for the caller to compute on, while the
     block is already on its way to the next rank."""
@@ -138,9 +140,9 @@ def _visit_blocks(ring: _Ring, query: torch.Tensor, key: torch.Tensor, value: to
         # Step 1: pass the block on while computing on it (not after the last step).
         in_flight = ring.pass_on(block) if step < ring.size - 1 else None
         # Step 2: the part of the block that causality allows.
-        queries, keys, allowed = blocks.work(source, block[1] if len(block) > 1 else None)
+        queries, keys, mask = blocks.work(source, block[1] if len(block) > 1 else None)
         key_value = block[0][:, :, keys].to(dtype)
-        yield queries, keys, allowed, key_value[0], key_value[1]
+        yield queries, keys, mask, key_value[0], key_value[1]
         if in_flight is not None:
             block = in_flight.wait()
 
@@ -149,15 +151,23 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, sample_ids, group, scale):
         ring, dtype = _Ring(group), torch.promote_types(query.dtype, torch.float32)
-        query_up = query.to(dtype)
-        out = query_up.new_zeros(query.shape)
-        lse = query_up.new_full(query.shape[:3], float("-inf"))
-        for queries, _, allowed, block_key, block_value in _visit_blocks(
-                ring, query, key, value, sample_ids, dtype):
-            block_out, block_lse = attend_block(query_up[:, queries], block_key, block_value,
-                                                allowed, scale)
+        # The kernel of every block (flash_blocks.py): flash-attn reads the blocks in bf16/fp16
+        # and returns its lse in fp32; the plain path computes in fp32 (or fp64).
+        on_flash = not why_not_flash_blocks(query.device, query.dtype, query.shape[-1])
+        block_dtype = query.dtype if on_flash else dtype
+        block_query = query.to(block_dtype)
+        out = query.new_zeros(query.shape, dtype=dtype)
+        lse = query.new_full(query.shape[:3], float("-inf"), dtype=dtype)
+        for queries, _, mask, block_key, block_value in _visit_blocks(
+                ring, query, key, value, sample_ids, block_dtype):
+            if on_flash:
+                block_out, block_lse = flash_attend_block(block_query[:, queries], block_key,
+                                                          block_value, mask, scale)
+            else:
+                block_out, block_lse = attend_block(block_query[:, queries], block_key,
+                                                    block_value, mask.allowed(), scale)
             # Step 3: merge with the log-sum-exp rule.
-            merge_into(out[:, queries], lse[:, queries], block_out, block_lse)
+            merge_into(out[:, queries], lse[:, queries], block_out.to(dtype), block_lse)
         out = out.to(query.dtype)
         ctx.save_for_backward(query, key, value, sample_ids, out, lse)
         ctx.group, ctx.scale = group, scale
@@ -171,9 +181,9 @@ class _RingAttention(torch.autograd.Function):
         delta = (grad_out * out.to(dtype)).sum(dim=-1)  # rowsum(dO * O), [B, S/C, H]
         grad_query = torch.zeros_like(query_up)
         arriving = None  # the dK/dV accumulator of the block I hold, from rank - 1
-        for queries, keys, allowed, block_key, block_value in _visit_blocks(
+        for queries, keys, mask, block_key, block_value in _visit_blocks(
                 ring, query, key, value, sample_ids, dtype):
-            grads = block_grads(query_up[:, queries], block_key, block_value, allowed,
+            grads = block_grads(query_up[:, queries], block_key, block_value, mask.allowed(),
                                 ctx.scale, lse[:, queries], grad_out[:, queries],
                                 delta[:, queries])
             grad_query[:, queries] += grads[0]

@@ -13,6 +13,7 @@ import torch
 from model import kernels, reference_ops
 from optimizer import adamw
 from optimizer.optimizer_config import OptimizerConfig
+from parallel.context_parallel import flash_blocks
 from tests import fake_gpu_libs
 from tests.fake_gpu_libs import CALLS
 from tests.fake_gpu_libs.flash_attn import flash_attn_func, flash_attn_varlen_func
@@ -34,6 +35,7 @@ def use_emulated_gpu_libraries(monkeypatch) -> None:
 def probe_gpu_libraries_again(monkeypatch) -> None:
     """Re-run the import-time probes (after a test changed what the fakes offer)."""
     monkeypatch.setattr(kernels, "gpu_kernels", kernels.find_gpu_kernels())
+    monkeypatch.setattr(flash_blocks, "flash_kernels", flash_blocks.find_flash_kernels())
     monkeypatch.setattr(adamw, "apex_fused_adam", gpu_libraries.import_optional(
         "apex.optimizers", "FusedAdam", lambda: gpu_libraries.apex_extension_problem("amp_C")))
 
@@ -160,6 +162,35 @@ def test_fake_flash_causal_mask_is_bottom_right_aligned(query_len, key_len):
     packed = flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q,
                                     cu_k, query_len, key_len, causal=True)
     assert_close(packed.view_as(q), expected)
+
+
+@pytest.mark.parametrize("version", ["2.8.3", "2.5.9"])
+def test_fake_flash_returns_the_lse_in_the_real_layouts(monkeypatch, version):
+    """`return_attn_probs=True` (no dropout): (out, lse, empty probabilities), the lse = log
+    sum exp of the scaled, masked scores (the formula) in fp32, [B, H, T] from flash_attn_func,
+    [H, total_q] from the varlen function since 2.6 and padded [B, H, max_seqlen_q] before,
+    +inf on a row that sees no key (3 queries after 2 keys, causal: the first sees none)."""
+    monkeypatch.setattr(sys.modules["tests.fake_gpu_libs.flash_attn"], "__version__", version)
+    q = torch.randn(2, 3, 4, 16, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 2, 16, dtype=torch.bfloat16) for _ in range(2))
+    scores = torch.einsum("bthd,bshd->bhts", q.double(),
+                          k.double().repeat_interleave(2, dim=2)) / 16 ** 0.5
+    visible = torch.ones(3, 2, dtype=torch.bool).tril(-1)
+    expected = scores.masked_fill(~visible, float("-inf")).logsumexp(dim=-1).float()
+    expected = expected.masked_fill(expected.isneginf(), float("inf"))  # [B, H, T]
+    out, lse, probs = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert lse.dtype == torch.float32 and probs.numel() == 0
+    torch.testing.assert_close(lse, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out, flash_attn_func(q, k, v, causal=True))
+    cu_q, cu_k = (torch.tensor([0, n, 2 * n], dtype=torch.int32) for n in (3, 2))
+    _, lse, _ = flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q,
+                                       cu_k, 4, 2, causal=True, return_attn_probs=True)
+    if version == "2.8.3":
+        torch.testing.assert_close(lse, expected.transpose(0, 1).flatten(1), rtol=1e-5,
+                                   atol=1e-5)
+    else:  # max_seqlen_q 4: one padded column per sequence
+        assert lse.shape == (2, 4, 4) and lse[..., 3].isnan().all()
+        torch.testing.assert_close(lse[..., :3], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_fake_flash_rejects_what_the_real_kernel_rejects():

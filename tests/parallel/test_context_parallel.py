@@ -3,9 +3,14 @@ model's own attention (`model.kernels.attention`, SDPA with the model's masks) o
 sequence, outputs and dQ, dK, dV, for causal, padded and packed rows with GQA; so do the merge
 rule and the block backward on their own; the load-balanced split and gather round-trip; the
 skipped blocks are exactly the causally masked ones; and torch's experimental
-context_parallel is tried on the same shards."""
+context_parallel is tried on the same shards. With flash-attn emulated on the CPU
+(tests/fake_gpu_libs: the real call signatures, input checks and lse layouts) every block's
+forward runs on the kernel, and the ring still equals full attention; the run says which
+kernel its blocks use, and why not flash-attn."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -13,6 +18,7 @@ import torch.distributed as dist
 
 from model import kernels
 from model.attention import attention_layout_for
+from parallel.context_parallel import flash_blocks
 from parallel.context_parallel.block_attention import (
     allowed_pairs,
     attend_block,
@@ -27,6 +33,8 @@ from parallel.context_parallel.load_balance import (
 )
 from parallel.context_parallel.ring_attention import block_work, ring_attention
 from parallel.local_ranks import run_on_ranks
+from tests.fake_gpu_libs import CALLS
+from tests.model.test_gpu_kernels_emulated import use_emulated_gpu_libraries
 
 BATCH, HEADS, KV_HEADS, HEAD_DIM = 2, 4, 2, 8
 
@@ -94,6 +102,43 @@ def test_ring_attention_equals_full_attention_on_2_ranks():
 def test_ring_attention_equals_full_attention_on_4_ranks():
     run_on_ranks(_ring_matches_full_attention, 16,
                  [("causal", torch.float64), ("packed", torch.float64)], world_size=4)
+
+
+def _ring_on_emulated_flash_attn(rank: int, world_size: int, seq_len: int,
+                                 cases: list[tuple[str, torch.dtype]]) -> dict[str, dict]:
+    """`_ring_matches_full_attention` with flash-attn emulated, once per release layout of
+    the varlen lse (unpadded since 2.6, padded before); the kernel calls of each."""
+    calls = {}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        use_emulated_gpu_libraries(monkeypatch)
+        for version in ("2.8.3", "2.5.9"):
+            monkeypatch.setattr(sys.modules["flash_attn"], "__version__", version)
+            CALLS.clear()
+            _ring_matches_full_attention(rank, world_size, seq_len, cases)
+            calls[version] = dict(CALLS)
+    return calls
+
+
+def test_ring_attention_on_emulated_flash_attn_equals_full_attention():
+    cases = [("causal", torch.bfloat16), ("padded", torch.bfloat16),
+             ("packed", torch.bfloat16)]
+    for calls in run_on_ranks(_ring_on_emulated_flash_attn, 16, cases, world_size=2):
+        # every block's forward on the kernel: C = 2 blocks per rank and case
+        assert calls == {version: {"flash_attn_func": 2, "flash_attn_varlen_func": 4}
+                         for version in ("2.8.3", "2.5.9")}
+
+
+def test_ring_reports_its_block_kernel_and_why_not_flash_attn(monkeypatch):
+    cpu = torch.device("cpu")
+    assert flash_blocks.ring_kernel(cpu, torch.bfloat16, HEAD_DIM) == (
+        "ring (context parallel; plain matmul/softmax blocks in fp32: "
+        f"{flash_blocks.flash_kernels.func.missing_reason or 'cpu: no GPU kernel'})")
+    use_emulated_gpu_libraries(monkeypatch)
+    assert flash_blocks.ring_kernel(cpu, torch.bfloat16, HEAD_DIM) == (
+        "ring (context parallel; flash-attn block forwards, plain backward in fp32)")
+    assert flash_blocks.ring_kernel(cpu, torch.float32, HEAD_DIM) == (
+        "ring (context parallel; plain matmul/softmax blocks in fp32: float32: flash-attn "
+        "runs fp16/bf16 only)")
 
 
 @pytest.mark.parametrize("cp_size", [1, 2, 4])

@@ -112,6 +112,9 @@ def test_context_parallel_trains_like_one_process(trained, name):
         assert any(abs(r["rewards/margins"]) > 1e-4 for r in records(trained / name, "train"))
     else:  # generated on rank 0 from the whole model (no ring: the other rank generates none)
         assert records(trained / name, "samples")
+    # the kernel line names the ring's block kernel and why not flash-attn (no GPU here)
+    assert ("attention=ring (context parallel; plain matmul/softmax blocks in fp32: "
+            in records(trained / name, "run")[0]["kernels"])
 
 
 @pytest.mark.parametrize("name", RESUMES)
