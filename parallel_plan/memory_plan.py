@@ -73,6 +73,7 @@ from parallel.distributed_data_parallel.param_and_grad_buffer import pad_to_mult
 from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import micro_batches_in_flight
 from parallel.sharded_data_parallel import ShardedDataParallel, group_into_units
+from parallel.tensor_parallel.sharding import padded_size
 from parallel_plan.llama_pipeline import split_into_stage
 from parallel_plan.llama_tensor_parallel import parallelize_model
 from parallel_plan.llama_units import zero_units
@@ -253,7 +254,8 @@ def _plan_activations(plan: MemoryPlan, config: Z2allConfig, dims: ParallelDims,
     kv, heads = config.num_key_value_heads * config.head_dim, config.num_attention_heads
     norm = 8 * h + 4 + h * b
     per_block = tokens * (2 * norm + (b * (3 * h + 3 * kv) + 4 * heads + 4 * i * b) // T)
-    head = (tokens * (norm + 4 * h + 8) + 4 * config.vocab_size * h // T
+    vocab_slice = padded_size(config.vocab_size, T) // T  # (padded: tensor_parallel/sharding)
+    head = (tokens * (norm + 4 * h + 8) + 4 * vocab_slice * h
             if dims.is_last_stage else 0)
     plan.recomputed_block_bytes = per_block if activation_checkpointing else 0
     if activation_checkpointing:
