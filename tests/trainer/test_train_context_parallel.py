@@ -27,7 +27,7 @@ from tests.parallel.grid_helpers import ADAM_EPS  # rounding noise not blown up 
 from tests.train_helpers import TINY_ARGS, data_args, records, run_main, train_losses
 from tests.trainer.test_train_grid import _problems, _runs_on_rank, options_with
 from tests.trainer.test_train_resume import _assert_identical
-from tests.trainer.test_train_stream import kill9_and_resume
+from tests.trainer.test_train_stream import finish, kill9_and_resume, torchrun
 from trainer.option_validation import check_options
 
 STEPS, STOP = 3, 2
@@ -82,6 +82,21 @@ def trained(data, tmp_path_factory) -> Path:
     assert run_main(_args(data, "pretrain", root, "--context_parallel=1",
                           f"--out_dir={root / 'cp2_to_one'}", "--resume")) == 0
     return root
+
+
+@pytest.mark.slow
+def test_the_demo_model_on_2048_token_sequences_trains_like_one_process(data, tmp_path):
+    """Issue #31's done-when, as a user runs it: `torchrun --nproc_per_node=2 train_my_ddp.py
+    --context_parallel=2 --max_seq_len=2048` on the demo model (the `tiny` preset: 4 layers,
+    GQA) equals the same command in one process, step by step (~40 s: `slow`, run beside the
+    rest by `make test`)."""
+    args = [*data_args(data, "pretrain"), "--model_preset=tiny", "--max_seq_len=2048",
+            "--batch_size=1", "--gradient_accumulation_steps=2", f"--max_iters={STEPS}",
+            "--eval_interval=3", "--eval_iters=1", "--eval_prompts=[]", "--log_interval=1",
+            "--save_interval=100", "--dtype=fp32", "--num_threads=1", "--tracker=none"]
+    finish(torchrun([*args, *CP2], tmp_path / "cp2"))
+    assert run_main([*args, f"--out_dir={tmp_path / 'one'}"]) == 0
+    _assert_trains_like(tmp_path / "cp2", tmp_path / "one")
 
 
 def _assert_trains_like(run: Path, reference: Path, keys: tuple[str, ...] = ()) -> None:
