@@ -17,14 +17,16 @@ Each rank's AdamW holds state only for its slices of its stage's parameters. Sav
             covering all its elements: `optim/zero1_rank00000_of00001.pt`.
 
 Loading reads, for every parameter of this rank's stage, the whole tensors by name from the
-shard files (`load_resharded_state`: a grid's single file, or a ZeRO-1 data-parallel run's
-files of any world size) and keeps this rank's slice (shard_full_tensors). Worked example:
+shard files (`load_resharded_state`: a grid's single file, a ZeRO-1/2/3 data-parallel run's
+files of any world size, or a ZeRO-0 run's `optimizer.pt`, read by name) and keeps this rank's
+slice (shard_full_tensors). Worked example:
 TP=2 saved `qkv_proj.weight`'s moments as rows q0..q3 | k0 k1 | v0 v1 (whole); a PP=2 run
 gives them whole to the stage holding that layer, a TP=2 run gives rank 1 q2 q3 | k1 | v1; a
 ZeRO-1 grid then keeps, of that slice, the elements of its pieces.
 
-The same file is what a data-parallel run with --zero_stage=1 reads, so a grid run can also
-continue in one process (and a ZeRO-1 run on a grid). A LoRA run's frozen base has no state:
+The same file is what a data-parallel run reads at any --zero_stage (ZeRO-0 gathers the
+pieces whole into its own order), so a grid run can also continue in one process or with plain
+DDP (and a data-parallel run of any stage on a grid). A LoRA run's frozen base has no state:
 only its adapters have pieces, while `param_shapes` names the whole model, base included, as
 ZeRO-1's files do. Tensors are copied, never recomputed:
 a resume on the same grid is bitwise identical to an uninterrupted run.
