@@ -23,11 +23,15 @@ before March 2023 indexes the first param of every group and crashes on an empty
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import Tensor
 
 from optimizer.optimizer_config import OptimizerConfig
 from utils.gpu_libraries import apex_extension_problem, import_optional, runs_gpu_kernels
+
+Main = TypeVar("Main")  # what a group holds: the main tensors (or, to order a checkpoint, names)
 
 # apex is optional: only its CUDA kernels (the compiled `amp_C` module) make it worth having
 apex_fused_adam = import_optional("apex.optimizers", "FusedAdam",
@@ -124,13 +128,14 @@ def _params(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     return [param for group in optimizer.param_groups for param in group["params"]]
 
 
-def weight_decay_groups(model_and_main: list[tuple[Tensor, Tensor]],
+def weight_decay_groups(model_and_main: list[tuple[Tensor, Main]],
                         weight_decay: float) -> list[dict]:
     """Two AdamW param groups over the main tensors: those of matrices (ndim >= 2: linear and
     embedding weights) decay, those of vectors (RMSNorm gains, biases) don't — decaying a norm's
     gain towards 0 only fights the normalisation (as in GPT-2/nanoGPT, LLaMA training recipes).
     A main tensor may be a flat slice of its model param (ZeRO-1), so the rule reads the model
-    param's shape."""
+    param's shape. The group order is that of a ZeRO-0 checkpoint, which names its tensors by
+    grouping their names with this function (zero1_checkpoint.py `replicated_order`)."""
     decay = [main for model, main in model_and_main if model.ndim >= 2]
     no_decay = [main for model, main in model_and_main if model.ndim < 2]
     return [{"params": decay, "weight_decay": weight_decay},

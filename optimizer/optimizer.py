@@ -35,8 +35,15 @@ from optimizer.adamw import (
     weight_decay_groups,
 )
 from optimizer.clip_grads import clip_grads_, global_grad_norm, unscale_and_check_for_inf_
+from optimizer.distributed_optimizer.zero1_checkpoint import load_resharded_state, replicated_order
 from optimizer.grad_scaler import DynamicGradScaler
 from optimizer.optimizer_config import OptimizerConfig
+from optimizer.state_header import (
+    REPLICATED_CHECKPOINT_FILE,
+    REPLICATED_STATE_VERSION,
+    STATE_FORMAT,
+    check_state_header,
+)
 from parallel.distributed_data_parallel import DistributedDataParallel
 from parallel.sharded_data_parallel import ShardedDataParallel
 from utils.atomic_io import atomic_open
@@ -44,12 +51,6 @@ from utils.atomic_io import atomic_open
 # The wrappers an optimizer reads gradients from: our DDP (whole `main_grad`s, stages 0 and 1)
 # or ZeRO-2/3's ShardedDataParallel (each rank's gradient shard).
 DataParallelModel = DistributedDataParallel | ShardedDataParallel
-
-STATE_FORMAT = "z2all-optimizer"
-STATE_VERSION = 1
-REPLICATED_STATE_VERSION = 2  # 2: Adam state in the implementation-neutral form (adamw.py)
-REPLICATED_CHECKPOINT_FILE = "optimizer.pt"
-
 
 @dataclass(frozen=True)
 class MainPiece:
@@ -228,20 +229,45 @@ class MixedPrecisionOptimizer:
         return [REPLICATED_CHECKPOINT_FILE]
 
     def load_checkpoint(self, optim_dir: str | Path) -> None:
+        """This layout's `optimizer.pt`, or another layout's pieces (ZeRO-1/2/3, a grid)."""
         path = Path(optim_dir) / REPLICATED_CHECKPOINT_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no optimizer checkpoint (a ZeRO-1 checkpoint has "
-                                    "per-rank files; load it with use_distributed_optimizer)")
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        if path.is_file():
+            self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        else:
+            self.load_state_dict(self._state_from_pieces(Path(optim_dir)))
 
+    def _state_from_pieces(self, optim_dir: Path) -> dict[str, Any]:
+        """The state this optimizer would have saved, from a save of pieces by name: each
+        tensor gathered whole (the re-cutting loader at world size 1, whole-parameter pieces),
+        the Adam state in the param-group order (`replicated_order`), the main params in the
+        module's (as `state_dict` lists them)."""
+        shapes, trainable = self._param_shapes(), self._trainable_names()
+        whole = load_resharded_state(optim_dir, [(name, 0, math.prod(shapes[name]))
+                                                 for name in trainable],
+                                     shapes, rank=0, world_size=1, trainable=trainable)
+        pieces = {piece["name"]: piece for piece in whole["pieces"]}
 
-def check_state_header(state: dict[str, Any], expected_format: str, expected_kind: str,
-                       expected_version: int = STATE_VERSION) -> None:
-    """Fail loudly when a state dict was written by another optimizer kind or format version."""
-    found = (state.get("format"), state.get("version"), state.get("kind"))
-    if found != (expected_format, expected_version, expected_kind):
-        raise ValueError(f"optimizer state is {found}, expected "
-                         f"{(expected_format, expected_version, expected_kind)}")
+        def tensors(key: str, names: list[str]) -> list[Tensor]:
+            return [pieces[name][key].view(shapes[name]) for name in names]
+
+        in_groups = replicated_order(shapes, trainable)
+        return {"format": STATE_FORMAT, "version": REPLICATED_STATE_VERSION,
+                "kind": type(self).__name__, "grad_scaler": whole["grad_scaler"],
+                "adam": {"lr": whole["lr"], "exp_avg": tensors("exp_avg", in_groups),
+                         "exp_avg_sq": tensors("exp_avg_sq", in_groups),
+                         "step": [pieces[name]["step"] for name in in_groups]},
+                "main_params": (tensors("main_param", trainable)
+                                if self._saved_main_params() else [])}
+
+    def _param_shapes(self) -> dict[str, list[int]]:
+        """{name: shape} of every parameter of the wrapped module, in its order (what a shard
+        file records to refuse another model)."""
+        return {name: list(param.shape) for param, name in self.ddp_model.param_names.items()}
+
+    def _trainable_names(self) -> list[str]:
+        """The names of the parameters with optimizer state (with LoRA: only the adapters)."""
+        return [name for param, name in self.ddp_model.param_names.items()
+                if param.requires_grad]
 
 
 class FP32Optimizer(MixedPrecisionOptimizer):

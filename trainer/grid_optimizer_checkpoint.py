@@ -17,14 +17,16 @@ Each rank's AdamW holds state only for its slices of its stage's parameters. Sav
             covering all its elements: `optim/zero1_rank00000_of00001.pt`.
 
 Loading reads, for every parameter of this rank's stage, the whole tensors by name from the
-shard files (`load_resharded_state`: a grid's single file, or a ZeRO-1 data-parallel run's
-files of any world size) and keeps this rank's slice (shard_full_tensors). Worked example:
+shard files (`load_resharded_state`: a grid's single file, a ZeRO-1/2/3 data-parallel run's
+files of any world size, or a ZeRO-0 run's `optimizer.pt`, read by name) and keeps this rank's
+slice (shard_full_tensors). Worked example:
 TP=2 saved `qkv_proj.weight`'s moments as rows q0..q3 | k0 k1 | v0 v1 (whole); a PP=2 run
 gives them whole to the stage holding that layer, a TP=2 run gives rank 1 q2 q3 | k1 | v1; a
 ZeRO-1 grid then keeps, of that slice, the elements of its pieces.
 
-The same file is what a data-parallel run with --zero_stage=1 reads, so a grid run can also
-continue in one process (and a ZeRO-1 run on a grid). A LoRA run's frozen base has no state:
+The same file is what a data-parallel run reads at any --zero_stage (ZeRO-0 gathers the
+pieces whole into its own order), so a grid run can also continue in one process or with plain
+DDP (and a data-parallel run of any stage on a grid). A LoRA run's frozen base has no state:
 only its adapters have pieces, while `param_shapes` names the whole model, base included, as
 ZeRO-1's files do. Tensors are copied, never recomputed:
 a resume on the same grid is bitwise identical to an uninterrupted run.
@@ -48,7 +50,8 @@ from optimizer.distributed_optimizer.zero1_checkpoint import (
     load_resharded_state,
     shard_file_name,
 )
-from optimizer.optimizer import STATE_VERSION, MainPiece, MixedPrecisionOptimizer
+from optimizer.optimizer import MainPiece, MixedPrecisionOptimizer
+from optimizer.state_header import STATE_VERSION
 from parallel.layout_neutral_checkpoint import gather_full_tensors, shard_full_tensors
 from parallel.parallel_dims import ParallelDims
 from parallel_plan.llama_tensor_parallel import layouts_of
@@ -59,15 +62,19 @@ GRID_OPTIMIZER_FILES = [shard_file_name(0, 1)]
 NamedPieces = dict[str, tuple[torch.Tensor, list[MainPiece]]]
 
 
-def whole_model_shapes(config: Z2allConfig, lora: LoraConfig | None) -> dict[str, list[int]]:
-    """{name: shape} of every parameter of the whole model (with `lora`, its adapters and its
-    frozen base): the `param_shapes` a shard file records to refuse another model, as ZeRO-1
-    records its model's."""
+def whole_model_shapes(config: Z2allConfig, lora: LoraConfig | None
+                       ) -> tuple[dict[str, list[int]], list[str]]:
+    """({name: shape} of every parameter of the whole model, in its order (with `lora`, its
+    adapters and its frozen base), the names of those with optimizer state): the
+    `param_shapes` a shard file records to refuse another model, as ZeRO-1 records its
+    model's, and what names a ZeRO-0 save's tensors (zero1_checkpoint.py `replicated_order`)."""
     with torch.device("meta"):
         whole = Z2allForCausalLM(config)
         if lora is not None:
             apply_lora(whole, lora)
-    return {name: list(param.shape) for name, param in whole.named_parameters()}
+    named = list(whole.named_parameters())
+    return ({name: list(param.shape) for name, param in named},
+            [name for name, param in named if param.requires_grad])
 
 
 def save_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
@@ -86,7 +93,7 @@ def save_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
     state = {"format": SHARD_FORMAT, "version": STATE_VERSION, "kind": "GridOptimizer",
              "world_size": 1, "rank": 0, "lr": optimizer.get_lr(),
              "grad_scaler": None if scaler is None else scaler.state_dict(),
-             "param_shapes": whole_model_shapes(config, lora),
+             "param_shapes": whole_model_shapes(config, lora)[0],
              "pieces": [{"name": name, "start": 0, "end": tensor.numel(), "step": step,
                          **{key: full[key][name].float().cpu().flatten() for key in TENSOR_KEYS}}
                         for name, tensor in full["main_param"].items()]}
@@ -119,22 +126,24 @@ def load_grid_optimizer(optimizer: MixedPrecisionOptimizer, params: NamedPieces,
                         lora: LoraConfig | None = None) -> None:
     """This rank's pieces of a save made on any grid (or by ZeRO-1 at any world size); `lora`
     as for `save_grid_optimizer`."""
-    shapes = whole_model_shapes(config, lora)
+    shapes, trainable = whole_model_shapes(config, lora)
     state = load_resharded_state(optim_dir, [(name, 0, math.prod(shapes[name])) for name in params],
-                                 shapes, dims.rank, dims.world_size)
+                                 shapes, dims.rank, dims.world_size, trainable)
+    # main_param None: a ZeRO-0 fp32 save, whose main params are the weights the model loaded
+    keys = [key for key in TENSOR_KEYS if state["pieces"][0][key] is not None]
     full = {key: {piece["name"]: piece[key].view(shapes[piece["name"]])
-                  for piece in state["pieces"]} for key in TENSOR_KEYS}
+                  for piece in state["pieces"]} for key in keys}
     local = {key: shard_full_tensors(tensors, list(params), layouts_of(config), dims)
              for key, tensors in full.items()}
     with torch.no_grad():
         for name, (_, pieces) in params.items():
             for piece in pieces:
-                main, exp_avg, exp_avg_sq = (
-                    local[key][name].reshape(-1)[piece.start:piece.end].view_as(piece.main)
-                    for key in TENSOR_KEYS)
-                piece.main.copy_(main)
-                write_adam_state(optimizer.inner, piece.main, exp_avg, exp_avg_sq,
-                                 state["pieces"][0]["step"])
+                saved = {key: local[key][name].reshape(-1)[piece.start:piece.end]
+                         .view_as(piece.main) for key in keys}
+                if "main_param" in saved:
+                    piece.main.copy_(saved["main_param"])
+                write_adam_state(optimizer.inner, piece.main, saved["exp_avg"],
+                                 saved["exp_avg_sq"], state["pieces"][0]["step"])
     optimizer.copy_main_params_to_model()  # bf16 weights: the rounding of the main copy
     optimizer.set_lr(state["lr"])
     if optimizer.grad_scaler is not None:

@@ -33,8 +33,8 @@ What differs from a data-parallel run, and how the loop is kept the same:
                       (parallel/layout_neutral_checkpoint.py): samples and model.safetensors;
                       ZeRO-3 first gathers each stage's shards (`gathered_params`)
     optimizer state   gathered whole into one ZeRO-1 shard file, loaded on any grid (any
-                      --zero_stage), or by a --zero_stage>=1 data-parallel run of any size,
-                      and the other way
+                      --zero_stage), or by a data-parallel run of any size and --zero_stage,
+                      and the other way (plain DDP's optimizer.pt read by parameter name)
                       (trainer/grid_optimizer_checkpoint.py): --resume may change
                       --tensor_parallel / --pipeline_parallel (and the data-parallel size,
                       as any world-size change: the data position carries over)

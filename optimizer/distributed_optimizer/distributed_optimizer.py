@@ -39,13 +39,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from optimizer.adamw import build_adamw, read_adam_state, weight_decay_groups, write_adam_state
-from optimizer.optimizer import (
-    STATE_VERSION,
-    MainPiece,
-    MixedPrecisionOptimizer,
-    check_state_header,
-)
+from optimizer.optimizer import MainPiece, MixedPrecisionOptimizer
 from optimizer.optimizer_config import OptimizerConfig
+from optimizer.state_header import STATE_VERSION, check_state_header
 from parallel.distributed_data_parallel import DistributedDataParallel
 from parallel.flat_collectives import all_gather_single
 from utils.atomic_io import atomic_open
@@ -133,9 +129,6 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                           shard.model_grad_shard[piece.shard_start:piece.shard_end])
                 for shard in self.bucket_shards
                 for piece, main in zip(shard.pieces, shard.main_pieces)]
-
-    def _param_shapes(self) -> dict[str, list[int]]:
-        return {name: list(param.shape) for param, name in self.param_names.items()}
 
     # ---- Steps 1 and 5 of the recipe in optimizer/optimizer.py ------------------------------
     def _prepare_main_grads(self) -> None:
@@ -248,7 +241,8 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             raise ValueError("checkpoint and config disagree on fp16 loss scaling")
         with torch.no_grad():
             for (_, main), saved in zip(my_pieces, state["pieces"]):
-                main.copy_(saved["main_param"])
+                if saved["main_param"] is not None:  # None: an fp32 ZeRO-0 save, main = weights
+                    main.copy_(saved["main_param"])
                 write_adam_state(self.inner, main, saved["exp_avg"], saved["exp_avg_sq"],
                                  saved["step"])
         self.set_lr(state["lr"])
@@ -269,10 +263,11 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         return [shard_file_name(rank, self.world_size) for rank in range(self.world_size)]
 
     def load_checkpoint(self, optim_dir: str | Path) -> None:
-        """Works whatever the world size of the run that saved (see zero1_checkpoint.py)."""
+        """Works whatever the world size of the run that saved, and on a ZeRO-0 run's
+        `optimizer.pt` (see zero1_checkpoint.py)."""
         my_pieces = [(p.name, p.param_start, p.param_end) for p, _ in self._owned_pieces()]
         state = load_resharded_state(Path(optim_dir), my_pieces, self._param_shapes(),
-                                     self.rank, self.world_size)
+                                     self.rank, self.world_size, self._trainable_names())
         # ZeRO stages 1, 2 and 3 write the same pieces (optimizer/sharded_optimizer.py): a file
         # of any of them, once re-cut for this rank, is this optimizer's state.
         state["kind"] = type(self).__name__

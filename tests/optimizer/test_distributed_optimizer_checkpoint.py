@@ -2,6 +2,9 @@
 
 The chain must end with the parameters of an uninterrupted 2-rank run (same data, same global
 batches). fp32 checks the re-cut Adam state and main params; fp16 also carries the loss scaler.
+The "via ZeRO-0" variants run the one-rank phase with the replicated optimizer instead: it
+reads the ZeRO-1 shards gathered whole into its param-group order (vectors after matrices, so
+not the module's order) and saves `optimizer.pt`, which the 2 ZeRO-1 ranks then cut again.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from tests.optimizer.test_distributed_optimizer import make_config, train_step, 
 
 NUM_STEPS = 6
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+# variant -> (params_dtype, whether the one-rank phase runs ZeRO-0)
+VARIANTS = {"fp32": ("fp32", False), "fp16": ("fp16", False),
+            "fp32 via ZeRO-0": ("fp32", True), "fp16 via ZeRO-0": ("fp16", True)}
 
 
 def _train_phase(rank: int, world_size: int, load_dir: str | None, save_dir: str | None,
@@ -26,29 +32,32 @@ def _train_phase(rank: int, world_size: int, load_dir: str | None, save_dir: str
     """Train steps first_step..NUM_STEPS-1 of each variant, optionally resuming from
     `load_dir` and saving (model + optimizer) after `save_after_step` into `save_dir`."""
     results = {}
-    for params_dtype, dtype in DTYPES.items():
+    for variant, (params_dtype, zero0_alone) in VARIANTS.items():
+        dtype = DTYPES[params_dtype]
         torch.manual_seed(0)
         model = TinyNet().to(dtype)
         if load_dir is not None:
-            model.load_state_dict(torch.load(Path(load_dir, params_dtype, "model.pt"),
+            model.load_state_dict(torch.load(Path(load_dir, variant, "model.pt"),
                                              weights_only=True))
-        ddp, optimizer = wrap(model, make_config(params_dtype=params_dtype))
+        ddp, optimizer = wrap(model, make_config(
+            params_dtype=params_dtype,
+            use_distributed_optimizer=not (zero0_alone and world_size == 1)))
         if load_dir is not None:
-            optimizer.load_checkpoint(Path(load_dir, params_dtype, "optim"))
+            optimizer.load_checkpoint(Path(load_dir, variant, "optim"))
         batches = random_batches(NUM_STEPS, 16, seed=7)
         for step in range(first_step, NUM_STEPS):
             inputs, targets = batches[step]
             train_step(ddp, optimizer, (inputs.to(dtype), targets), rank, world_size)
             if step == save_after_step:
-                optimizer.save_checkpoint(Path(save_dir, params_dtype, "optim"))
+                Path(save_dir, variant, "optim").mkdir(parents=True, exist_ok=True)
+                optimizer.save_checkpoint(Path(save_dir, variant, "optim"))
                 if rank == 0:
-                    torch.save(model.state_dict(), Path(save_dir, params_dtype, "model.pt"))
+                    torch.save(model.state_dict(), Path(save_dir, variant, "model.pt"))
                 dist.barrier()
         # Plain lists: tensors would travel between processes as shared memory that dies with
         # the rank process.
-        results[params_dtype] = {"params": [p.detach().float().tolist()
-                                            for p in model.parameters()],
-                                 "loss_scale": optimizer.loss_scale}
+        results[variant] = {"params": [p.detach().float().tolist() for p in model.parameters()],
+                            "loss_scale": optimizer.loss_scale}
     return results
 
 
@@ -72,11 +81,11 @@ def chain(tmp_path_factory) -> dict:
 TOLERANCE = {"fp32": 1e-6, "fp16": 2e-3}
 
 
-@pytest.mark.parametrize("params_dtype", list(DTYPES))
-def test_two_to_one_to_two_ranks_resume_matches_uninterrupted(chain, params_dtype):
-    straight = chain["straight"][params_dtype]
-    for resumed in [chain["one_rank"][params_dtype]] + [r[params_dtype]
-                                                        for r in chain["two_ranks"]]:
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_two_to_one_to_two_ranks_resume_matches_uninterrupted(chain, variant):
+    params_dtype = VARIANTS[variant][0]
+    straight = chain["straight"][variant]
+    for resumed in [chain["one_rank"][variant]] + [r[variant] for r in chain["two_ranks"]]:
         assert resumed["loss_scale"] == straight["loss_scale"]
         for ours, expected in zip(resumed["params"], straight["params"]):
             torch.testing.assert_close(torch.tensor(ours), torch.tensor(expected), rtol=0,
@@ -99,9 +108,11 @@ def test_resharding_refuses_another_model_and_uncovered_elements(chain):
     shapes = saved["param_shapes"]
     numel = {name: int(torch.tensor(shape).prod()) for name, shape in shapes.items()}
     whole_params = [(name, 0, n) for name, n in numel.items()]
-    state = load_resharded_state(optim_dir, whole_params, shapes, rank=0, world_size=1)
+    state = load_resharded_state(optim_dir, whole_params, shapes, rank=0, world_size=1,
+                                 trainable=shapes)
     assert state["grad_scaler"] == saved["grad_scaler"] and state["pieces"][0]["step"] == 4
     with pytest.raises(ValueError, match="different model; parameters differ: \\['gain'\\]"):
-        load_resharded_state(optim_dir, whole_params, {**shapes, "gain": [3]}, 0, 1)
+        load_resharded_state(optim_dir, whole_params, {**shapes, "gain": [3]}, 0, 1, shapes)
     with pytest.raises(ValueError, match="not covered exactly once"):
-        load_resharded_state(optim_dir, [("gain", 0, numel["gain"] + 1)], shapes, 0, 1)
+        load_resharded_state(optim_dir, [("gain", 0, numel["gain"] + 1)], shapes, 0, 1,
+                             shapes)

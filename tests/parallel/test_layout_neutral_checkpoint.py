@@ -14,7 +14,7 @@ from optimizer.distributed_optimizer.zero1_checkpoint import (
     load_resharded_state,
     shard_file_name,
 )
-from optimizer.optimizer import STATE_VERSION
+from optimizer.state_header import STATE_VERSION
 from parallel.local_ranks import run_on_ranks
 from tests.model.model_helpers import small_model
 from tests.parallel.grid_helpers import train_on_grid, train_single_process
@@ -63,7 +63,7 @@ def _reload_through_zero1_format(state: dict, moments: dict, optim_dir: Path) ->
     for rank in range(2):
         halves = [(name, rank * (size := state[name].numel()) // 2, (rank + 1) * size // 2)
                   for name in names]
-        loaded = load_resharded_state(optim_dir, halves, param_shapes, rank, 2)
+        loaded = load_resharded_state(optim_dir, halves, param_shapes, rank, 2, names)
         for (name, start, end), piece in zip(halves, loaded["pieces"]):
             assert piece["step"] == 2
             assert torch.equal(piece["exp_avg"], moments["exp_avg"][name].flatten()[start:end])

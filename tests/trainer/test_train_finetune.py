@@ -157,6 +157,7 @@ def test_lora_dpo_uses_the_base_as_reference(data, hf_base, tmp_path):
 
 
 ZERO_STAGES, RESUMED_STAGES = (0, 1, 2, 3), (2, 3)
+CROSS_STAGES = ((0, 3), (2, 0))  # (stopped at, resumed at): a LoRA run changing its ZeRO stage
 
 
 def test_lora_at_every_zero_stage_trains_like_one_process_and_resumes(data, hf_base, tmp_path):
@@ -168,7 +169,9 @@ def test_lora_at_every_zero_stage_trains_like_one_process_and_resumes(data, hf_b
     adapters reach gradients, optimizer state and checkpoints: the memory measured after the
     first step is the plan for the adapters (the frozen base a line of its own, whole on every
     rank, also at stage 3), and the optimizer files name adapters only. Stages 2 and 3
-    stopped at step 2 and resumed equal the uninterrupted run bitwise."""
+    stopped at step 2 and resumed equal the uninterrupted run bitwise; a run stopped at one
+    stage and resumed at another (the adapters' optimizer state by name, between ZeRO-0's
+    optimizer.pt and ZeRO's shards) equals it to fp32 rounding."""
     common = [*FINETUNE_ARGS, "--task_type=sft", f"--data_dir={data['sft']}",
               f"--init_from={hf_base}", *LORA_ARGS, "--max_iters=3", "--eval_interval=3",
               "--eval_prompts=[]"]
@@ -178,6 +181,10 @@ def test_lora_at_every_zero_stage_trains_like_one_process_and_resumes(data, hf_b
         cut = [*common, "--batch_size=1", f"--zero_stage={stage}",
                f"--out_dir={tmp_path / f'cut{stage}'}"]
         runs += [[*cut, "--stop_at_iter=2"], [*cut, "--resume"]]
+    for saved, resumed in CROSS_STAGES:
+        cut = [*common, "--batch_size=1", f"--out_dir={tmp_path / f'cut{saved}to{resumed}'}"]
+        runs += [[*cut, f"--zero_stage={saved}", "--stop_at_iter=2"],
+                 [*cut, f"--zero_stage={resumed}", "--resume"]]
     assert run_on_two_ranks(*runs) == [0] * len(runs)
     single = tmp_path / "single"
     assert run_main(train_my_ddp.main, [*common, "--batch_size=1",
@@ -209,6 +216,13 @@ def test_lora_at_every_zero_stage_trains_like_one_process_and_resumes(data, hf_b
         assert ((cut / final / ADAPTERS_FILE).read_bytes()
                 == (full / final / ADAPTERS_FILE).read_bytes())
         assert [r["step"] for r in records(cut, "resume")] == [2]
+    for saved, resumed in CROSS_STAGES:
+        full, cut = tmp_path / f"zero{saved}", tmp_path / f"cut{saved}to{resumed}"
+        assert [r["step"] for r in records(cut, "resume")] == [2]
+        assert train_losses(cut) == pytest.approx(train_losses(full), rel=1e-5)
+        adapters = load_file(cut / final / ADAPTERS_FILE)
+        for name, tensor in load_file(full / final / ADAPTERS_FILE).items():
+            torch.testing.assert_close(adapters[name], tensor, rtol=1e-4, atol=1e-6)
 
 
 def test_lora_options_out_of_range_are_refused_before_any_work(data, hf_base, tmp_path,

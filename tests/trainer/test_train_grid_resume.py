@@ -2,8 +2,9 @@
 whole, in ZeRO-1's shard-file format) and cut again for the new grid on load.
 
 Runs: 3 steps on TP2 (2 gloo ranks), stopped (saved), then resumed for 2 more steps on PP2
-(2 ranks), and also in one process (which reads ZeRO-1 shard files with --zero_stage=1); and
-the other way, a one-process ZeRO-1 run resumed on TP2.
+(2 ranks), and also in one process (which reads ZeRO-1 shard files with --zero_stage=1, and
+gathers them whole into ZeRO-0's order with --zero_stage=0); and the other way, one-process
+ZeRO-1 and ZeRO-0 (optimizer.pt, read by parameter name) runs resumed on TP2.
 Reference: one process trained 5 steps without a stop. Both grids have one data-parallel
 replica, so the data position carries over exactly. Compared: every step's loss and the
 final model.safetensors, to fp32 rounding (not bitwise: the reductions run in another order;
@@ -40,23 +41,30 @@ def _grid_args(data, *extra) -> list[str]:
 
 def test_resume_on_another_grid_equals_an_uninterrupted_run(data, tmp_path):
     cut, cut_single, zero1 = tmp_path / "cut", tmp_path / "cut_single", tmp_path / "zero1"
+    cut_zero0, zero0 = tmp_path / "cut_zero0", tmp_path / "zero0"
     assert run_main([*_grid_args(data, "--zero_stage=1"), f"--out_dir={zero1}",
                      f"--stop_at_iter={STOP}"]) == 0  # one process, ZeRO-1 shard files
+    assert run_main([*_grid_args(data, "--zero_stage=0"), f"--out_dir={zero0}",
+                     f"--stop_at_iter={STOP}"]) == 0  # one process, ZeRO-0's optimizer.pt
     assert run_on_two_ranks([*_grid_args(data, "--tensor_parallel=2"), f"--out_dir={cut}",
                              f"--stop_at_iter={STOP}"]) == [0]
     shutil.copytree(cut, cut_single, symlinks=True)
-    assert run_on_two_ranks(  # TP2 -> PP2, and one-process ZeRO-1 -> TP2
+    shutil.copytree(cut, cut_zero0, symlinks=True)
+    assert run_on_two_ranks(  # TP2 -> PP2, and one-process ZeRO-1 and ZeRO-0 -> TP2
         [*_grid_args(data, "--tensor_parallel=1", "--pipeline_parallel=2"), f"--out_dir={cut}",
          "--resume"],
         [*_grid_args(data, "--tensor_parallel=2", "--zero_stage=0"), f"--out_dir={zero1}",
-         "--resume"]) == [0, 0]
-    assert run_main([*_grid_args(data, "--tensor_parallel=1", "--zero_stage=1"),
-                     f"--out_dir={cut_single}", "--resume"]) == 0  # TP2 -> one process
+         "--resume"],
+        [*_grid_args(data, "--tensor_parallel=2"), f"--out_dir={zero0}", "--resume"]
+    ) == [0, 0, 0]
+    for stage, resumed in ((1, cut_single), (0, cut_zero0)):  # TP2 -> one process
+        assert run_main([*_grid_args(data, "--tensor_parallel=1", f"--zero_stage={stage}"),
+                         f"--out_dir={resumed}", "--resume"]) == 0
     full = tmp_path / "full"
     assert run_main([*_grid_args(data), f"--out_dir={full}"]) == 0
 
     expected = load_file(full / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
-    for resumed in (cut, cut_single, zero1):
+    for resumed in (cut, cut_single, zero1, cut_zero0, zero0):
         assert [r["step"] for r in records(resumed, "resume")] == [STOP]
         assert train_losses(resumed) == pytest.approx(train_losses(full), rel=1e-5), resumed
         saved = load_file(resumed / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")

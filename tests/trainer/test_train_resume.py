@@ -5,6 +5,9 @@ Reference: the same command run straight through to max_iters. Compared: every s
 (with gradient accumulation and dropout), DPO, and 2 ranks with plain DDP, ZeRO-1, PowerSGD
 and the overlapped optimizer step.
 Also: a 2-rank ZeRO-1 run resumed on 1 process continues with the same losses (to rounding);
+a run resumed on another layout (ZeRO-0 -> ZeRO-3, ZeRO-1 -> ZeRO-0, bf16 ZeRO-0 -> ZeRO-1)
+equals its layout's uninterrupted run to fp32 rounding (losses, weights, optimizer state);
+the overlapped optimizer's state, which no other layout reads, is refused in one line;
 a damaged newest checkpoint is skipped with a warning; --resume without a checkpoint is
 a clear error; SIGKILL / SIGTERM / SIGHUP mid-run lose at most the steps since the last checkpoint;
 a resume that switches to PowerSGD starts its state fresh.
@@ -26,6 +29,8 @@ import torch
 from safetensors.torch import load_file
 
 import train_my_ddp
+from model.modeling_z2all import Z2allForCausalLM
+from optimizer.distributed_optimizer.zero1_checkpoint import load_resharded_state
 from tests.train_helpers import (
     TINY_ARGS,
     data_args,
@@ -103,16 +108,33 @@ TWO_RANK_VARIANTS = {
 }
 
 
+# Resumed on another layout: (the cut run's options, the resumed run's, the uninterrupted run
+# it must equal). The optimizer state goes by whole-model parameter name between ZeRO-0's
+# optimizer.pt and ZeRO's shard files; bf16 also carries the fp32 main params.
+CROSS_LAYOUT = {
+    "ddp_to_zero3": (["--zero_stage=0"], ["--zero_stage=3"], "ddp"),
+    "zero1_to_ddp": (["--zero_stage=1"], ["--zero_stage=0"], "zero1"),
+    "bf16_ddp_to_zero1": (["--dtype=bf16"], ["--dtype=bf16", "--zero_stage=1"], "bf16_ddp"),
+}
+
+
 def test_two_rank_resume_is_bitwise(data, tmp_path):
     """All variants in one spawn of 2 ranks (starting ranks costs more than these runs)."""
     runs = [argv for name, extra in TWO_RANK_VARIANTS.items()
             for argv in _three_runs(_pretrain_args(data, *extra), tmp_path / name, 6, 3)]
+    runs.append([*_pretrain_args(data, "--dtype=bf16", "--max_iters=6"),
+                 f"--out_dir={tmp_path / 'bf16_ddp' / 'full'}"])
+    for name, (saved, resumed, _) in CROSS_LAYOUT.items():
+        cut = _three_runs(_pretrain_args(data), tmp_path / name, 6, 3)[1:]
+        runs += [[*cut[0], *saved], [*cut[1], *resumed]]
     zero1_args = _pretrain_args(data, *TWO_RANK_VARIANTS["zero1"], "--max_iters=6")
     shrink = tmp_path / "zero1_to_one_rank"
     runs.append([*zero1_args, f"--out_dir={shrink}", "--stop_at_iter=3"])
     assert run_on_two_ranks(*runs) == [0] * len(runs)
     for name in TWO_RANK_VARIANTS:
         _assert_identical(tmp_path / name / "full", tmp_path / name / "cut", 6, 3)
+    for name, (_, _, reference) in CROSS_LAYOUT.items():
+        _assert_equal_to_rounding(tmp_path / reference / "full", tmp_path / name / "cut", 6, 3)
     # ZeRO-1 saved one optimizer shard per rank, and the manifest requires both (and both
     # ranks' RNG files): a save that misses one is never sealed
     zero1_ckpt = tmp_path / "zero1" / "cut" / "ckpt" / "step_000006"
@@ -130,6 +152,38 @@ def test_two_rank_resume_is_bitwise(data, tmp_path):
     resumed = train_losses(shrink)
     assert sorted(resumed) == sorted(reference)
     assert resumed == pytest.approx(reference, rel=1e-4)
+
+
+def _assert_equal_to_rounding(full: Path, cut: Path, last_step: int, resumed_at: int) -> None:
+    """A resume on another layout: losses, weights and (bf16) the fp32 main params equal the
+    uninterrupted run's to fp32 rounding (the gradient norm sums in another order). A lost or
+    misplaced Adam moment moves a weight by ~lr = 3e-3; main params taken from the bf16
+    weights instead of the saved fp32 ones differ by ~4e-3 of a weight."""
+    assert [r["step"] for r in records(cut, "resume")] == [resumed_at]
+    assert train_losses(cut) == pytest.approx(train_losses(full), rel=1e-5), cut
+    last = f"step_{last_step:06d}"
+    expected, saved = (load_file(run / "ckpt" / last / "model.safetensors") for run in (full, cut))
+    assert sorted(saved) == sorted(expected)
+    for key in expected:
+        torch.testing.assert_close(saved[key].float(), expected[key].float(), rtol=1e-4,
+                                   atol=1e-5, msg=f"{cut}: {key}")
+    expected_state, saved_state = (_whole_optimizer_state(run / "ckpt" / last)
+                                   for run in (full, cut))
+    for name, piece in expected_state.items():
+        for key in ("main_param", "exp_avg", "exp_avg_sq"):
+            if piece[key] is not None and saved_state[name][key] is not None:
+                torch.testing.assert_close(saved_state[name][key], piece[key], rtol=1e-4,
+                                           atol=1e-6, msg=f"{cut}: {key} of {name}")
+
+
+def _whole_optimizer_state(ckpt_dir: Path) -> dict[str, dict]:
+    """{parameter name: its whole optimizer tensors}, whatever layout saved them."""
+    shapes = {name: list(param.shape) for name, param in
+              Z2allForCausalLM.from_pretrained(ckpt_dir).named_parameters()}
+    whole = load_resharded_state(ckpt_dir / "optim",
+                                 [(name, 0, math.prod(shape)) for name, shape in shapes.items()],
+                                 shapes, rank=0, world_size=1, trainable=shapes)
+    return {piece["name"]: piece for piece in whole["pieces"]}
 
 
 def test_damaged_newest_checkpoint_is_skipped(data, tmp_path):
@@ -277,18 +331,24 @@ def test_resume_says_each_change_once_and_a_relative_path_is_no_change(data, tmp
         "resume: max_iters changed 1 -> 2 (breaks bitwise reproducibility)"], said
 
 
+OVERLAP_OPTIM = ["--comm_hook=overlap_optim", "--grad_clip=0"]
+
+
 @pytest.mark.parametrize(("saved", "resumed", "advice"), [
-    ("--zero_stage=0", "--zero_stage=3", "--zero_stage=0"),
-    ("--zero_stage=1", "--zero_stage=0", "--zero_stage=1"),  # a grid's file is ZeRO-1's
-], ids=["ddp-to-zero3", "zero1-to-ddp"])
+    (OVERLAP_OPTIM, ["--comm_hook=allreduce", "--zero_stage=1"],
+     "--zero_stage=0 --comm_hook=overlap_optim"),
+    (["--zero_stage=0"], OVERLAP_OPTIM, "without --comm_hook=overlap_optim"),
+], ids=["overlapped-to-zero1", "ddp-to-overlapped"])
 def test_a_layout_that_cannot_read_the_optimizer_state_is_named_in_one_line(
         data, tmp_path, capsys, saved, resumed, advice):
-    """Not "damaged checkpoint" for every checkpoint: which layouts read it, what to pass."""
+    """Not "damaged checkpoint" for every checkpoint: which layouts read it, what to pass.
+    (ZeRO-0, ZeRO-1/2/3 and grids read each other's: test_two_rank_resume_is_bitwise and
+    test_train_grid_resume.py; the overlapped optimizer's per-bucket state only its own.)"""
     args = [*_pretrain_args(data, "--max_iters=4", "--save_interval=1", "--keep_last=0"),
             f"--out_dir={tmp_path / 'run'}"]
-    assert run_main([*args, saved, "--stop_at_iter=2"]) == 0
+    assert run_main([*args, *saved, "--stop_at_iter=2"]) == 0
     capsys.readouterr()
-    assert cli_run_main(train_my_ddp.main, [*args, resumed, "--resume"]) == EXIT_BAD_INPUT
+    assert cli_run_main(train_my_ddp.main, [*args, *resumed, "--resume"]) == EXIT_BAD_INPUT
     captured = capsys.readouterr()
     error = [line for line in captured.err.splitlines() if line.strip()]
     assert len(error) == 1 and advice in error[0] and "step_000002" in error[0], captured.err
