@@ -294,7 +294,8 @@ def test_kill9_of_the_supervisor_takes_its_run_down(tmp_path):
     run_dir = tmp_path / "run"
     monitor = start_monitor(run_dir, ["--max_iters", "100000", "--step_time", "0.05"])
     try:
-        wait_for(lambda: heartbeat(run_dir) >= 1)
+        # (the supervisor logs START once Popen returns: a fast child may beat it to a step)
+        wait_for(lambda: heartbeat(run_dir) >= 1 and started_pids(run_dir))
         (trainer,) = started_pids(run_dir)
         monitor.kill()
         monitor.wait()
