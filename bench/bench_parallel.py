@@ -5,12 +5,14 @@
     python -m bench.bench_parallel --context [--quick | --smoke] [--steps 2]
 
 Each row is a grid x ZeRO stage: DP, TP, PP alone, then (at 4 ranks) DP2xTP2 and DP2xPP2 at
-ZeRO-1 and ZeRO-3 next to DP4 at the same stages, and TP2xPP2. Local gloo ranks (1 intra-op
-thread each, one spawn for all rows) train the same llama-style model with exactly the
-trainer's wiring (`trainer.model_parallel.parallelize_grid`: the stage cut, the tensor slices,
-our DDP or ZeRO-2/3 over the data-parallel group, the whole-model-norm AdamW, the 1F1B
-schedule over `micro_batches` micro-batches). Reported, the maximum over ranks (ranks differ:
-the first and last stage also hold the embedding or the head):
+ZeRO-1 and ZeRO-3 next to DP4 at the same stages, and TP2xPP2; "+LoRA" rows train rank-8
+adapters on every projection of a frozen base (TP alone, and at 4 ranks DP2xTP2 ZeRO-3).
+Local gloo ranks (1 intra-op thread each, one spawn for all rows) train the same llama-style
+model with exactly the trainer's wiring (`trainer.model_parallel.parallelize_grid`: the stage
+cut, the tensor slices, our DDP or ZeRO-2/3 over the data-parallel group, the
+whole-model-norm AdamW, the 1F1B schedule over `micro_batches` micro-batches). Reported, the
+maximum over ranks (ranks differ: the first and last stage also hold the embedding or the
+head):
 
     at rest  params + grads + optimizer state held between steps (`measure_memory`)
     planned  the memory plan of the same rank (`plan_memory`: equal on CPU)
@@ -46,6 +48,7 @@ import torch.distributed as dist
 from bench.bench_zero import at_rest_and_peak, planned_at_rest, sample_peak
 from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
+from model.lora import LoraConfig, apply_lora
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
 from parallel.context_parallel.context_shard import ContextShard
@@ -67,6 +70,7 @@ class Row:
     tensor_parallel: int
     pipeline_parallel: int
     zero_stage: int
+    lora_rank: int = 0  # > 0: adapters on a frozen base (model/lora.py)
 
 
 def make_config(args: argparse.Namespace) -> Z2allConfig:
@@ -79,11 +83,12 @@ def rows(world_size: int) -> list[Row]:
     """The single dimensions, then (at 4 ranks) the 2x2 grids next to DP4 at equal ZeRO."""
     w = world_size
     found = [Row(f"DP{w}", 1, 1, 0), Row(f"DP{w}", 1, 1, 1), Row(f"DP{w}", 1, 1, 3),
-             Row(f"TP{w}", w, 1, 0), Row(f"PP{w}", 1, w, 0)]
+             Row(f"TP{w}", w, 1, 0), Row(f"TP{w}+LoRA", w, 1, 0, lora_rank=8),
+             Row(f"PP{w}", 1, w, 0)]
     if world_size == 4:
         found += [Row(name, tp, pp, stage) for name, tp, pp in
                   (("DP2xTP2", 2, 1), ("DP2xPP2", 1, 2)) for stage in (1, 3)]
-        found.append(Row("TP2xPP2", 2, 2, 0))
+        found += [Row("TP2xPP2", 2, 2, 0), Row("DP2xTP2+LoRA", 2, 1, 3, lora_rank=8)]
     return found
 
 
@@ -91,8 +96,12 @@ def bench_row(row: Row, args: argparse.Namespace) -> dict:
     """One grid, built and stepped as the trainer does; this rank's figures."""
     torch.manual_seed(0)
     sequence_parallel = row.tensor_parallel > 1
+    model = Z2allForCausalLM(make_config(args))
+    lora = LoraConfig(rank=row.lora_rank) if row.lora_rank else None
+    if lora is not None:
+        apply_lora(model, lora)
     grid = parallelize_grid(
-        Z2allForCausalLM(make_config(args)), row.tensor_parallel, row.pipeline_parallel,
+        model, row.tensor_parallel, row.pipeline_parallel,
         sequence_parallel, "1f1b", row.zero_stage, "allreduce",
         DistributedDataParallelConfig(overlap_grad_reduce=False), OptimizerConfig(lr=1e-3))
     ddp, optimizer, schedule, dims = grid.ddp, grid.optimizer, grid.schedule, grid.dims
@@ -118,7 +127,7 @@ def bench_row(row: Row, args: argparse.Namespace) -> dict:
     plan = plan_memory(make_config(args), dims.world_size, row.zero_stage, "fp32",
                        args.micro_batch_size, args.seq_len, rank=dims.rank,
                        tensor_parallel=row.tensor_parallel,
-                       pipeline_parallel=row.pipeline_parallel)
+                       pipeline_parallel=row.pipeline_parallel, lora=lora)
     return {"at_rest": at_rest, "planned": planned_at_rest(plan), "peak": peak_bytes,
             "step_s": statistics.median(times), "bubble": statistics.median(bubbles),
             "bubble_theory": schedule.last_step_stats.bubble_theory}
@@ -232,14 +241,14 @@ def main() -> None:
     print(f"world size {args.world_size}, {params / 1e6:.2f}M params (hidden {args.hidden}, "
           f"{args.layers} layers; fp32, AdamW), {args.micro_batches} micro-batches of "
           f"{args.micro_batch_size}x{args.seq_len}; the most of any rank:")
-    print(f"{'grid':<8} {'ZeRO':>4} {'at rest MiB':>11} {'planned MiB':>11} {'peak MiB':>9} "
+    print(f"{'grid':<12} {'ZeRO':>4} {'at rest MiB':>11} {'planned MiB':>11} {'peak MiB':>9} "
           f"{'step s':>7} {'bubble':>7} {'(P-1)/(M+P-1)':>13}")
     for index, row in enumerate(rows(args.world_size)):
         worst = {key: max(ranks[index][key] for ranks in per_rank) for key in per_rank[0][0]}
         mib = {key: worst[key] / 2**20 for key in ("at_rest", "planned", "peak")}
         bubbles = (f"{worst['bubble']:>7.2f} {worst['bubble_theory']:>13.2f}"
                    if row.pipeline_parallel > 1 else f"{'-':>7} {'-':>13}")
-        print(f"{row.name:<8} {row.zero_stage:>4} {mib['at_rest']:>11.2f} "
+        print(f"{row.name:<12} {row.zero_stage:>4} {mib['at_rest']:>11.2f} "
               f"{mib['planned']:>11.2f} {mib['peak']:>9.2f} {worst['step_s']:>7.3f} {bubbles}")
 
 

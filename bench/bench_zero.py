@@ -31,6 +31,7 @@ from optimizer import OptimizerConfig
 from optimizer.data_parallel_factory import build_data_parallel
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.local_ranks import run_on_ranks
+from parallel.sharded_data_parallel import ShardedDataParallel
 from parallel_plan.llama_units import zero_units
 from parallel_plan.memory_plan import MemoryPlan, measure_memory, plan_memory
 
@@ -58,12 +59,13 @@ def sample_peak(wrapped: torch.nn.Module, model: Z2allForCausalLM) -> list[int]:
     peak = [0]
 
     def sample(*_) -> None:
-        if hasattr(wrapped, "resident_bytes"):
+        if isinstance(wrapped, ShardedDataParallel):
             peak[0] = max(peak[0], sum(wrapped.resident_bytes().values()))
     for block in model.model.layers.children():
         block.register_forward_hook(sample)
     for param in model.parameters():
-        param.register_post_accumulate_grad_hook(sample)
+        if param.requires_grad:  # (a LoRA base's frozen weights get none)
+            param.register_post_accumulate_grad_hook(sample)
     return peak
 
 
