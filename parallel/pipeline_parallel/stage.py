@@ -37,11 +37,14 @@ StageForward = Callable[[torch.Tensor | None, dict[str, torch.Tensor], bool], to
 
 @dataclass
 class PipelineStage:
+    """One rank's stage, as the model's plan hands it to the schedule (module docstring)."""
+
     module: nn.Module
     """This stage's part of the model (its parameters are what this rank trains)."""
     forward: StageForward
     hidden_size: int
-    """The width of what stages send each other: [B, S (/T with sequence parallelism), H]."""
+    """The width of what stages send each other: [B, S, H], S cut by C (context parallelism)
+    and by T (sequence parallelism)."""
     shared_param: nn.Parameter | None = None
     """This stage's copy of a weight another stage also holds (module docstring), or None."""
 
