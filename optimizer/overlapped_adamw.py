@@ -56,6 +56,7 @@ Usage (the object behaves like every optimizer of optimizer.get_optimizer):
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,13 @@ from optimizer.adamw import (
     load_adam_state_dict,
     weight_decay_groups,
 )
+from optimizer.distributed_optimizer.zero1_checkpoint import grouped_order, load_resharded_state
 from optimizer.optimizer_config import OptimizerConfig
+from optimizer.state_header import (
+    OVERLAPPED_CHECKPOINT_FILE,
+    OVERLAPPED_FORMAT,
+    OVERLAPPED_VERSION,
+)
 from parallel.distributed_data_parallel import DistributedDataParallel
 from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
     CommHandle,
@@ -80,10 +87,6 @@ from parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks import (
 from parallel.distributed_data_parallel.param_and_grad_buffer import Bucket
 from parallel.side_stream import SideStream
 from utils.atomic_io import atomic_open
-
-CHECKPOINT_FILE = "overlapped_adamw.pt"
-FORMAT = "z2all-overlapped-adamw"
-VERSION = 2  # 2: each bucket's Adam state in the implementation-neutral form (adamw.py)
 
 
 class OverlappedAdamW:
@@ -228,7 +231,8 @@ class OverlappedAdamW:
         return [[names.get(param, "?") for param in bucket.params] for bucket in self.buckets]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "layout": self._layout(),
+        return {"format": OVERLAPPED_FORMAT, "version": OVERLAPPED_VERSION,
+                "layout": self._layout(),
                 "bucket_optimizers": [adam_state_dict(opt) for opt in self.bucket_optimizers],
                 "master_params": [self.master_params[p].detach().clone()
                                   for bucket in self.buckets for p in bucket.params
@@ -236,9 +240,9 @@ class OverlappedAdamW:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("format") != FORMAT or state.get("version") != VERSION:
-            raise ValueError(f"not a {FORMAT} v{VERSION} state: {state.get('format')!r} "
-                             f"v{state.get('version')!r}")
+        if (state.get("format"), state.get("version")) != (OVERLAPPED_FORMAT, OVERLAPPED_VERSION):
+            raise ValueError(f"not a {OVERLAPPED_FORMAT} v{OVERLAPPED_VERSION} state: "
+                             f"{state.get('format')!r} v{state.get('version')!r}")
         if state["layout"] != self._layout():
             raise ValueError("optimizer state was saved with a different bucket layout (model "
                              "or bucket_size changed); it cannot be mapped onto this one")
@@ -253,17 +257,46 @@ class OverlappedAdamW:
         """The state is identical on every rank: rank 0 writes one file, atomically."""
         if dist.get_rank() == 0:
             Path(optim_dir).mkdir(parents=True, exist_ok=True)
-            with atomic_open(Path(optim_dir) / CHECKPOINT_FILE, "wb") as file:
+            with atomic_open(Path(optim_dir) / OVERLAPPED_CHECKPOINT_FILE, "wb") as file:
                 torch.save(self.state_dict(), file)
 
     def checkpoint_files(self) -> list[str]:
-        return [CHECKPOINT_FILE]
+        return [OVERLAPPED_CHECKPOINT_FILE]
 
     def load_checkpoint(self, optim_dir: str | os.PathLike) -> None:
-        path = Path(optim_dir) / CHECKPOINT_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no overlapped-AdamW optimizer state here")
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        """This layout's file, or another layout's Adam state by name (ZeRO-0/1/2/3, a grid)."""
+        path = Path(optim_dir) / OVERLAPPED_CHECKPOINT_FILE
+        if path.is_file():
+            self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        else:
+            self.load_state_dict(self._state_from_pieces(Path(optim_dir)))
+
+    def _state_from_pieces(self, optim_dir: Path) -> dict[str, Any]:
+        """The state this optimizer would have saved, from a save of pieces by name: each
+        tensor gathered whole (the re-cutting loader at world size 1), each bucket's Adam state
+        in its AdamW's order (`grouped_order`). Master copies the save lacks (an fp32 run's)
+        stay as built from the loaded weights."""
+        shapes = {name: list(param.shape) for param, name in self.ddp_model.param_names.items()}
+        layout = self._layout()
+        in_buckets = [name for bucket in layout for name in bucket]
+        whole = load_resharded_state(optim_dir, [(name, 0, math.prod(shapes[name]))
+                                                 for name in in_buckets],
+                                     shapes, rank=0, world_size=1, trainable=in_buckets)
+        pieces = {piece["name"]: piece for piece in whole["pieces"]}
+
+        def adam(names: list[str]) -> dict[str, Any]:
+            return {"lr": whole["lr"], "step": [pieces[name]["step"] for name in names],
+                    **{key: [pieces[name][key].view(shapes[name]) for name in names]
+                       for key in ("exp_avg", "exp_avg_sq")}}
+
+        masters = [(self.master_params[param] if pieces[name]["main_param"] is None
+                    else pieces[name]["main_param"].view(shapes[name]))
+                   for bucket, names in zip(self.buckets, layout)
+                   for param, name in zip(bucket.params, names)
+                   if self.master_params[param] is not param]
+        return {"format": OVERLAPPED_FORMAT, "version": OVERLAPPED_VERSION, "layout": layout,
+                "bucket_optimizers": [adam(grouped_order(names, shapes)) for names in layout],
+                "master_params": masters}
 
 
 class ComputeStreamWaits:

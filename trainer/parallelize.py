@@ -92,15 +92,6 @@ def effective_zero_stage(parallel: ParallelOptions) -> int:
     return max(parallel.zero_stage, int(parallel.use_distributed_optimizer))
 
 
-def optimizer_layout(parallel: ParallelOptions) -> str:
-    """How this run's optimizer state is saved: a key of training_checkpoint's
-    OPTIMIZER_LAYOUTS (what a resume can read is checked before any work)."""
-    grid = parallel.tensor_parallel * parallel.pipeline_parallel
-    if effective_zero_stage(parallel) > 0 or grid > 1:
-        return "sharded"
-    return "overlapped" if parallel.comm_hook == "overlap_optim" else "replicated"
-
-
 class ParallelRun(Protocol):
     """What the loop, the evaluator, checkpoints and DPO's reference need of the layout the run
     trains on, whatever it is: `DataParallelRun` below, or on a tensor/pipeline grid

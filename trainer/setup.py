@@ -57,12 +57,11 @@ from trainer.options import TrainingOptions
 from trainer.parallelize import (
     ParallelRun,
     effective_zero_stage,
-    optimizer_layout,
     parallelize,
 )
 from trainer.rng_state import seed_everything
 from trainer.throughput import ThroughputMeter
-from trainer.training_checkpoint import check_optimizer_layout, restore_training_checkpoint
+from trainer.training_checkpoint import restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
 from utils.hub import snapshot_of
 from utils.precision import DTYPES, PrecisionChoice, resolve_dtype
@@ -134,8 +133,6 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
     resume_candidates = (valid_checkpoints(run_dir) if options.run.resume and env.is_main
                          else iter(()))
     resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
-    if resume_dir is not None:
-        check_optimizer_layout(resume_dir, optimizer_layout(options.parallel))
     tokenizer = run_tokenizer(data_options, options.model.init_from, run_dir, resume_dir)
     trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
     log = MetricsLogger(run_dir, enabled=env.is_main, trackers=trackers)

@@ -37,8 +37,6 @@ from model.lora import LoraConfig
 from model.lora_checkpoint import ADAPTERS_FILE, LORA_FILE, save_lora_checkpoint
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE
 from optimizer import TrainingOptimizer
-from optimizer.optimizer import REPLICATED_CHECKPOINT_FILE
-from optimizer.overlapped_adamw import CHECKPOINT_FILE as OVERLAPPED_CHECKPOINT_FILE
 from trainer.distributed_env import DistributedEnv, writing_together
 from trainer.rng_state import capture_rng_state, restore_rng_state, seed_everything
 from utils.atomic_io import atomic_open
@@ -57,22 +55,9 @@ OPTIM_DIR = "optim"
 TRAINER_STATE_FORMAT = "z2all-trainer-state"
 # (the saved trainer state) -> the ranks whose data states differ (default: every rank)
 DataRanks = Callable[[dict[str, Any]], Iterable[int]]
-# The layouts of the optimizer state in optim/: its files and the runs that write it.
-# "replicated" and "sharded" read each other (both name every tensor by whole-model
-# parameter: optimizer/distributed_optimizer/zero1_checkpoint.py), so a DDP run continues with
-# ZeRO or on a grid and back; the overlapped optimizer's per-bucket state only reads itself.
-OPTIMIZER_LAYOUTS = {
-    "replicated": (REPLICATED_CHECKPOINT_FILE, "plain DDP"),
-    "overlapped": (OVERLAPPED_CHECKPOINT_FILE, "DDP with --comm_hook=overlap_optim"),
-    "sharded": ("zero1_rank*.pt", "ZeRO or a tensor/pipeline grid"),
-}
-# layout -> the saved layouts it reads; saved layout -> the options of the runs that read it
-READS = {"replicated": {"replicated", "sharded"}, "sharded": {"replicated", "sharded"},
-         "overlapped": {"overlapped"}}
-_BY_NAME = ("any --zero_stage (0-3) or --tensor_parallel/--pipeline_parallel grid, "
-            "without --comm_hook=overlap_optim")
-READERS = {"replicated": _BY_NAME, "sharded": _BY_NAME,
-           "overlapped": "--zero_stage=0 --comm_hook=overlap_optim"}
+# Every optimizer layout (ZeRO-0's optimizer.pt, ZeRO-1/2/3's and a grid's shard files, the
+# overlapped optimizer's per-bucket file) reads every other by whole-model parameter name
+# (optimizer/distributed_optimizer/zero1_checkpoint.py), so a resume may switch between them.
 
 
 def _rank_file(ckpt_dir: Path, rank: int) -> Path:
@@ -148,20 +133,6 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
                                   required=required_files(optimizer, env.world_size,
                                                           lora=lora is not None))
     return ckpt_root / step_dir_name(step)
-
-
-def check_optimizer_layout(ckpt_dir: Path, layout: str) -> None:
-    """A run whose optimizer `layout` (a key of OPTIMIZER_LAYOUTS) cannot read the checkpoint's
-    is refused in one line naming the options that can, before any checkpoint is tried: every
-    older checkpoint of the run would fail alike, and none of them is damaged."""
-    saved = next((name for name, (pattern, _) in OPTIMIZER_LAYOUTS.items()
-                  if any((ckpt_dir / OPTIM_DIR).glob(pattern))), None)
-    if saved is not None and saved not in READS[layout]:
-        files, writer = OPTIMIZER_LAYOUTS[saved]
-        raise ValueError(f"--resume: {ckpt_dir} holds the optimizer state of {writer} "
-                         f"({OPTIM_DIR}/{files}), which this run ({OPTIMIZER_LAYOUTS[layout][1]}) "
-                         f"cannot read: resume with {READERS[saved]}, or start a new run "
-                         "(--out_dir)")
 
 
 def _load_trainer_state(ckpt_dir: Path) -> dict[str, Any]:

@@ -32,6 +32,11 @@ out.weight. With LoRA only the adapters are trainable, so only they are listed. 
 ZeRO-0 run saves no main params (its weights are them, and the resumed model holds them,
 loaded from the same checkpoint): its pieces carry `main_param` None, and the loading
 optimizer keeps its main params as built from those weights.
+
+The overlapped optimizer's `overlapped_adamw.pt` (`--comm_hook=overlap_optim`) is read the
+same way: it stores the parameter names of every bucket, and each bucket's AdamW holds its
+state in `grouped_order` of those names (matrices first); its fp32 master copies (bf16 runs)
+follow the buckets' name order.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ import torch
 
 from optimizer.adamw import weight_decay_groups
 from optimizer.state_header import (
+    OVERLAPPED_CHECKPOINT_FILE,
+    OVERLAPPED_FORMAT,
+    OVERLAPPED_VERSION,
     REPLICATED_CHECKPOINT_FILE,
     REPLICATED_STATE_VERSION,
     STATE_FORMAT,
@@ -66,8 +74,8 @@ def find_shard_files(optim_dir: Path) -> list[Path]:
     found = sorted((int(m[2]), int(m[1]), path) for path in optim_dir.glob("zero1_rank*.pt")
                    if (m := _FILE_NAME.fullmatch(path.name)))
     if not found:
-        raise FileNotFoundError(f"{optim_dir}: no optimizer state (zero1_rank*_of*.pt or "
-                                f"{REPLICATED_CHECKPOINT_FILE})")
+        raise FileNotFoundError(f"{optim_dir}: no optimizer state (zero1_rank*_of*.pt, "
+                                f"{REPLICATED_CHECKPOINT_FILE} or {OVERLAPPED_CHECKPOINT_FILE})")
     world_sizes = {world_size for world_size, _, _ in found}
     ranks = [rank for _, rank, _ in found]
     if len(world_sizes) != 1 or ranks != list(range(next(iter(world_sizes)))):
@@ -79,10 +87,15 @@ def find_shard_files(optim_dir: Path) -> list[Path]:
 def replicated_order(param_shapes: dict[str, list[int]], trainable: Collection[str]
                      ) -> list[str]:
     """The names of the tensors a ZeRO-0 optimizer updates, in its param-group order (module
-    docstring): `param_shapes` in the module's parameter order, `trainable` those with state.
-    The groups are formed by the optimizers' own rule, on shape-only stand-ins."""
-    stand_ins = [(torch.empty(shape, device="meta"), name)
-                 for name, shape in param_shapes.items() if name in trainable]
+    docstring): `param_shapes` in the module's parameter order, `trainable` those with state."""
+    return grouped_order([name for name in param_shapes if name in trainable], param_shapes)
+
+
+def grouped_order(names: list[str], param_shapes: dict[str, list[int]]) -> list[str]:
+    """`names` in the order an AdamW built over their tensors (in that order) holds them: the
+    groups are formed by the optimizers' own rule (`weight_decay_groups`), on shape-only
+    stand-ins."""
+    stand_ins = [(torch.empty(param_shapes[name], device="meta"), name) for name in names]
     return [name for group in weight_decay_groups(stand_ins, 0.0) for name in group["params"]]
 
 
@@ -109,13 +122,44 @@ def _replicated_as_pieces(path: Path, param_shapes: dict[str, list[int]],
                            names, adam["exp_avg"], adam["exp_avg_sq"], adam["step"])]}
 
 
+def _overlapped_as_pieces(path: Path, param_shapes: dict[str, list[int]]) -> dict[str, Any]:
+    """The overlapped optimizer's file as the one file of a one-rank save (module docstring)."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if (state.get("format"), state.get("version")) != (OVERLAPPED_FORMAT, OVERLAPPED_VERSION):
+        raise ValueError(f"{path}: not a {OVERLAPPED_FORMAT} v{OVERLAPPED_VERSION} state")
+    in_buckets = [name for bucket in state["layout"] for name in bucket]
+    if any(name not in param_shapes for name in in_buckets):
+        raise ValueError(f"{path}: saved for a different model: "
+                         f"{sorted(set(in_buckets) - set(param_shapes))}")
+    main_params = dict(zip(in_buckets, state["master_params"], strict=True)
+                       if state["master_params"] else [])
+    pieces = []
+    for bucket, adam in zip(state["layout"], state["bucket_optimizers"], strict=True):
+        for name, exp_avg, exp_avg_sq, step in zip(grouped_order(bucket, param_shapes),
+                                                   adam["exp_avg"], adam["exp_avg_sq"],
+                                                   adam["step"], strict=True):
+            if list(exp_avg.shape) != param_shapes[name]:
+                raise ValueError(f"{path}: saved for a different model: {name} has shape "
+                                 f"{list(exp_avg.shape)}, here {param_shapes[name]}")
+            pieces.append({"name": name, "start": 0, "end": exp_avg.numel(), "step": step,
+                           "main_param": main_params[name].flatten() if main_params else None,
+                           "exp_avg": exp_avg.flatten(), "exp_avg_sq": exp_avg_sq.flatten()})
+    return {"format": SHARD_FORMAT, "version": STATE_VERSION, "kind": "OverlappedAdamW",
+            "world_size": 1, "rank": 0, "lr": state["bucket_optimizers"][0]["lr"],
+            "grad_scaler": None, "param_shapes": param_shapes, "pieces": pieces}
+
+
 def _saved_states(optim_dir: Path, param_shapes: dict[str, list[int]],
                   trainable: Collection[str]) -> Iterator[tuple[Path, dict[str, Any]]]:
     """(file, shard state) of every file of the save, one at a time: the shard files, or a
-    ZeRO-0 run's replicated file read as whole pieces."""
-    replicated = optim_dir / REPLICATED_CHECKPOINT_FILE
+    ZeRO-0 run's replicated file or the overlapped optimizer's read as whole pieces."""
+    replicated, overlapped = (optim_dir / REPLICATED_CHECKPOINT_FILE,
+                              optim_dir / OVERLAPPED_CHECKPOINT_FILE)
     if replicated.is_file():
         yield replicated, _replicated_as_pieces(replicated, param_shapes, trainable)
+        return
+    if overlapped.is_file():
+        yield overlapped, _overlapped_as_pieces(overlapped, param_shapes)
         return
     for path in find_shard_files(optim_dir):
         yield path, torch.load(path, map_location="cpu", weights_only=True)
@@ -125,9 +169,10 @@ def load_resharded_state(optim_dir: Path, my_pieces: list[tuple[str, int, int]],
                          param_shapes: dict[str, list[int]], rank: int,
                          world_size: int, trainable: Collection[str]) -> dict[str, Any]:
     """A shard state dict for (rank, world_size) whose pieces are `my_pieces` (name, start,
-    end), assembled from the files of a save made with any world size, or by ZeRO-0 (module
-    docstring). `trainable`: the names of the parameters with optimizer state. A piece's
-    `main_param` is None when the save holds none (an fp32 ZeRO-0 run)."""
+    end), assembled from the files of a save made with any world size, by ZeRO-0 or by the
+    overlapped optimizer (module docstring). `trainable`: the names of the parameters with
+    optimizer state. A piece's `main_param` is None when the save holds none (an fp32 ZeRO-0
+    or overlapped run)."""
     by_name: dict[str, list[int]] = {}
     for index, (name, _, _) in enumerate(my_pieces):
         by_name.setdefault(name, []).append(index)
