@@ -121,6 +121,13 @@ CROSS_LAYOUT = {
                             ["--comm_hook=allreduce", "--zero_stage=1"], "overlap_optim"),
     "ddp_to_overlapped": (["--zero_stage=0", "--grad_clip=0"], TWO_RANK_VARIANTS["overlap_optim"],
                           "overlap_optim"),
+    # bf16: the overlapped step's fp32 master copies travel by name, both ways
+    "bf16_overlapped_to_zero1": ([*TWO_RANK_VARIANTS["overlap_optim"], "--dtype=bf16"],
+                                 ["--dtype=bf16", "--comm_hook=allreduce", "--zero_stage=1"],
+                                 "bf16_overlapped"),
+    "bf16_zero1_to_overlapped": (["--dtype=bf16", "--zero_stage=1", "--grad_clip=0"],
+                                 [*TWO_RANK_VARIANTS["overlap_optim"], "--dtype=bf16",
+                                  "--zero_stage=0"], "bf16_overlapped"),
 }
 
 
@@ -130,6 +137,9 @@ def test_two_rank_resume_is_bitwise(data, tmp_path):
             for argv in _three_runs(_pretrain_args(data, *extra), tmp_path / name, 6, 3)]
     runs.append([*_pretrain_args(data, "--dtype=bf16", "--max_iters=6"),
                  f"--out_dir={tmp_path / 'bf16_ddp' / 'full'}"])
+    runs.append([*_pretrain_args(data, *TWO_RANK_VARIANTS["overlap_optim"], "--dtype=bf16",
+                                 "--max_iters=6"),
+                 f"--out_dir={tmp_path / 'bf16_overlapped' / 'full'}"])
     for name, (saved, resumed, _) in CROSS_LAYOUT.items():
         cut = _three_runs(_pretrain_args(data), tmp_path / name, 6, 3)[1:]
         runs += [[*cut[0], *saved], [*cut[1], *resumed]]
