@@ -4,7 +4,9 @@ whole, in ZeRO-1's shard-file format) and cut again for the new grid on load.
 Runs: 3 steps on TP2 (2 gloo ranks), stopped (saved), then resumed for 2 more steps on PP2
 (2 ranks), and also in one process (which reads ZeRO-1 shard files with --zero_stage=1, and
 gathers them whole into ZeRO-0's order with --zero_stage=0); and the other way, one-process
-ZeRO-1 and ZeRO-0 (optimizer.pt, read by parameter name) runs resumed on TP2.
+ZeRO-1 and ZeRO-0 (optimizer.pt, read by parameter name) runs resumed on TP2, and a
+one-process run of the overlapped step (`--comm_hook=overlap_optim`: its per-bucket file, read
+by the names it stores) resumed on TP2 with the plain hook (both unclipped, as that step is).
 Reference: one process trained 5 steps without a stop. Both grids have one data-parallel
 replica, so the data position carries over exactly. Compared: every step's loss and the
 final model.safetensors, to fp32 rounding (not bitwise: the reductions run in another order;
@@ -42,10 +44,13 @@ def _grid_args(data, *extra) -> list[str]:
 def test_resume_on_another_grid_equals_an_uninterrupted_run(data, tmp_path):
     cut, cut_single, zero1 = tmp_path / "cut", tmp_path / "cut_single", tmp_path / "zero1"
     cut_zero0, zero0 = tmp_path / "cut_zero0", tmp_path / "zero0"
+    overlapped, unclipped = tmp_path / "overlapped", ["--grad_clip=0"]  # (its step cannot clip)
     assert run_main([*_grid_args(data, "--zero_stage=1"), f"--out_dir={zero1}",
                      f"--stop_at_iter={STOP}"]) == 0  # one process, ZeRO-1 shard files
     assert run_main([*_grid_args(data, "--zero_stage=0"), f"--out_dir={zero0}",
                      f"--stop_at_iter={STOP}"]) == 0  # one process, ZeRO-0's optimizer.pt
+    assert run_main([*_grid_args(data, "--comm_hook=overlap_optim", *unclipped),
+                     f"--out_dir={overlapped}", f"--stop_at_iter={STOP}"]) == 0  # per bucket
     assert run_on_two_ranks([*_grid_args(data, "--tensor_parallel=2"), f"--out_dir={cut}",
                              f"--stop_at_iter={STOP}"]) == [0]
     shutil.copytree(cut, cut_single, symlinks=True)
@@ -55,18 +60,22 @@ def test_resume_on_another_grid_equals_an_uninterrupted_run(data, tmp_path):
          "--resume"],
         [*_grid_args(data, "--tensor_parallel=2", "--zero_stage=0"), f"--out_dir={zero1}",
          "--resume"],
-        [*_grid_args(data, "--tensor_parallel=2"), f"--out_dir={zero0}", "--resume"]
-    ) == [0, 0, 0]
+        [*_grid_args(data, "--tensor_parallel=2"), f"--out_dir={zero0}", "--resume"],
+        [*_grid_args(data, "--tensor_parallel=2", "--comm_hook=allreduce", *unclipped),
+         f"--out_dir={overlapped}", "--resume"]
+    ) == [0, 0, 0, 0]
     for stage, resumed in ((1, cut_single), (0, cut_zero0)):  # TP2 -> one process
         assert run_main([*_grid_args(data, "--tensor_parallel=1", f"--zero_stage={stage}"),
                          f"--out_dir={resumed}", "--resume"]) == 0
-    full = tmp_path / "full"
+    full, full_unclipped = tmp_path / "full", tmp_path / "full_unclipped"
     assert run_main([*_grid_args(data), f"--out_dir={full}"]) == 0
+    assert run_main([*_grid_args(data, *unclipped), f"--out_dir={full_unclipped}"]) == 0
 
-    expected = load_file(full / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
-    for resumed in (cut, cut_single, zero1, cut_zero0, zero0):
+    for resumed, reference in ((cut, full), (cut_single, full), (zero1, full), (cut_zero0, full),
+                               (zero0, full), (overlapped, full_unclipped)):
+        expected = load_file(reference / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
         assert [r["step"] for r in records(resumed, "resume")] == [STOP]
-        assert train_losses(resumed) == pytest.approx(train_losses(full), rel=1e-5), resumed
+        assert train_losses(resumed) == pytest.approx(train_losses(reference), rel=1e-5), resumed
         saved = load_file(resumed / "ckpt" / f"step_{TOTAL:06d}" / "model.safetensors")
         assert sorted(saved) == sorted(expected)
         for key in expected:  # a lost or misplaced Adam moment moves a weight by ~lr = 1e-2
