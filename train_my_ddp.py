@@ -18,7 +18,7 @@ built by `trainer.setup.build_run` (its docstring gives the order). One optimize
 Only `forward_step` differs between tasks (trainer/forward_steps.py). With --zero_stage 2/3 the
 wrapper shards gradients (and parameters) but offers the same calls; on a tensor/pipeline grid
 (--tensor_parallel, --pipeline_parallel) the pipeline schedule runs the micro-batches instead
-of the loop above (`run.parallel.forward_backward`, trainer/parallelize.py); with
+of the loop above (`GridRun.forward_backward`, trainer/model_parallel.py); with
 --context_parallel the same loop runs and the model computes this rank's share of every
 sequence. The effective batch is batch_size x gradient_accumulation_steps x data-parallel size
 (the world size, divided by tensor_parallel x pipeline_parallel x context_parallel) sequences.

@@ -51,7 +51,6 @@ from model.configuration_z2all import Z2allConfig
 from model.lora import LoraConfig, apply_lora
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
-from parallel.context_parallel.context_shard import ContextShard
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
@@ -60,7 +59,7 @@ from parallel.local_ranks import run_on_ranks
 from parallel.parallel_dims import ParallelDims
 from parallel_plan.llama_shapes import check_parallel_shapes
 from parallel_plan.memory_plan import plan_memory
-from trainer.model_parallel import parallelize_grid
+from trainer.model_parallel import parallelize_grid, shard_sequences
 from utils.boolean_flags import add_boolean_flag
 
 
@@ -169,9 +168,7 @@ def bench_context_rank(rank: int, world_size: int, seq_len: int, args: argparse.
     if args.smoke:
         config = make_config(args)
     model = Z2allForCausalLM(config)
-    if world_size > 1:
-        dims = ParallelDims(world_size, context_parallel=world_size).build_groups()
-        model.model.context_parallel = ContextShard.of(dims.cp_group)
+    shard_sequences(model, ParallelDims(world_size, context_parallel=world_size).build_groups())
     ddp = DistributedDataParallel(model, DistributedDataParallelConfig(overlap_grad_reduce=False))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(0)

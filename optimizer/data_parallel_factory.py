@@ -42,6 +42,11 @@ ZERO_STAGES = (0, 1, 2, 3)
 COMM_HOOKS = ("allreduce", "bf16", "powersgd", "overlap_optim")
 
 
+def zero_stage_of(zero_stage: int, use_distributed_optimizer: bool) -> int:
+    """The effective stage: `--use_distributed_optimizer` is the old spelling of stage 1."""
+    return max(zero_stage, int(use_distributed_optimizer))
+
+
 def check_zero_options(zero_stage: int, comm_hook: str = "allreduce",
                        use_distributed_optimizer: bool = False, cpu_offload: bool = False,
                        overlap_param_gather: bool = False) -> int:
@@ -52,11 +57,10 @@ def check_zero_options(zero_stage: int, comm_hook: str = "allreduce",
         raise ValueError(f"--zero_stage must be one of {ZERO_STAGES}, got {zero_stage}")
     if comm_hook not in COMM_HOOKS:
         raise ValueError(f"--comm_hook must be one of {COMM_HOOKS}, got {comm_hook!r}")
-    if use_distributed_optimizer:
-        if zero_stage >= 2:
-            raise ValueError(f"--use_distributed_optimizer means --zero_stage=1; drop it to "
-                             f"use --zero_stage={zero_stage}")
-        zero_stage = 1
+    if use_distributed_optimizer and zero_stage >= 2:
+        raise ValueError(f"--use_distributed_optimizer means --zero_stage=1; drop it to "
+                         f"use --zero_stage={zero_stage}")
+    zero_stage = zero_stage_of(zero_stage, use_distributed_optimizer)
     if zero_stage >= 2:
         refused = [name for name, on in (
             (f"--comm_hook={comm_hook}", comm_hook != "allreduce"),

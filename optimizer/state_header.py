@@ -10,8 +10,8 @@ and the reader that translates one layout into another (distributed_optimizer/ze
                                         "z2all-overlapped-adamw", version 2, the parameter names
                                         of every bucket and each bucket's Adam state
 
-Every state starts with (format, version, kind): a file of another optimizer, or of an older
-format, is refused by name instead of being misread.
+Every state starts with (format, version, and for the first two a kind): a file of another
+optimizer, or of an older format, is refused by name instead of being misread.
 """
 
 from __future__ import annotations

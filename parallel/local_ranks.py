@@ -12,7 +12,7 @@ Every multi-process test (and `bench.bench_ddp`, `bench.bench_optim`) calls
   rank order;
 - an exception on any rank is re-raised in the test with that rank's traceback, and a rank that
   hangs or dies is reported after `timeout` seconds instead of hanging the suite.
-`fn` must be defined at module level (spawned children import it by name).
+`fn` must be defined at module level (the forkserver's children unpickle it by name).
 """
 
 from __future__ import annotations

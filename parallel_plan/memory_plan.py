@@ -5,7 +5,8 @@ model wrapper and the optimizer keep between steps, laid out exactly as the code
 (DDP's padded buckets for stages 0/1, one padded unit per decoder block plus the root for
 stages 2/3), so on a CPU run the prediction equals `measure_memory(...)` to the byte (tests
 check it on data-parallel runs and on every rank of tensor/pipeline grids). With P
-parameters, W data-parallel ranks, b bytes per param (bf16: 2), g per gradient (4 with
+parameters, W ranks that shard the states (the data-parallel ones; with context parallelism
+the dp x cp group), b bytes per param (bf16: 2), g per gradient (4 with
 grad_reduce_in_fp32) and AdamW:
 
     stage   params      grads       optimizer (exp_avg + exp_avg_sq, + fp32 master if b < 4)
@@ -24,7 +25,7 @@ over data-parallel ranks) "the model" is this rank's part of it, built exactly a
 trainer builds it (on the meta device: no memory): its stage's blocks (the first stage also
 the embedding, the last the final norm and head, with a tied embedding's copy), every matrix
 sliced to 1/T (norm weights whole), then laid out in buckets or units and sharded over the
-D ranks as above, with the same unit boundaries (a pipeline's tied embedding alone in its
+W = D x C ranks as above, with the same unit boundaries (a pipeline's tied embedding alone in its
 unit). Worked example, the tests' 2-layer model (hidden 32, vocab 512 tied, MLP 64; P =
 37,024) on DP2 x PP2 at ZeRO-3, fp32: stage 0 holds the embedding (16,384) and layer 0
 (10,304), each unit cut in 2, so rank 0 keeps 13,344 parameters (53,376 B); the last stage

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab_size", type=int, default=None,
                         help="override the preset's vocabulary size")
     parser.add_argument("--world_size", type=int, default=1,
-                        help="all ranks (data parallel: world_size / (T x P))")
+                        help="all ranks (data parallel: world_size / (T x P x C))")
     parser.add_argument("--zero_stage", type=int, choices=(0, 1, 2, 3), default=0)
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="bf16")
     parser.add_argument("--batch_size", type=int, default=8, help="micro-batch rows per rank")

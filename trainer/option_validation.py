@@ -145,7 +145,7 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
     elif device == "cuda" and not torch.cuda.is_available():
         problems.append("--device=cuda but CUDA is not available here: use --device=cpu "
                         "(or auto)")
-    return problems
+    return list(dict.fromkeys(problems))  # (the grid's shape check and CP's both check lengths)
 
 
 def _fp16_problems(options: TrainingOptions) -> list[str]:

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from optimizer import OptimizerConfig, TrainingOptimizer
-from optimizer.data_parallel_factory import build_data_parallel
+from optimizer.data_parallel_factory import build_data_parallel, zero_stage_of
 from optimizer.optimizer import DataParallelModel
 from parallel.context_parallel.context_shard import ContextShard
 from parallel.distributed_data_parallel import (
@@ -89,7 +89,7 @@ def from_options(component: type, options: dict[str, Any], **computed: Any) -> A
 def effective_zero_stage(parallel: ParallelOptions) -> int:
     """--zero_stage, with --use_distributed_optimizer read as stage 1 (the combinations were
     checked once, before any work: trainer/option_validation.py)."""
-    return max(parallel.zero_stage, int(parallel.use_distributed_optimizer))
+    return zero_stage_of(parallel.zero_stage, parallel.use_distributed_optimizer)
 
 
 class ParallelRun(Protocol):

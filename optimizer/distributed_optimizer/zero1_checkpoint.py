@@ -99,6 +99,14 @@ def grouped_order(names: list[str], param_shapes: dict[str, list[int]]) -> list[
     return [name for group in weight_decay_groups(stand_ins, 0.0) for name in group["params"]]
 
 
+def _whole_piece(name: str, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, step: int,
+                 main_param: torch.Tensor | None) -> dict[str, Any]:
+    """One parameter's whole state as a piece [0, numel) of a one-rank save."""
+    return {"name": name, "start": 0, "end": exp_avg.numel(), "step": step,
+            "main_param": None if main_param is None else main_param.flatten(),
+            "exp_avg": exp_avg.flatten(), "exp_avg_sq": exp_avg_sq.flatten()}
+
+
 def _replicated_as_pieces(path: Path, param_shapes: dict[str, list[int]],
                           trainable: Collection[str]) -> dict[str, Any]:
     """A ZeRO-0 `optimizer.pt` as the one file of a one-rank save (module docstring)."""
@@ -110,14 +118,12 @@ def _replicated_as_pieces(path: Path, param_shapes: dict[str, list[int]],
         raise ValueError(f"{path}: saved for a different model or other trainable parameters: "
                          f"{len(saved_shapes)} tensors, this model trains {len(names)}")
     in_module_order = [name for name in param_shapes if name in trainable]
-    main_params = dict(zip(in_module_order, state["main_params"], strict=True)
-                       if state["main_params"] else [])
+    main_params = (dict(zip(in_module_order, state["main_params"], strict=True))
+                   if state["main_params"] else {})
     return {"format": SHARD_FORMAT, "version": STATE_VERSION, "kind": state["kind"],
             "world_size": 1, "rank": 0, "lr": adam["lr"], "grad_scaler": state["grad_scaler"],
             "param_shapes": param_shapes,
-            "pieces": [{"name": name, "start": 0, "end": exp_avg.numel(), "step": step,
-                        "main_param": (main_params[name].flatten() if main_params else None),
-                        "exp_avg": exp_avg.flatten(), "exp_avg_sq": exp_avg_sq.flatten()}
+            "pieces": [_whole_piece(name, exp_avg, exp_avg_sq, step, main_params.get(name))
                        for name, exp_avg, exp_avg_sq, step in zip(
                            names, adam["exp_avg"], adam["exp_avg_sq"], adam["step"])]}
 
@@ -131,8 +137,8 @@ def _overlapped_as_pieces(path: Path, param_shapes: dict[str, list[int]]) -> dic
     if any(name not in param_shapes for name in in_buckets):
         raise ValueError(f"{path}: saved for a different model: "
                          f"{sorted(set(in_buckets) - set(param_shapes))}")
-    main_params = dict(zip(in_buckets, state["master_params"], strict=True)
-                       if state["master_params"] else [])
+    main_params = (dict(zip(in_buckets, state["master_params"], strict=True))
+                   if state["master_params"] else {})
     pieces = []
     for bucket, adam in zip(state["layout"], state["bucket_optimizers"], strict=True):
         for name, exp_avg, exp_avg_sq, step in zip(grouped_order(bucket, param_shapes),
@@ -141,9 +147,7 @@ def _overlapped_as_pieces(path: Path, param_shapes: dict[str, list[int]]) -> dic
             if list(exp_avg.shape) != param_shapes[name]:
                 raise ValueError(f"{path}: saved for a different model: {name} has shape "
                                  f"{list(exp_avg.shape)}, here {param_shapes[name]}")
-            pieces.append({"name": name, "start": 0, "end": exp_avg.numel(), "step": step,
-                           "main_param": main_params[name].flatten() if main_params else None,
-                           "exp_avg": exp_avg.flatten(), "exp_avg_sq": exp_avg_sq.flatten()})
+            pieces.append(_whole_piece(name, exp_avg, exp_avg_sq, step, main_params.get(name)))
     return {"format": SHARD_FORMAT, "version": STATE_VERSION, "kind": "OverlappedAdamW",
             "world_size": 1, "rank": 0, "lr": state["bucket_optimizers"][0]["lr"],
             "grad_scaler": None, "param_shapes": param_shapes, "pieces": pieces}

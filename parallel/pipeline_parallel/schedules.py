@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from parallel.gradient_sync import GradientSync
 from parallel.parallel_dims import ParallelDims
@@ -93,14 +94,17 @@ class PipelineSchedule:
         if schedule not in SCHEDULES:
             raise ValueError(f"--pp_schedule {schedule!r}: choose one of {list(SCHEDULES)}")
         self.stage, self.dims, self.schedule = stage, dims, schedule
-        self.model = stage.module
-        """This stage's module (what the data-parallel wrapper wraps)."""
         self.sequence_parallel = sequence_parallel
         self.grad_sync = grad_sync
         """The stage's data-parallel wrapper (module docstring), None without one."""
         self.activation_dtype = next(self.model.parameters()).dtype
         self.last_step_stats: PipelineStepStats | None = None
         self.last_step_extras: dict[str, float] = {}
+
+    @property
+    def model(self) -> nn.Module:
+        """This stage's module (what the data-parallel wrapper wraps)."""
+        return self.stage.module
 
     # ---- point to point ---------------------------------------------------------------------
     def _activation_buffer(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:

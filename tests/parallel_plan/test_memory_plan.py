@@ -82,7 +82,7 @@ def test_planned_param_grad_optimizer_bytes_equal_measured_at_every_stage():
     for rank_results in run_on_ranks(planned_and_measured, world_size=2, timeout=300):
         for dtype, lora, zero_stage, planned, planned_cp, measured in rank_results:
             assert planned == measured == planned_cp, (dtype, lora, zero_stage)
-    # the stages shrink what the theory says they shrink (rank 0, fp32)
+    # the stages shrink what the theory says they shrink (the last rank's results, fp32)
     by_stage = {stage: planned for dtype, lora, stage, planned, *_ in rank_results
                 if dtype == "fp32"}
     assert by_stage[1]["optimizer"] < by_stage[0]["optimizer"]
