@@ -9,9 +9,10 @@ This file is parse -> build -> loop -> close. The options are in trainer/options
 group per concern; the data group is dataset/data_config.py), and everything the loop steps is
 built by `trainer.setup.build_run` (its docstring gives the order). One optimizer step is
 
+    count the global batch's loss tokens (all-reduced: each loss is a sum over them / that count)
     for each of gradient_accumulation_steps micro-batches:   (no_sync() on all but the last,
         loss = forward_step(batch)                             so gradients are reduced once)
-        backward(loss / accumulation)
+        backward(loss)
     ddp.finish_grad_sync()       # gradients averaged over ranks (ZeRO-1: reduce-scattered)
     optimizer.step()             # clip, AdamW (ZeRO-1: on this rank's shard, then all-gather)
 
@@ -46,6 +47,7 @@ from trainer.distributed_env import (
     shutdown_distributed,
 )
 from trainer.evaluation import to_device
+from trainer.global_batch import attach_per_replica, global_counts
 from trainer.loop_actions import (
     evaluate,
     finish,
@@ -75,11 +77,15 @@ def train_step(run: Run, micro_batches: list[dict[str, torch.Tensor]]
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward and backward of every micro-batch, gradients accumulated
     (trainer/parallelize.py: a micro-batch loop, or the pipeline's schedule); returns the
-    summed loss and task extras (the caller averages them)."""
+    summed loss and task extras: this replica's shares of the global batch's, which the
+    caller averages over the replicas. Each loss term is divided by its count over the whole
+    global batch, so every split of it is one objective (trainer/global_batch.py)."""
     micro_batches = [to_device(batch, run.env.device) for batch in micro_batches]
     for batch in micro_batches:
         if run.share.counts_tokens:  # ranks that share a batch count it once
             run.meter.count_batch(batch)
+    totals = global_counts(micro_batches, run.share.counts_tokens, run.env)
+    attach_per_replica(micro_batches, totals, replicas=run.share.world_size)
     return run.parallel.forward_backward(run.forward_step, micro_batches)
 
 

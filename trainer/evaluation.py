@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from trainer.distributed_env import DistributedEnv, all_reduce_sum
 from trainer.forward_steps import CausalLM
+from trainer.global_batch import attach_per_replica, global_counts
 from trainer.options import EvalOptions
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.labels import IGNORE_INDEX
@@ -40,9 +41,10 @@ def fixed_eval_indices(num_samples: int, num_wanted: int, env: DistributedEnv) -
     return positions[env.rank::env.world_size]
 
 
-def eval_loader(dataset: Dataset, collate_fn: Callable, batch_size: int, eval_iters: int,
+def eval_loader(dataset: Dataset, collate_fn: Callable, batch_size: int, eval_samples: int,
                 env: DistributedEnv) -> DataLoader:
-    indices = fixed_eval_indices(len(dataset), eval_iters * batch_size * env.world_size, env)
+    """This rank's share of `eval_samples` fixed samples, in batches of `batch_size`."""
+    indices = fixed_eval_indices(len(dataset), eval_samples, env)
     # Its own generator: each `iter(loader)` draws a seed, and drawing it from the global
     # generator would make evaluating change the training run's dropout stream.
     return DataLoader(Subset(dataset, indices), batch_size=batch_size, shuffle=False,
@@ -104,22 +106,22 @@ def evaluate_language_model(model: CausalLM, loader: DataLoader, tokenizer: Any,
 
 
 @torch.no_grad()
-def evaluate_with_forward_step(forward_step: Callable, loader: DataLoader,
-                               env: DistributedEnv) -> dict[str, float]:
-    """Batch-weighted means of a forward step's loss and metrics (used for DPO pairs)."""
+def evaluate_with_forward_step(forward_step: Callable, loader: DataLoader, env: DistributedEnv,
+                               counted: bool = True) -> dict[str, float]:
+    """A forward step's loss and metrics over the whole fixed eval set (used for DPO pairs):
+    each batch carries the set's counts (pairs, chosen tokens: trainer/global_batch.py), so
+    its shares, summed over batches and ranks, are the set's means. `counted` as in
+    `evaluate_language_model`."""
+    totals = global_counts(loader, counted, env)  # (collates the small eval set twice)
     sums: dict[str, float] = {}
-    pairs = 0.0
     for batch, counts in batches_on_every_rank(loader, env):
+        attach_per_replica([batch], totals, replicas=1)
         loss, extras = forward_step(batch)
-        if not counts:
-            continue
-        size = next(iter(batch.values())).shape[0]
-        pairs += size
-        for key, value in {"loss": loss, **extras}.items():
-            sums[key] = sums.get(key, 0.0) + float(value) * size
+        for key, value in {"loss": loss, **extras}.items():  # every rank: the same keys
+            sums[key] = sums.get(key, 0.0) + (float(value) if counts and counted else 0.0)
     keys = sorted(sums)
-    totals = all_reduce_sum([sums[k] for k in keys] + [pairs], env)
-    return {f"val_{k}": total / max(totals[-1], 1) for k, total in zip(keys, totals[:-1])}
+    return {f"val_{key}": total
+            for key, total in zip(keys, all_reduce_sum([sums[key] for key in keys], env))}
 
 
 @torch.no_grad()
@@ -171,7 +173,8 @@ class Evaluator:
         model.eval()
         if self.task_type == "dpo":
             metrics = evaluate_with_forward_step(functools.partial(self.forward_step, scored),
-                                                 self.valid_loader, self.env)
+                                                 self.valid_loader, self.env,
+                                                 counted=self.counts_data)
         else:
             metrics = evaluate_language_model(scored, self.valid_loader, self.tokenizer, self.env,
                                               counted=self.counts_data)

@@ -2,6 +2,11 @@
 
     loss, extras = forward_step(model, batch)     # extras: metrics to log, e.g. DPO rewards
 
+Both are this micro-batch's *share* of the global batch's means: its sums divided by the
+global batch's counts per data-parallel replica, which the loop put in the batch
+(trainer/global_batch.py). A replica's shares summed over its micro-batches, averaged over the
+replicas, are the global batch's loss and metrics, whatever the split.
+
 `model` is anything that computes like our causal LM (`CausalLM`): the model itself (inside
 a data-parallel wrapper, whose forward is the model's: the wrappers hook parameters and
 blocks, not the call), or on a pipeline the stages run forward-only (trainer/model_parallel.py).
@@ -25,8 +30,10 @@ import torch
 
 from model.loading import load_model
 from model.lora import adapters_disabled
+from trainer.global_batch import CHOSEN_TOKENS, PAIRS, TARGET_TOKENS, share
 from trainer.options import DPOOptions
-from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
+from utils.dpo import chosen_answer_nll_sum, dpo_loss, sequence_log_prob
+from utils.labels import IGNORE_INDEX
 from utils.precision import DTYPES
 
 Batch = dict[str, torch.Tensor]
@@ -48,12 +55,18 @@ ForwardStep = Callable[[CausalLM, Batch], StepOutput]
 ReferenceLogProbs = Callable[[CausalLM, Batch], torch.Tensor]
 
 
-def forward_language_model(model: CausalLM, batch: Batch
-                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Pretraining and SFT: mean cross entropy over the target tokens (labels != -100)."""
+def forward_language_model(model: CausalLM, batch: Batch) -> StepOutput:
+    """Pretraining and SFT: cross entropy over the target tokens (labels != -100)."""
     output = model(batch["input_ids"], labels=batch["labels"],
                    attention_mask=batch.get("attention_mask"))
-    return output.loss, {}
+    return language_model_objective(output.loss, batch)
+
+
+def language_model_objective(mean_loss: torch.Tensor, batch: Batch) -> StepOutput:
+    """The micro-batch's share of the global batch's token mean, from its own mean (the
+    model's loss, or a pipeline's last stage's): mean x its target tokens = its sum."""
+    targets = (batch["labels"] != IGNORE_INDEX).sum()
+    return share(mean_loss * targets, batch, TARGET_TOKENS), {}
 
 
 def frozen_reference_log_probs(policy: torch.nn.Module, pair: Batch, *,
@@ -104,25 +117,31 @@ class DPOStep:
         `reference_logps` [2B], the frozen reference's log-probability of each answer."""
         pair = {key: torch.cat([batch[f"chosen_{key}"], batch[f"rejected_{key}"]])
                 for key in ("input_ids", "labels", "attention_mask")}
+        pair |= {key: batch[key] for key in (PAIRS, CHOSEN_TOKENS)}  # the global counts
         with torch.no_grad():
             pair["reference_logps"] = sequence_log_prob(self.reference_log_probs(policy, pair))
         return pair
 
     def objective(self, policy_token_logps: torch.Tensor, pair: Batch) -> StepOutput:
         """The DPO loss (+ RPO's NLL term) and its metrics from the policy's token log-probs
-        [2B, S] of the pair batch."""
+        [2B, S] of the pair batch: this micro-batch's share of the global batch's means (per
+        pair; the NLL per chosen token)."""
         policy_logps = sequence_log_prob(policy_token_logps)
         reference_logps = pair["reference_logps"]
         half = policy_logps.shape[0] // 2
         out = dpo_loss(policy_logps[:half], policy_logps[half:], reference_logps[:half],
                        reference_logps[half:], beta=self.beta,
                        label_smoothing=self.label_smoothing)
-        chosen_nll = chosen_answer_nll(policy_token_logps[:half], pair["labels"][:half])
-        return out.loss + self.nll_weight * chosen_nll, {
-            "dpo_loss": out.loss.detach(), "chosen_nll": chosen_nll.detach(),
-            "rewards/chosen": out.chosen_rewards.mean(),
-            "rewards/rejected": out.rejected_rewards.mean(),
-            "rewards/accuracies": out.reward_accuracy, "rewards/margins": out.reward_margin}
+        dpo_share = share(out.loss * half, pair, PAIRS)  # the batch's mean x its pairs
+        chosen_nll = share(chosen_answer_nll_sum(policy_token_logps[:half], pair["labels"][:half]),
+                           pair, CHOSEN_TOKENS)
+        chosen, rejected = out.chosen_rewards, out.rejected_rewards
+        per_pair = {"rewards/chosen": chosen, "rewards/rejected": rejected,
+                    "rewards/accuracies": (chosen > rejected).float(),
+                    "rewards/margins": chosen - rejected}
+        return dpo_share + self.nll_weight * chosen_nll, {
+            "dpo_loss": dpo_share.detach(), "chosen_nll": chosen_nll.detach(),
+            **{name: share(values.sum(), pair, PAIRS) for name, values in per_pair.items()}}
 
 
 def _model_inputs(pair: Batch) -> Batch:

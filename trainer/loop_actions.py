@@ -66,11 +66,12 @@ def _save(run: Run, whole_model: torch.nn.Module | None, val_loss: float | None)
 
 def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum: torch.Tensor,
                  extra_sums: dict[str, torch.Tensor]) -> None:
-    """The step's loss (and task extras) averaged over micro-batches and ranks, with the LR,
-    gradient norm, tokens and throughput. Collective: every rank calls it at the same steps."""
+    """The step's loss (and task extras), the global batch's: each rank holds its replica's
+    sum of shares (trainer/global_batch.py), the same on every rank of a replica, so their
+    average over the ranks; with the LR, gradient norm, tokens and throughput. Collective:
+    every rank calls it at the same steps."""
     names = ["loss", *extra_sums]
     sums = all_reduce_sum([float(loss_sum), *map(float, extra_sums.values())], run.env)
-    per_step = run.options.optimization.gradient_accumulation_steps * run.env.world_size
     counts = {}
     if run.options.data.skip_bad_records:  # counted, never silent
         (counts["bad_records_skipped"],) = all_reduce_sum([float(run.data.skipped_records())],
@@ -80,7 +81,7 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
     policy = run.data.policy_counts()
     totals = all_reduce_sum([float(count) for count in policy.values()], run.env) if policy else []
     counts |= {name: int(total) for name, total in zip(policy, totals) if total}
-    averages = {name: total / per_step for name, total in zip(names, sums)}
+    averages = {name: total / run.env.world_size for name, total in zip(names, sums)}
     throughput = run.meter.report()
     stats = run.parallel.pipeline_stats()
     if stats is not None:  # rank 0's idle share

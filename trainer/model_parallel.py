@@ -80,7 +80,13 @@ from parallel_plan.llama_pipeline import llama_stage, split_into_stage, tied_emb
 from parallel_plan.llama_shapes import check_parallel_shapes
 from parallel_plan.llama_tensor_parallel import layout_for, layouts_of, parallelize_model
 from parallel_plan.llama_units import zero_units
-from trainer.forward_steps import Batch, DPOStep, ForwardStep, as_base_model
+from trainer.forward_steps import (
+    Batch,
+    DPOStep,
+    ForwardStep,
+    as_base_model,
+    language_model_objective,
+)
 from trainer.grid_optimizer_checkpoint import (
     GRID_OPTIMIZER_FILES,
     NamedPieces,
@@ -269,18 +275,18 @@ def split_reference(reference: Z2allForCausalLM, policy_schedule: PipelineSchedu
 def pipelined_forward_backward(schedule: PipelineSchedule, forward_step: ForwardStep,
                                micro_batches: list[Batch]
                                ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The grid's stand-in for the micro-batch loop: (summed loss, summed task metrics). DPO
-    first computes every micro-batch's reference log-probs (forward only through the
-    reference's stages), then the schedule runs the policy with DPO's objective on the last
-    stage, from vocab-parallel token log-probs (no gathered logits)."""
-    loss_fn = None
+    """The grid's stand-in for the micro-batch loop: (summed loss, summed task metrics), each
+    micro-batch's share of the global batch's (trainer/global_batch.py). DPO first computes
+    every micro-batch's reference log-probs (forward only through the reference's stages),
+    then the schedule runs the policy with DPO's objective on the last stage, from
+    vocab-parallel token log-probs (no gathered logits)."""
     if isinstance(forward_step, DPOStep):
         micro_batches = [forward_step.with_reference(schedule.model, batch)
                          for batch in micro_batches]
-        loss_fn = forward_step.objective
-    count = len(micro_batches)
-    loss = schedule.step(micro_batches, loss_fn)
-    return loss * count, {key: value * count for key, value in schedule.last_step_extras.items()}
+        loss = schedule.step(micro_batches, forward_step.objective, per_token=True)
+    else:
+        loss = schedule.step(micro_batches, language_model_objective)
+    return loss, schedule.last_step_extras
 
 
 @dataclass

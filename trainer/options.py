@@ -146,7 +146,8 @@ class ParallelOptions:
 @dataclass
 class EvalOptions:
     eval_interval: int = option(200, "evaluate every N steps (and at the end)")
-    eval_iters: int = option(20, "validation batches per evaluation (a fixed set)")
+    eval_iters: int = option(20, "validation set size in global batches (a fixed set, the "
+                                 "same for every split of the global batch)")
     eval_at_start: bool = option(True, "evaluate before the first step of a fresh run")
     eval_prompts: list[str] = option(["Once upon a time", "The meaning of"],
                                      "prompts sampled at each evaluation (chat-formatted for "

@@ -107,7 +107,8 @@ class ParallelRun(Protocol):
     def forward_backward(self, forward_step: ForwardStep, micro_batches: list[Batch]
                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Forward and backward of every micro-batch, gradients accumulated (reduced over
-        ranks on the last one); the summed loss and task extras."""
+        ranks on the last one); the summed loss and task extras: the micro-batches' shares of
+        the global batch's (trainer/global_batch.py), which the loop put in each batch."""
 
     def whole_model(self) -> AbstractContextManager[torch.nn.Module | None]:
         """Collective (every rank enters): the model with every weight whole, for one rank
@@ -149,8 +150,8 @@ class DataParallelRun:
         for index, batch in enumerate(micro_batches):
             last_micro_batch = index == len(micro_batches) - 1
             with contextlib.nullcontext() if last_micro_batch else self.ddp.no_sync():
-                loss, extras = forward_step(self.ddp.module, batch)
-                self.optimizer.scale_loss(loss / len(micro_batches)).backward()
+                loss, extras = forward_step(self.ddp.module, batch)  # its share: no 1/M
+                self.optimizer.scale_loss(loss).backward()
             loss_sum += loss.detach().float()
             for key, value in extras.items():
                 extra_sums[key] = extra_sums.get(key, 0.0) + value.detach().float()

@@ -150,7 +150,9 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
     parallel_options = options.parallel
     share = data_share(env.rank, env.world_size, parallel_options.tensor_parallel,
                        parallel_options.pipeline_parallel, parallel_options.context_parallel)
-    eval_samples = options.eval.eval_iters * optimization.batch_size * share.world_size
+    # --eval_iters global batches: the same validation set for every split of one global batch
+    eval_samples = options.eval.eval_iters * (optimization.batch_size * share.world_size
+                                              * optimization.gradient_accumulation_steps)
     data, valid_dataset, collate_fn = build_train_data(
         data_options, seed=optimization.seed, batch_size=optimization.batch_size,
         eval_samples=eval_samples, rank=share.rank, world_size=share.world_size,
@@ -170,8 +172,7 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
         counters = Counters(saved_state["step"], saved_state["tokens_seen"],
                             saved_state["consumed_samples"])
         log.log("resume", counters.step, checkpoint=str(resume_dir))
-    valid_loader = eval_loader(valid_dataset, collate_fn, optimization.batch_size,
-                               options.eval.eval_iters,
+    valid_loader = eval_loader(valid_dataset, collate_fn, optimization.batch_size, eval_samples,
                                dataclasses.replace(env, rank=share.rank,
                                                    world_size=share.world_size))
     evaluator = Evaluator(valid_loader, tokenizer, forward_step, data_options.task_type,

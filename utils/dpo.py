@@ -34,24 +34,16 @@ class DPOOutput(NamedTuple):
     chosen_rewards: torch.Tensor    # [B], β·(log π(y_w) − log π_ref(y_w)), detached
     rejected_rewards: torch.Tensor  # [B], β·(log π(y_l) − log π_ref(y_l)), detached
 
-    @property
-    def reward_accuracy(self) -> torch.Tensor:
-        return (self.chosen_rewards > self.rejected_rewards).float().mean()
-
-    @property
-    def reward_margin(self) -> torch.Tensor:
-        return (self.chosen_rewards - self.rejected_rewards).mean()
-
 
 def sequence_log_prob(token_log_probs: torch.Tensor) -> torch.Tensor:
     """[B, T] per-token log-probs (0 where not trained) -> [B] log π(answer | prompt)."""
     return token_log_probs.sum(dim=-1)
 
 
-def chosen_answer_nll(token_log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood per trained token (labels != -100) of the chosen answers."""
-    trained = labels != IGNORE_INDEX
-    return -(token_log_probs * trained).sum() / trained.sum().clamp(min=1)
+def chosen_answer_nll_sum(token_log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood of the chosen answers' trained tokens (labels != -100), summed:
+    the trainer divides it by the global batch's count of those tokens (RPO's per-token mean)."""
+    return -(token_log_probs * (labels != IGNORE_INDEX)).sum()
 
 
 def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,

@@ -2,9 +2,9 @@
 
 `PipelineSchedule(stage, dims, schedule).step(micro_batches)` is what the trainer calls once
 per optimizer step instead of its own micro-batch loop (`stage`: this rank's `PipelineStage`,
-stage.py). It returns the mean loss over the micro-batches (on every rank) and leaves the
-gradients of the M micro-batches summed in the parameters, each micro-batch's loss scaled by
-1/M as gradient accumulation does.
+stage.py). It leaves the gradients of the M micro-batches summed in the parameters and returns
+the sum of the losses it backpropagated (on every rank): by default each micro-batch's mean
+loss scaled by 1/M, as gradient accumulation does, so the mean over the micro-batches.
 
 Two schedules, drawn for P=3 stages and M=4 micro-batches (F = forward, B = backward of
 micro-batch n, time to the right, . = idle):
@@ -40,11 +40,13 @@ every backward but the step's last inside its `no_sync()`, as the training loop'
 loop does; the tied embedding's two copies are summed through its `accumulated_grad`. The
 caller's `finish_grad_sync()` follows the step.
 
-The last stage's loss is the mean cross-entropy of the micro-batch. A task with another loss
-(DPO) passes `step(micro_batches, loss_fn)`: the last stage then computes the token
-log-probs [B, S] (vocab-parallel under tensor parallelism: the logits are never gathered) and
-`loss_fn(token_log_probs, micro_batch)` turns them into (loss, metrics); the metrics, averaged
-over the micro-batches, reach every rank as `last_step_extras`.
+The last stage's output is the mean cross-entropy of the micro-batch, or with `per_token` its
+token log-probs [B, S] (vocab-parallel under tensor parallelism: the logits are never
+gathered). A caller that weighs micro-batches otherwise, or has another loss (DPO), passes
+`step(micro_batches, loss_fn, per_token)`: `loss_fn(output, micro_batch)` turns the output
+into (the loss to backpropagate, metrics); the metrics, summed over the micro-batches, reach
+every rank as `last_step_extras`. (The trainer's loss_fn returns each micro-batch's share of
+the global batch's mean: trainer/global_batch.py.)
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.stage import PipelineStage, sync_shared_grads
 
 SCHEDULES = ("afab", "1f1b")
-# (token log-probs [B, S] of the last stage, the micro-batch) -> (loss, metrics to log)
+# (the last stage's output: mean loss or token log-probs [B, S]; the micro-batch)
+#     -> (the loss to backpropagate, metrics to log)
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]],
                   tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -142,17 +145,15 @@ class PipelineSchedule:
         return from_prev, from_next
 
     # ---- one micro-batch ----------------------------------------------------------------------
-    def _forward(self, micro_batch, stage_input, num_micro_batches: int) -> torch.Tensor:
+    def _forward(self, micro_batch, stage_input) -> torch.Tensor:
         start = time.perf_counter()
         if stage_input is not None:
             stage_input.requires_grad_()
-        output = self.stage.forward(stage_input, micro_batch, self._loss_fn is not None)
+        output = self.stage.forward(stage_input, micro_batch, self._per_token)
         if self.dims.is_last_stage:
-            if self._loss_fn is not None:
-                output, extras = self._loss_fn(output, micro_batch)
-                self._extras.append(extras)
+            output, extras = self._loss_fn(output, micro_batch)
+            self._extras.append(extras)
             self._losses.append(output.detach())
-            output = output / num_micro_batches  # gradient accumulation's scaling
         self._in_flight.append((stage_input, output))
         self._compute_seconds += time.perf_counter() - start
         return output
@@ -170,10 +171,9 @@ class PipelineSchedule:
 
     # ---- schedules ----------------------------------------------------------------------------
     def _all_forward_all_backward(self, micro_batches) -> None:
-        count = len(micro_batches)
         for micro_batch in micro_batches:
             stage_input, _ = self._exchange(micro_batch, recv_prev=True)
-            output = self._forward(micro_batch, stage_input, count)
+            output = self._forward(micro_batch, stage_input)
             self._exchange(micro_batch, send_next=output.detach())
         for micro_batch in micro_batches:
             _, grad_output = self._exchange(micro_batch, recv_next=True)
@@ -186,7 +186,7 @@ class PipelineSchedule:
         # Step 1: warm-up forwards fill the pipeline below this stage.
         for micro_batch in micro_batches[:warmup]:
             stage_input, _ = self._exchange(micro_batch, recv_prev=True)
-            output = self._forward(micro_batch, stage_input, count)
+            output = self._forward(micro_batch, stage_input)
             self._exchange(micro_batch, send_next=output.detach())
         # Step 2: steady state, one forward then the backward of the oldest micro-batch.
         steady = micro_batches[warmup:]
@@ -194,7 +194,7 @@ class PipelineSchedule:
         if steady:
             stage_input, _ = self._exchange(steady[0], recv_prev=True)
         for index, micro_batch in enumerate(steady):
-            output = self._forward(micro_batch, stage_input, count)
+            output = self._forward(micro_batch, stage_input)
             backward_batch = next(backward_batches)
             _, grad_output = self._exchange(backward_batch, send_next=output.detach(),
                                             recv_next=True)
@@ -227,13 +227,16 @@ class PipelineSchedule:
                            group=dims.pp_group)
         return result
 
-    def step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn | None = None
-             ) -> torch.Tensor:
-        """Forward and backward of every micro-batch; the mean loss (fp32 scalar, every rank).
-        Each micro-batch: `input_ids`, `labels` [b, S] and optionally `attention_mask` (and
+    def step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn | None = None,
+             per_token: bool = False) -> torch.Tensor:
+        """Forward and backward of every micro-batch; the sum of the backpropagated losses
+        (fp32 scalar, every rank; by default the mean loss over the micro-batches). Each
+        micro-batch: `input_ids`, `labels` [b, S] and optionally `attention_mask` (and
         whatever `loss_fn` reads; module docstring)."""
         dims = self.dims
-        self._loss_fn = loss_fn
+        count = len(micro_batches)
+        self._loss_fn = loss_fn or (lambda mean_loss, _: (mean_loss / count, {}))
+        self._per_token = per_token
         self._extras: list[dict[str, torch.Tensor]] = []
         self._losses: list[torch.Tensor] = []
         self._in_flight: list[tuple[torch.Tensor | None, torch.Tensor]] = []
@@ -246,14 +249,14 @@ class PipelineSchedule:
             self._one_forward_one_backward(micro_batches)
         step_seconds = time.perf_counter() - start
         sync_shared_grads(self.stage, dims.embedding_group, self.grad_sync)
-        loss = (torch.stack(self._losses).mean() if dims.is_last_stage
+        loss = (torch.stack(self._losses).sum().float() if dims.is_last_stage
                 else torch.zeros((), dtype=torch.float32,
                                  device=micro_batches[0]["input_ids"].device))
         if dims.pipeline_parallel > 1:
             dist.broadcast(loss, src=dims.stage_rank(dims.pipeline_parallel - 1),
                            group=dims.pp_group)
-        self.last_step_extras = self._mean_extras()
-        count, stages = len(micro_batches), dims.pipeline_parallel
+        self.last_step_extras = self._summed_extras()
+        stages = dims.pipeline_parallel
         self.last_step_stats = PipelineStepStats(
             micro_batches=count, stages=stages,
             bubble_theory=(stages - 1) / (count + stages - 1),
@@ -261,16 +264,14 @@ class PipelineSchedule:
             step_seconds=step_seconds)
         return loss
 
-    def _mean_extras(self) -> dict[str, float]:
-        """The loss_fn's metrics averaged over the micro-batches, sent from the last stage to
+    def _summed_extras(self) -> dict[str, float]:
+        """The loss_fn's metrics summed over the micro-batches, sent from the last stage to
         the other stages (the logging rank 0 is on the first)."""
-        if self._loss_fn is None:
-            return {}
-        means = ({key: float(torch.stack([extras[key] for extras in self._extras]).mean())
-                  for key in self._extras[0]} if self.dims.is_last_stage else None)
+        sums = ({key: float(torch.stack([extras[key] for extras in self._extras]).sum())
+                 for key in self._extras[0]} if self.dims.is_last_stage else None)
         if self.dims.pipeline_parallel > 1:
-            box = [means]
+            box = [sums]
             dist.broadcast_object_list(box, src=self.dims.stage_rank(
                 self.dims.pipeline_parallel - 1), group=self.dims.pp_group)
-            means = box[0]
-        return means
+            sums = box[0]
+        return sums

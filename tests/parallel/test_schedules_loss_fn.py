@@ -1,4 +1,5 @@
-"""A task loss on the pipeline's last stage (`PipelineSchedule.step(micro_batches, loss_fn)`)
+"""A task loss on the pipeline's last stage (`PipelineSchedule.step(micro_batches, loss_fn,
+per_token=True)`: the loss_fn weighs each micro-batch, here 1/M each, and the step sums)
 and per-token log-probs through the stages (`forward_only(per_token=True)`), on TP2, PP2 and
 TP2+SP (2 gloo ranks), against the whole model in one process.
 
@@ -38,7 +39,14 @@ def _pairs() -> list[dict[str, torch.Tensor]]:
 def _dpo(token_logps: torch.Tensor, pair: dict[str, torch.Tensor]):
     logps, reference = sequence_log_prob(token_logps), pair["reference_logps"]
     out = dpo_loss(logps[:2], logps[2:], reference[:2], reference[2:], beta=0.5)
-    return out.loss, {"margin": out.reward_margin, "chosen": out.chosen_rewards.mean()}
+    margin = (out.chosen_rewards - out.rejected_rewards).mean()
+    return out.loss, {"margin": margin, "chosen": out.chosen_rewards.mean()}
+
+
+def _dpo_of_one_micro_batch(token_logps: torch.Tensor, pair: dict[str, torch.Tensor]):
+    """The loss_fn: each micro-batch's share of the means over NUM_MICRO micro-batches."""
+    loss, extras = _dpo(token_logps, pair)
+    return loss / NUM_MICRO, {key: value / NUM_MICRO for key, value in extras.items()}
 
 
 def _inputs(pair: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -54,7 +62,7 @@ def _on_rank(rank: int, world_size: int) -> dict:
             parallelize_model(model, dims, sequence_parallel)
         schedule = PipelineSchedule(llama_stage(model, dims), dims, "1f1b", sequence_parallel)
         token_logps = schedule.forward_only(_inputs(_pairs()[0]), per_token=True)
-        loss = schedule.step(_pairs(), _dpo)
+        loss = schedule.step(_pairs(), _dpo_of_one_micro_batch, per_token=True)
         grads = gather_full_tensors({key: param.grad for key, param in model.named_parameters()},
                                     layouts_of(model.config), dims)
         results[name] = (token_logps.numpy(), float(loss), schedule.last_step_extras,

@@ -161,7 +161,7 @@ def test_a_runs_data_dir_scores_its_validation_split_as_the_trainer_does(
         tmp_path, tmp_path_factory, tiny_hf_tokenizer_dir, capsys):
     data = tiny_training_data(tmp_path_factory.getbasetemp(), tiny_hf_tokenizer_dir)
     run_dir = tmp_path / "run"
-    # --eval_iters x --batch_size covers the whole valid split: the trainer scores all of it.
+    # --eval_iters global batches cover the whole valid split: the trainer scores all of it.
     assert run_main([*TINY_ARGS, *data_args(data, "pretrain"), f"--out_dir={run_dir}",
                      "--max_iters=2", "--eval_iters=1000"]) == 0
     (last_eval,) = [r for r in read_metrics(run_dir) if r["kind"] == "eval" and r["step"] == 2]

@@ -17,6 +17,7 @@ from trainer.evaluation import (
     evaluate_with_forward_step,
     fixed_eval_indices,
 )
+from trainer.global_batch import PAIRS
 
 
 def _env(rank=0, world_size=1):
@@ -63,8 +64,8 @@ def test_val_loss_and_bits_per_byte_match_an_independent_computation():
         "tiny", vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, intermediate_size=64)).eval()
     dataset = RandomTokens(12, 16, 64)
-    loader = eval_loader(dataset, torch.utils.data.default_collate, batch_size=4, eval_iters=2,
-                         env=_env())
+    loader = eval_loader(dataset, torch.utils.data.default_collate, batch_size=4,
+                         eval_samples=8, env=_env())
     metrics = evaluate_language_model(model, loader, ByteTokenizer(), _env())
 
     nll = tokens = num_bytes = 0.0
@@ -82,13 +83,18 @@ def test_val_loss_and_bits_per_byte_match_an_independent_computation():
 
 
 def test_forward_step_metrics_are_means_over_samples_not_batches():
-    """11 samples in batches of 4, 4, 3: a plain mean of batch means would weight the last
-    batch's samples more. Reference: per-sample means in Python floats."""
+    """11 pairs in batches of 4, 4, 3: a plain mean of batch means would weight the last
+    batch's pairs more. The evaluator gives each batch the whole set's count of pairs
+    (trainer/global_batch.py), which the forward step divides its sums by. Reference:
+    per-pair means in Python floats."""
     values = torch.randn(11, dtype=torch.float64)
-    loader = torch.utils.data.DataLoader([{"x": v} for v in values], batch_size=4)
+    loader = torch.utils.data.DataLoader(
+        [{"x": v, "chosen_labels": torch.zeros(3, dtype=torch.long)} for v in values],
+        batch_size=4)
 
     def forward_step(batch):
-        return batch["x"].mean(), {"square": (batch["x"] ** 2).mean()}
+        pairs = batch[PAIRS]
+        return batch["x"].sum() / pairs, {"square": (batch["x"] ** 2).sum() / pairs}
 
     metrics = evaluate_with_forward_step(forward_step, loader, _env())
     assert set(metrics) == {"val_loss", "val_square"}

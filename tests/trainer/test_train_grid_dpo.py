@@ -25,11 +25,11 @@ from tests.trainer.test_train_grid import GRID_MODEL, _runs_on_rank
 
 DPO_METRICS = ("loss", "grad_norm", "dpo_loss", "chosen_nll", "rewards/chosen",
                "rewards/rejected", "rewards/accuracies", "rewards/margins")
-# RPO's NLL term (and the chosen_nll metric) is a mean per token: two replicas' means are not
-# the global batch's mean, as with DDP, so it is compared on the one-replica grid only.
+# RPO's NLL term (and the chosen_nll metric) is a mean over the global batch's chosen tokens
+# (trainer/global_batch.py), equal on one replica and on two.
 GRIDS = {"tp2_pp2": (["--tensor_parallel=2", "--pipeline_parallel=2", "--dpo_nll_weight=0.2"],
                      1),
-         "dp2_pp2": (["--pipeline_parallel=2"], 2),
+         "dp2_pp2": (["--pipeline_parallel=2", "--dpo_nll_weight=0.2"], 2),
          "dp2_tp2_zero2": (["--tensor_parallel=2", "--zero_stage=2"], 2),
          "dp2_pp2_zero3": (["--pipeline_parallel=2", "--zero_stage=3"], 2)}
 
@@ -58,7 +58,7 @@ def test_dpo_on_a_grid_equals_one_process(data, tmp_path):
         assert len(grid_steps) == len(single_steps) == 3
         # the policy moved away from the reference: rewards are not all 0
         assert any(abs(step["rewards/margins"]) > 1e-4 for step in single_steps[1:])
-        for key in [key for key in DPO_METRICS if data_parallel == 1 or key != "chosen_nll"]:
+        for key in DPO_METRICS:
             assert ([step[key] for step in grid_steps] == pytest.approx(
                 [step[key] for step in single_steps], rel=1e-4, abs=1e-6)), (name, key)
         grid_eval, single_eval = records(tmp_path / name, "eval")[-1], records(single, "eval")[-1]

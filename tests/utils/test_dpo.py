@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from utils.dpo import chosen_answer_nll, dpo_loss, sequence_log_prob
+from utils.dpo import chosen_answer_nll_sum, dpo_loss, sequence_log_prob
 
 
 def _reference(pc, pr, rc, rr, beta, eps):
@@ -30,11 +30,6 @@ def test_matches_closed_form(beta, eps):
     pc, pr, rc, rr = logps
     torch.testing.assert_close(out.chosen_rewards, beta * (pc - rc))
     torch.testing.assert_close(out.rejected_rewards, beta * (pr - rr))
-    rows = list(zip(*[t.tolist() for t in logps]))
-    accuracy = sum(float(beta * (a - c) > beta * (b - d)) for a, b, c, d in rows) / 16
-    assert out.reward_accuracy.item() == pytest.approx(accuracy)
-    margin = sum(beta * (a - c) - beta * (b - d) for a, b, c, d in rows) / 16
-    assert out.reward_margin.item() == pytest.approx(margin, rel=1e-10)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -67,12 +62,12 @@ def test_rejects_bad_label_smoothing():
         dpo_loss(x, x, x, x, label_smoothing=0.5)
 
 
-def test_chosen_answer_nll_is_cross_entropy_over_trained_tokens():
+def test_chosen_answer_nll_sum_is_summed_cross_entropy_over_trained_tokens():
     logits = torch.randn(3, 6, 11)
     labels = torch.randint(0, 11, (3, 6))
     labels[0, :2] = labels[2, 4:] = -100
     token_log_probs = torch.log_softmax(logits, -1).gather(
         -1, labels.clamp(min=0)[..., None])[..., 0] * (labels != -100)
     expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), labels.reshape(-1),
-                                                 ignore_index=-100)
-    torch.testing.assert_close(chosen_answer_nll(token_log_probs, labels), expected)
+                                                 ignore_index=-100, reduction="sum")
+    torch.testing.assert_close(chosen_answer_nll_sum(token_log_probs, labels), expected)
