@@ -85,7 +85,7 @@ def claim_index_files(data_dir: str | Path, max_seq_len: int) -> None:
                              f"wrote (no {INDEX_FORMAT} sidecar), and the index is written "
                              "under that name; move it away")
     if ledger is not None:
-        ledger.add(names, TOOL)
+        OutputLedger.record(data_dir, names, TOOL)
 
 
 def find_token_files(data_dir: str | Path) -> list[dict[str, Any]]:

@@ -11,7 +11,10 @@ beside their output, build_pretrain_sample_index_map) keeps a ledger there, the 
                "train_L256.ibin": "build_pretrain_sample_index_map", ...}}
 
 (each file, relative to the folder, with the tool that wrote it; a name ending in "/" is a
-whole folder the tool keeps to itself, e.g. clean_pretrain_data's `.clean/` state).
+whole folder the tool keeps to itself, e.g. clean_pretrain_data's `.clean/` state). Files of
+another writer are guests: the sample index beside the token files it indexes, or the demo's
+bilingual lessons, which data/build_demo_corpus.py puts into the folder the clean stage then
+writes (`OutputLedger.record`; a folder holding only guests has no owner yet, `"owner": null`).
 
 The rules, in the order a tool applies them:
 1. Apart from its inputs (`check_apart`): --out_dir is never an input, a folder above one (the
@@ -19,14 +22,15 @@ The rules, in the order a tool applies them:
    or a folder inside one (the outputs would be read back as input), except a hidden one, which
    the readers skip; and never inside a z2all run directory (its marker, utils/run_directory.py).
 2. Only its own folder (`OutputLedger.claim`): a folder that does not exist, is empty, or holds
-   this tool's earlier output: the ledger names the tool as owner *and* every entry is listed
-   in it (or is an empty folder, or a temporary file of a listed one, `.<name>.*.tmp` from
-   utils/atomic_io.py). Anything else is refused, naming the first foreign entry: a copied
-   ledger does not make a user's books.json the tool's to replace.
+   this tool's earlier output: the ledger names the tool as owner (or no owner) *and* every
+   entry is listed in it (or is an empty folder, or a temporary file of a listed one,
+   `.<name>.*.tmp` from utils/atomic_io.py). Anything else is refused, naming the first foreign
+   entry: a copied ledger does not make a user's books.json the tool's to replace.
 3. No stale outputs (`OutputLedger.begin`): before writing, the tool lists everything this run
-   writes; its files from an earlier run that are not on the list (their source was removed)
-   are deleted, and the ledger is rewritten, atomically, before the first output is. A run
-   killed midway thus leaves only listed files, and the next run recognises all of them.
+   writes (a guest's name on that list is refused); its files from an earlier run that are not
+   on the list (their source was removed) are deleted, and the ledger is rewritten,
+   atomically, before the first output is. A run killed midway thus leaves only listed files,
+   and the next run recognises all of them. Guests are never deleted.
 """
 
 from __future__ import annotations
@@ -73,9 +77,9 @@ def check_apart(out_dir: str | Path, inputs: Iterable[tuple[str, str | Path | No
 class OutputLedger:
     """One tool's claim on its output folder and the list of what it wrote there (see above)."""
 
-    def __init__(self, folder: Path, owner: str, files: dict[str, str]) -> None:
+    def __init__(self, folder: Path, owner: str | None, files: dict[str, str]) -> None:
         self.folder = folder
-        self.owner = owner
+        self.owner = owner  # None: no tool has claimed the folder yet (guests only)
         self.files = files  # relative name -> the tool that wrote it
 
     @classmethod
@@ -88,7 +92,8 @@ class OutputLedger:
         if not (isinstance(record, dict) and record.get("format") == LEDGER_FORMAT
                 and isinstance(record.get("files"), dict)):
             return None
-        return cls(Path(folder), str(record.get("owner")), dict(record["files"]))
+        owner = record.get("owner")
+        return cls(Path(folder), None if owner is None else str(owner), dict(record["files"]))
 
     @classmethod
     def claim(cls, folder: str | Path, tool: str, option: str = "--out_dir") -> OutputLedger:
@@ -97,12 +102,11 @@ class OutputLedger:
         folder = Path(folder)
         if folder.exists() and not folder.is_dir():
             raise ValueError(f"{option} {folder} is a file: name a new or empty folder")
-        ledger = cls.read(folder) if folder.is_dir() else None
-        if ledger is None:
-            ledger = cls(folder, tool, {})
-        elif ledger.owner != tool:
+        ledger = (cls.read(folder) if folder.is_dir() else None) or cls(folder, None, {})
+        if ledger.owner not in (None, tool):
             raise ValueError(f"{option} {folder} holds the output of {ledger.owner} "
                              f"({LEDGER}), not of {tool}; choose a new or empty folder")
+        ledger.owner = tool
         foreign = first_foreign_entry(folder, ledger.files) if folder.is_dir() else None
         if foreign is not None:
             raise ValueError(f"{option} {folder} holds {foreign}, which {tool} did not write: "
@@ -114,6 +118,11 @@ class OutputLedger:
         """Rule 3: this run writes `planned` (relative names); delete what the owner wrote
         before and does not write now, record the list, and return the deleted names."""
         planned = set(planned)
+        taken = sorted(name for name in planned
+                       if self.files.get(name, self.owner) != self.owner)
+        if taken:
+            raise ValueError(f"{self.folder / taken[0]} was written by {self.files[taken[0]]}, "
+                             f"and {self.owner} would replace it; rename that input")
         stale = sorted(name for name, writer in self.files.items()
                        if writer == self.owner and name not in planned)
         for name in stale:
@@ -123,11 +132,13 @@ class OutputLedger:
         self._write()
         return stale
 
-    def add(self, names: Iterable[str], writer: str) -> None:
-        """Record files another tool writes beside the owner's (the sample index, next to the
-        token files it indexes), before it writes them."""
-        self.files.update({name: writer for name in names})
-        self._write()
+    @classmethod
+    def record(cls, folder: str | Path, names: Iterable[str], writer: str) -> None:
+        """Before a guest writes `names` into `folder` (which it does not own), list them as
+        `writer`'s, so the owner's next run knows them and leaves them alone."""
+        ledger = cls.read(folder) or cls(Path(folder), None, {})
+        ledger.files.update({name: writer for name in names})
+        ledger._write()
 
     def _write(self) -> None:
         record = {"format": LEDGER_FORMAT, "version": LEDGER_VERSION, "owner": self.owner,

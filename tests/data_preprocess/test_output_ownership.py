@@ -20,7 +20,7 @@ from data_preprocess import (
     pretokenize_pretrain_data,
 )
 from utils.cli_errors import run_main
-from utils.data_output_dir import LEDGER
+from utils.data_output_dir import LEDGER, OutputLedger
 
 SCENE = ("The quick brown fox jumps over the lazy dog near the quiet river bank. "
          "A small bird sings a song in the tall green tree while the sun goes down. ")
@@ -193,3 +193,22 @@ def test_a_rerun_removes_the_outputs_of_a_removed_input(tool, tmp_path, capsys,
         pretok = tmp_path / "pretok"
         assert run(pretrain(tmp_path, out, pretok, tiny_hf_tokenizer_dir), capsys)[0] == 0
         assert sorted(p.name for p in pretok.glob("*.bin")) == ["books.bin"]
+
+
+def test_a_guests_files_are_written_beside_and_never_removed(tmp_path, capsys):
+    """The demo's bilingual lessons sit in the clean stage's output folder, listed there by
+    data/build_demo_corpus.py as a guest's: clean writes beside them, a rerun keeps them, and
+    an input that would write over one is refused."""
+    data = corpus(tmp_path, texts)
+    out = tmp_path / "out"
+    write_jsonl(out / "lessons.jsonl", texts(9))
+    OutputLedger.record(out, ["lessons.jsonl"], "build_demo_corpus")
+    guest = (out / "lessons.jsonl").read_bytes()
+    assert run(clean(tmp_path, data, out, tmp_path), capsys)[0] == 0
+    (data / "sub" / "more.jsonl").unlink()
+    assert run(clean(tmp_path, data, out, tmp_path), capsys)[0] == 0
+    assert (out / "lessons.jsonl").read_bytes() == guest and (out / "books.jsonl").is_file()
+    write_jsonl(data / "lessons.jsonl", texts(4))
+    code, error = run(clean(tmp_path, data, out, tmp_path), capsys)
+    assert code == 2 and "lessons.jsonl was written by build_demo_corpus" in error
+    assert (out / "lessons.jsonl").read_bytes() == guest
