@@ -106,12 +106,14 @@ class OutputLedger:
         if ledger.owner not in (None, tool):
             raise ValueError(f"{option} {folder} holds the output of {ledger.owner} "
                              f"({LEDGER}), not of {tool}; choose a new or empty folder")
-        ledger.owner = tool
         foreign = first_foreign_entry(folder, ledger.files) if folder.is_dir() else None
         if foreign is not None:
+            unclaimed = "" if ledger.owner else (
+                f" (an output of a z2all older than its {LEDGER} is not recognised either)")
             raise ValueError(f"{option} {folder} holds {foreign}, which {tool} did not write: "
                              "it writes only into a new or empty folder or its own earlier "
-                             "output; choose another folder")
+                             f"output{unclaimed}; choose another folder")
+        ledger.owner = tool
         return ledger
 
     def begin(self, planned: Iterable[str]) -> list[str]:
