@@ -65,8 +65,8 @@ def check_apart(out_dir: str | Path, inputs: Iterable[tuple[str, str | Path | No
         if source in out.parents and not any(
                 part.startswith(".") for part in out.relative_to(source).parts):
             raise ValueError(f"{option} {out_dir} lies inside the input {name} {value}: its "
-                             "outputs would be read back as input; choose a folder outside it "
-                             "(or a hidden one: the readers skip folders named '.*')")
+                             "outputs would mix with the input (and be read back as input); "
+                             "choose a folder outside it (or a hidden one: readers skip '.*')")
     for folder in (out, *out.parents):
         if (folder / RUN_MARKER).is_file():
             raise ValueError(f"{option} {out_dir} lies inside the z2all run directory {folder} "
