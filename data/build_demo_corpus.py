@@ -9,6 +9,8 @@ seed (same seed -> the same bytes), so every `make demo` trains on identical dat
                                 an eval item mixed in (data/dirty_corpus.py), for the demo's
                                 clean stage to remove; it writes the scenes to pretrain/
     data/demo/pretrain/bilingual_zh_en.jsonl      {"text"}: templated Chinese+English lessons
+                                (listed in pretrain/.z2all_outputs.json as a guest of the
+                                clean stage's output folder, docs/design.md §2.4a)
     data/demo/sft/train_{sharegpt,openai,alpaca}.jsonl  the demo skills (data/demo_tasks.py)
     data/demo/sft/valid.jsonl                           in the three SFT formats of design.md §2.1
     data/demo/dpo/train_{conversations,prompt}.jsonl    chosen = correct, rejected = near miss,
@@ -42,6 +44,7 @@ from data.dirty_corpus import BOILERPLATE, leaked_eval_page, with_dirty_share
 from data.shakespeare import play_files, play_scenes
 from utils.atomic_io import atomic_open
 from utils.cli_errors import run_main
+from utils.data_output_dir import OutputLedger
 
 SYSTEM_PROMPT = "You are a careful assistant. Answer with the result only."
 
@@ -202,6 +205,9 @@ def build(out: Path, seed: int, scale: float = 1.0) -> dict[str, tuple[int, int]
         files[f"dpo/{name}.jsonl"] = [make_record(dpo_rng, *example) for example in
                                       draw_examples(dpo_rng, scaled(count, scale), exclude)]
 
+    # pretrain/ is the clean stage's output folder: the lessons are listed there as a guest's
+    # (utils/data_output_dir.py), so the clean stage writes beside them and never removes them.
+    OutputLedger.record(out / "pretrain", ["bilingual_zh_en.jsonl"], "build_demo_corpus")
     return {relative: write_jsonl(out / relative, records)
             for relative, records in files.items()}
 

@@ -3,7 +3,8 @@
     python -m data_preprocess.build_pretrain_sample_index_map --data_dir data/demo/pretok_hf \\
         --max_seq_len 256 [--valid_ratio 0.01 | --valid_samples 100] [--seed 1337]
 
-writes `train_L256.ibin` / `valid_L256.ibin` (+ `.ibin.json` sidecars) into the data dir.
+writes `train_L256.ibin` / `valid_L256.ibin` (+ `.ibin.json` sidecars) into the data dir,
+replacing only files of those names it wrote itself (`claim_index_files`).
 
 How samples tile the token stream. Each `.bin` file is one stream (its documents back to back,
 each ending in EOS). Samples are windows of L+1 tokens taken with stride L: sample k of a file
@@ -49,9 +50,12 @@ from data_preprocess.indexed_dataset import IndexedDataset
 from utils.atomic_io import atomic_open, atomic_write_json
 from utils.cli_errors import run_main
 from utils.data_files import find_data_files
+from utils.data_output_dir import OutputLedger
 from utils.option_checks import raise_problems, range_problem
+from utils.run_directory import read_json_or_none
 
 INDEX_FORMAT, INDEX_VERSION = "z2all-sample-index", 1
+TOOL = "build_pretrain_sample_index_map"  # the writer it records in a folder's ledger
 CHUNK_SLOTS = 1 << 20  # slots generated per numpy step (16 MiB of int64 pairs)
 DEFAULT_VALID_RATIO = 0.01
 DEFAULT_SEED = 1337
@@ -59,6 +63,29 @@ DEFAULT_SEED = 1337
 
 def index_path(data_dir: str | Path, max_seq_len: int, split: str) -> Path:
     return Path(data_dir) / f"{split}_L{max_seq_len}.ibin"
+
+
+def claim_index_files(data_dir: str | Path, max_seq_len: int) -> None:
+    """The index replaces only files it wrote itself (docs/design.md §2.5): where a z2all tool
+    keeps a ledger (utils/data_output_dir.py, e.g. the pretokenizer's output), its four names
+    are recorded there before they are written, so a later pretokenize run into the folder
+    knows them; an existing one must be listed there as this tool's, or be (or sit beside) a
+    z2all-sample-index sidecar. Anything else under those names is refused, not replaced."""
+    ledger = OutputLedger.read(data_dir)
+    names = [name for split in ("train", "valid")
+             for name in (index_path(data_dir, max_seq_len, split).name,
+                          index_path(data_dir, max_seq_len, split).name + ".json")]
+    for name in names:
+        path = Path(data_dir) / name
+        if not path.exists() or (ledger is not None and ledger.files.get(name) == TOOL):
+            continue
+        sidecar = read_json_or_none(path if name.endswith(".json") else Path(f"{path}.json"))
+        if sidecar is None or sidecar.get("format") != INDEX_FORMAT:
+            raise ValueError(f"--data_dir {data_dir}: {path} is not a sample index this tool "
+                             f"wrote (no {INDEX_FORMAT} sidecar), and the index is written "
+                             "under that name; move it away")
+    if ledger is not None:
+        OutputLedger.record(data_dir, names, TOOL)
 
 
 def find_token_files(data_dir: str | Path) -> list[dict[str, Any]]:
@@ -146,6 +173,7 @@ def build_sample_index(data_dir: str | Path, max_seq_len: int,
     if not 0 <= valid_samples < num_slots:
         raise ValueError(f"{data_dir}: {num_slots} samples in total; cannot hold out "
                          f"{valid_samples} for validation")
+    claim_index_files(data_dir, max_seq_len)
     # Un-commit any older index first: each sidecar is its split's commit mark (valid's is the
     # one dataset/build.py waits for), so a crash below never leaves an old sidecar beside a
     # new .ibin, e.g. a train split drawn with another seed than the valid split it pairs with.

@@ -20,7 +20,8 @@ per kept document, in source order. Three passes:
 3. write: each shard atomically (temp file, fsync, rename), then its sidecar; a shard whose
    sidecar matches this run's inputs and settings is skipped. Last, `clean_report.json/.md`.
 The output depends only on the input and the options, never on --num_workers or
---minhash_sort_records.
+--minhash_sort_records. CLEAN must be new, empty or an earlier CLEAN, apart from RAW; a rerun
+deletes the shards of inputs that are gone (`owned_outputs`, docs/design.md §2.4a).
 """
 
 from __future__ import annotations
@@ -282,11 +283,20 @@ def write_shard(job: pipeline.FileJob, drops: dict[int, tuple[str, Any]], out_di
     return {**sidecar, "reused": False}
 
 
+def owned_outputs(jobs: list[pipeline.FileJob]) -> list[str]:
+    """Every name below --out_dir a run writes: one shard per input, the two reports
+    (cleaning/report.py), and the state folder, which is the tool's alone."""
+    return [*(f"{job.output_stem}.jsonl" for job in jobs), "clean_report.json",
+            "clean_report.md", f"{STATE_DIR}/"]
+
+
 def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
     """All three passes; returns the report (also written as clean_report.json/.md)."""
     settings = settings_from(args)
     out_dir = Path(args.out_dir)
-    jobs = pipeline.plan_file_jobs(args.data_dir, out_dir)
+    jobs = pipeline.plan_file_jobs(args.data_dir, out_dir,
+                                   [("--decontaminate", path) for path in args.decontaminate])
+    pipeline.claim_out_dir("clean_pretrain_data", out_dir, owned_outputs(jobs))
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
               f"hashes; S-curve 50% point at Jaccard "

@@ -2,7 +2,9 @@
 tokenize in an ordered pool of worker processes (worker_pool.py), and report what happened.
 
 The life of one input file `D/sub/a.jsonl` with `--out_dir O`:
-1. `plan_file_jobs` maps it to the output prefix `O/sub/a` (relative paths are mirrored).
+1. `plan_file_jobs` maps it to the output prefix `O/sub/a` (relative paths are mirrored), and
+   `claim_out_dir` checks that O is the tool's own and deletes its outputs of inputs that are
+   gone (utils/data_output_dir.py, docs/design.md §2.4a).
 2. If `O/sub/a.json` (the sidecar) exists and records the same source size, mtime, tokenizer
    and settings, the file is already done: it is reused, not redone.
 3. Otherwise its sidecar and old outputs are deleted first (a crash from here on leaves the
@@ -20,7 +22,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,10 +37,12 @@ from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
 from utils.boolean_flags import add_boolean_flag
 from utils.data_files import is_data_spec, locate_data
+from utils.data_output_dir import OutputLedger, check_apart
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import ReadStats
 
 SIDECAR_VERSION = 1
+REPORT_FILE = "pretokenize_report.json"
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 
 
@@ -77,17 +81,20 @@ class FileJob:
     def sidecar_path(self) -> Path:
         return self.prefix.with_name(self.prefix.name + ".json")
 
+    @property
+    def output_stem(self) -> str:
+        """`sub/a` for the input `sub/a.jsonl`: its outputs' names below out_dir, unsuffixed."""
+        return Path(self.relative).with_suffix("").as_posix()
 
-def plan_file_jobs(data_dir: str | Path, out_dir: Path) -> list[FileJob]:
+
+def plan_file_jobs(data_dir: str | Path, out_dir: Path,
+                   other_inputs: Sequence[tuple[str, str | Path | None]] = ()) -> list[FileJob]:
     """One job per data file `data_dir` names (a folder, its split, a Hub dataset:
-    utils/data_files.py), in sorted order, their paths below its folder mirrored under out_dir."""
+    utils/data_files.py), in sorted order, their paths below its folder mirrored under out_dir.
+    out_dir must lie apart from the data's folder and `other_inputs` (utils/data_output_dir.py)."""
     located = locate_data(Path(data_dir).resolve() if Path(data_dir).exists() else data_dir)
-    root, out_dir = located.root.resolve(), Path(out_dir).resolve()
-    inside = out_dir == root or root in out_dir.parents
-    if inside and not any(part.startswith(".") for part in out_dir.relative_to(root).parts):
-        raise ValueError(f"--out_dir {out_dir} lies inside --data_dir {data_dir}: its .json "
-                         "sidecars would be read back as input; choose a directory outside it "
-                         "(or a hidden one: the readers skip folders named '.*')")
+    check_apart(out_dir, [("--data_dir", located.root), *other_inputs])
+    out_dir = Path(out_dir).resolve()
     jobs, owners = [], {}
     for source, relative in zip(located.files, located.relative_names()):
         prefix = out_dir / Path(relative).with_suffix("")
@@ -99,6 +106,22 @@ def plan_file_jobs(data_dir: str | Path, out_dir: Path) -> list[FileJob]:
     if not jobs:
         raise FileNotFoundError(f"no .jsonl/.json/.parquet/.txt files under {data_dir}")
     return jobs
+
+
+def claim_out_dir(tool: str, out_dir: Path, planned: list[str]) -> None:
+    """Before any output is written: refuse an out_dir that is not `tool`'s own (new, empty or
+    its earlier output), then delete its earlier outputs that this run does not write again,
+    those of sources that are gone (utils/data_output_dir.py). `planned`: every name (relative
+    to out_dir) this run writes."""
+    twice = sorted(name for name, count in collections.Counter(planned).items() if count > 1)
+    if twice:
+        raise ValueError(f"{out_dir / twice[0]} would be written twice (an input's output and "
+                         "another's, or a report); rename that input")
+    ledger = OutputLedger.claim(out_dir, tool)
+    if removed := ledger.begin(planned):
+        shown = ", ".join(removed[:3]) + (", ..." if len(removed) > 3 else "")
+        print(f"removed {len(removed)} earlier outputs of inputs that are gone from {out_dir}: "
+              f"{shown}")
 
 
 def source_identity(source: Path) -> dict[str, int]:
@@ -153,6 +176,12 @@ class PretokenizeTask:
     work: Callable[[list[Any]], Any]
     write: Callable[[FileJob, list[IndexedDatasetWriter], Any, FileCounts], None]
     not_bad_reasons: tuple[str, ...] = ("empty",)  # skip reasons that are policy, not bad input
+
+    def output_names(self) -> list[str]:
+        """What one input file becomes, as suffixes of its output stem: the sidecar and the
+        .bin/.idx of every pair."""
+        return [".json", *(f"{suffix}{ext}" for suffix, _ in self.outputs
+                           for ext in (".bin", ".idx"))]
 
 
 def output_prefix(job: FileJob, suffix: str) -> Path:
@@ -215,7 +244,10 @@ def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | 
             raise ValueError(f"--data_dir {data_dir} names data by id or split: give --out_dir "
                              "(the default, <data_dir>_pretok, is for a folder)")
         out_dir = Path(data_dir).with_name(Path(data_dir).name + "_pretok")
-    jobs = plan_file_jobs(data_dir, Path(out_dir))
+    jobs = plan_file_jobs(data_dir, Path(out_dir), [("--tokenizer_dir", tokenizer_dir)])
+    claim_out_dir(f"pretokenize_{task.kind}_data", Path(out_dir),
+                  [*(f"{job.output_stem}{name}" for job in jobs for name in task.output_names()),
+                   REPORT_FILE])
     per_file, todo = [], []
     for job in jobs:
         done = finished_sidecar(job, {**task.settings, **source_identity(job.source)})
@@ -243,8 +275,8 @@ def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | 
     report = {"format": f"z2all-{task.kind}-report", "version": 1,
               "tokenizer": task.settings["tokenizer"], **totals_of(per_file),
               "seconds": round(time.perf_counter() - started, 3), "per_file": per_file}
-    atomic_write_json(Path(out_dir) / "pretokenize_report.json", report)
-    print_summary(report, task.not_bad_reasons, Path(out_dir) / "pretokenize_report.json")
+    atomic_write_json(Path(out_dir) / REPORT_FILE, report)
+    print_summary(report, task.not_bad_reasons, Path(out_dir) / REPORT_FILE)
     return report
 
 

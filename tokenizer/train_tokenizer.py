@@ -14,8 +14,9 @@
    it to --out: a crash never leaves a half-written tokenizer under --out.
 
 Since step 4 replaces --out, --out is checked first (`check_out_dir`): it may be new, empty or
-an earlier tokenizer dir (only the files step 4 writes), and never the corpus, a directory
-holding it, or a place inside it. Anything else is refused instead of deleted.
+an earlier z2all tokenizer dir (only the files step 4 writes), and never the corpus, a
+directory holding it, a place inside it, or inside a z2all run (its tokenizer copy). Anything
+else is refused instead of deleted. A symlink --out is followed: its target is replaced.
 """
 
 from __future__ import annotations
@@ -40,13 +41,22 @@ from utils.atomic_io import fsync_dir
 from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.data_files import iter_texts_from
+from utils.data_output_dir import check_apart, first_foreign_entry
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import ReadStats
+from utils.run_directory import read_json_or_none
 
 from . import load_tokenizer
 from .byte_level_bpe import train_byte_level_bpe
 from .sentencepiece_bpe import sentencepiece_to_tokenizers, train_sentencepiece_bpe
-from .z2all_tokenizer import SPECIAL_TOKENS, Z2allTokenizer, with_special_tokens
+from .z2all_tokenizer import (
+    CONFIG_FILE,
+    FORMAT_NAME,
+    SPECIAL_TOKENS,
+    TOKENIZER_FILE,
+    Z2allTokenizer,
+    with_special_tokens,
+)
 
 KINDS = {"hf": "byte_level_bpe", "sp": "sentencepiece_bpe"}
 SENTENCEPIECE_FILE = "sentencepiece.model"  # sp only: what sentencepiece trained, for reference
@@ -108,21 +118,34 @@ def parse_args(argv: list[str] | None = None) -> TrainTokenizerConfig:
 
 
 def check_out_dir(out: str, inputs: list[str]) -> None:
-    """Refuse an --out whose replacement would delete something that is not a tokenizer."""
+    """Refuse an --out whose replacement would delete something train_tokenizer did not write:
+    an input, a folder holding one or inside one, a run's tokenizer copy (anything inside a
+    z2all run, utils/data_output_dir.py), or a folder that is not a z2all tokenizer dir (only
+    TOKENIZER_FILES, and a tokenizer_config.json with z2all's record). A symlink is followed:
+    what it points to is checked, and replaced, the link itself kept."""
+    check_apart(out, [("--input", path) for path in inputs], option="--out")
     target = Path(out).resolve()
-    for source in map(lambda path: Path(path).resolve(), inputs):
-        if target == source or source in target.parents or target in source.parents:
-            raise ValueError(f"--out {out} overlaps --input {source}: replacing it would "
-                             "delete the corpus; choose an --out outside the input")
     if target.exists() and not target.is_dir():
         raise ValueError(f"--out {out} is a file; choose a directory path")
-    if target.is_dir():
-        foreign = sorted(entry.name for entry in target.iterdir()
-                         if entry.name not in TOKENIZER_FILES or not entry.is_file())
-        if foreign or (any(target.iterdir()) and not (target / "tokenizer.json").is_file()):
-            raise ValueError(f"--out {out} is a non-empty directory that is not a tokenizer dir "
-                             f"(it holds {', '.join(foreign[:3]) or 'no tokenizer.json'}); it "
-                             "would be replaced: choose a new or empty --out")
+    if not target.is_dir() or not any(target.iterdir()):
+        return
+    foreign = first_foreign_entry(target, dict.fromkeys(TOKENIZER_FILES, "train_tokenizer"))
+    if foreign is not None:
+        raise ValueError(f"--out {out} holds {foreign}, which train_tokenizer did not write (it "
+                         "replaces only an earlier z2all tokenizer dir): choose a new or empty "
+                         "--out")
+    if not is_z2all_tokenizer_dir(target):
+        raise ValueError(f"--out {out} is not a z2all tokenizer dir (no {TOKENIZER_FILE}, or a "
+                         f"{CONFIG_FILE} without z2all's record) and would be replaced: choose "
+                         "a new or empty --out")
+
+
+def is_z2all_tokenizer_dir(directory: Path) -> bool:
+    """Whether `directory` holds tokenizer.json and a tokenizer_config.json that z2all wrote."""
+    config = read_json_or_none(directory / CONFIG_FILE)
+    record = config.get("z2all") if config is not None else None
+    return ((directory / TOKENIZER_FILE).is_file() and isinstance(record, dict)
+            and record.get("format") == FORMAT_NAME)
 
 
 def train_raw_model(kind: str, texts: Iterable[str], base_vocab_size: int, seed: int = 0,
@@ -153,7 +176,7 @@ def build_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, out: str |
                                                sp_max_sentences, show_progress)
     tokenizer = Z2allTokenizer(tokenizer_object=with_special_tokens(raw),
                                z2all={"kind": KINDS[kind], "training": training})
-    out = Path(out)
+    out = Path(out).resolve()  # through a symlink: its target is replaced, the link kept
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the tokenizer dir is meant to be shared

@@ -144,7 +144,7 @@ def test_sigkill_midway_then_rerun_matches_uninterrupted(tmp_path, tiny_hf_token
                    capture_output=True)
     pretokenize_pretrain_data(raw, tiny_hf_tokenizer_dir, tmp_path / "clean", num_workers=2)
     assert final_files(killed) == final_files(tmp_path / "clean")
-    assert not [p for p in killed.rglob(".*") if p.is_file()], "temp files left behind"
+    assert not [p for p in killed.rglob(".*.tmp") if p.is_file()], "temp files left behind"
 
 
 BAD_LINES = {"malformed_json": b'{"text": "broken', "missing_key": b'{"content": "wrong key"}',
