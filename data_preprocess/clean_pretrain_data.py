@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--decontaminate_ngram", type=int, default=13, help="words of a leaked n-gram")
     add("--decontaminate_min_words", type=int, default=8, help="shorter eval items are ignored")
     group = parser.add_argument_group("filter thresholds (Gopher's values by default)")
-    for name, default, help_text in filters.option_fields():
-        group.add_argument(f"--{name}", type=type(default), default=default, help=help_text)
+    for name, value_type, default, help_text in filters.option_fields():
+        group.add_argument(f"--{name}", type=value_type, default=default, help=help_text)
     return parser
 
 
@@ -96,6 +96,8 @@ def settings_from(args: argparse.Namespace) -> analyse.CleanSettings:
     """Check every option (one ValueError naming all problems) before any work is done."""
     dedup_kinds = tuple(kind for kind in args.dedup.split(",") if kind)
     unknown = [kind for kind in dedup_kinds if kind not in DEDUP_KINDS]
+    options = filters.FilterOptions(**{name: getattr(args, name)
+                                       for name, *_ in filters.option_fields()})
     raise_problems([
         range_problem("--num_workers", args.num_workers, 0),
         range_problem("--batch_size", args.batch_size, 1),
@@ -103,14 +105,13 @@ def settings_from(args: argparse.Namespace) -> analyse.CleanSettings:
                       high_open=True),
         range_problem("--num_perm", args.num_perm, 1),
         range_problem("--shingle_words", args.shingle_words, 1),
+        range_problem("--seed", args.seed, 0),
         range_problem("--minhash_sort_records", args.minhash_sort_records,
                       external_sort.MIN_RUN_RECORDS),
         range_problem("--decontaminate_ngram", args.decontaminate_ngram, 1),
         range_problem("--decontaminate_min_words", args.decontaminate_min_words, 1),
-        f"--dedup: unknown {unknown}; choose from {','.join(DEDUP_KINDS)}" if unknown else None])
-    options = filters.FilterOptions(**{name: getattr(args, name)
-                                       for name, _, _ in filters.option_fields()})
-    filters.duplicate_ngram_limits(options)  # a malformed list fails here, not in a worker
+        f"--dedup: unknown {unknown}; choose from {','.join(DEDUP_KINDS)}" if unknown else None,
+        *filters.threshold_problems(options)])
     bands, rows = minhash.choose_bands(args.minhash_threshold, args.num_perm)
     eval_index = None
     if args.decontaminate:

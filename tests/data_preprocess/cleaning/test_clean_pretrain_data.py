@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from data.dirty_corpus import near_copy, shakespeare_scenes
-from data_preprocess.clean_pretrain_data import build_parser, clean_pretrain_data
+from data_preprocess.clean_pretrain_data import build_parser, clean_pretrain_data, main
 from data_preprocess.cleaning.filters import FilterOptions, first_failure
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
+from utils.cli_errors import run_main
 
 REPO = Path(__file__).resolve().parents[3]
 LEAK = ("Which planet in our solar system has the largest number of known moons orbiting "
@@ -127,6 +128,30 @@ def test_bad_option_is_one_line_exit_2_before_any_work(tmp_path, bad):
     result = cli("--data_dir", str(tmp_path), "--out_dir", str(tmp_path / "out"), *bad)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("bad", "named"), [
+    (["--max_duplicate_ngram_chars", "0:0.1"], "--max_duplicate_ngram_chars: n in '0:0.1'"),
+    (["--max_duplicate_ngram_chars", "5:nan"], "--max_duplicate_ngram_chars: fraction"),
+    (["--max_duplicate_ngram_chars", "5:1.5"], "--max_duplicate_ngram_chars: fraction"),
+    (["--max_bullet_lines", "nan"], "--max_bullet_lines must be a finite number in [0, 1]"),
+    (["--max_bullet_lines", "5"], "--max_bullet_lines must be in [0, 1]"),
+    (["--min_alpha_words", "-0.1"], "--min_alpha_words must be in [0, 1]"),
+    (["--max_top_2gram_chars", "inf"], "--max_top_2gram_chars must be a finite number"),
+    (["--max_mean_word_length", "nan"], "--max_mean_word_length must be a finite number"),
+    (["--max_doc_words", "-1"], "--max_doc_words must be >= 0"),
+    (["--min_stop_words", "-2"], "--min_stop_words must be >= 0"),
+    (["--min_doc_words", "200", "--max_doc_words", "100"], "--min_doc_words 200 is above"),
+    (["--seed", "-1"], "--seed must be >= 0")])
+def test_bad_threshold_is_one_line_naming_the_option_exit_2(tmp_path, capsys, bad, named):
+    """Through the command's own main and run_main: a nan once switched a rule off, a count
+    given to a fraction was accepted, and n = 0 made the repeated-n-gram scan loop forever."""
+    code = run_main(main, ["--data_dir", str(tmp_path), "--out_dir", str(tmp_path / "out"),
+                           "--num_workers", "0", *bad])
+    stderr = capsys.readouterr().err
+    assert code == 2 and stderr.count("\n") == 1 and stderr.startswith("error: "), stderr
+    assert named in stderr
     assert not (tmp_path / "out").exists()
 
 
