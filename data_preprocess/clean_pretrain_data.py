@@ -42,7 +42,7 @@ from data_preprocess.cleaning import analyse, dedup, external_sort, filters, min
 from data_preprocess.cleaning.decontaminate import build_eval_index
 from data_preprocess.cleaning.report import CleanReport, write_reports
 from data_preprocess.cleaning.text import UNICODE_FORMS, normalise_unicode
-from data_preprocess.worker_pool import batched, ordered_map, worker_context
+from data_preprocess.worker_pool import batched, ordered_map, start_pool
 from utils.atomic_io import atomic_open, atomic_write_json
 from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
@@ -200,8 +200,7 @@ def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.C
     print(f"analysing {len(todo)} of {len(jobs)} files ({len(jobs) - len(todo)} already done)")
     pool = None
     if todo and args.num_workers > 0:
-        pool = ProcessPoolExecutor(args.num_workers, mp_context=worker_context(),
-                                   initializer=analyse.init_worker, initargs=(settings,))
+        pool = start_pool(args.num_workers, analyse.init_worker, (settings,))
     else:
         analyse.init_worker(settings)
     try:
