@@ -297,6 +297,46 @@ REPETITION_RULES: tuple[Rule, ...] = (
     make_top_ngram_rule(4, "max_top_4gram_chars"), duplicate_ngrams)
 RULE_GROUPS = {"gopher_quality": QUALITY_RULES, "gopher_repetition": REPETITION_RULES}
 
+# Each rule's name in datatrove (the reason its GopherQualityFilter / GopherRepetitionFilter
+# gives), so a report reads beside theirs, and its threshold as a report shows it.
+RULE_DETAILS: dict[str, tuple[str, str]] = {
+    "too_few_words": ("gopher_short_doc", "< {min_doc_words} (--min_doc_words)"),
+    "too_many_words": ("gopher_long_doc", "> {max_doc_words} (--max_doc_words)"),
+    "mean_word_length_out_of_range": (
+        "gopher_below_avg_threshold / gopher_above_avg_threshold",
+        "outside [{min_mean_word_length}, {max_mean_word_length}] "
+        "(--min_mean_word_length, --max_mean_word_length)"),
+    "too_many_hashes": ("gopher_too_many_hashes", "> {max_symbol_word_ratio} "
+                                                  "(--max_symbol_word_ratio)"),
+    "too_many_ellipses": ("gopher_too_many_ellipsis", "> {max_symbol_word_ratio} "
+                                                      "(--max_symbol_word_ratio)"),
+    "mostly_bullet_lines": ("gopher_too_many_bullets", "> {max_bullet_lines} "
+                                                       "(--max_bullet_lines)"),
+    "mostly_ellipsis_lines": ("gopher_too_many_end_ellipsis", "> {max_ellipsis_lines} "
+                                                              "(--max_ellipsis_lines)"),
+    "too_few_alpha_words": ("gopher_below_alpha_threshold", "< {min_alpha_words} "
+                                                            "(--min_alpha_words)"),
+    "too_few_stop_words": ("gopher_enough_stop_words", "< {min_stop_words} (--min_stop_words)"),
+    "duplicate_paragraphs": ("dup_para_frac", "> {max_duplicate_paragraphs} "
+                                              "(--max_duplicate_paragraphs)"),
+    "duplicate_paragraph_chars": ("dup_para_char_frac", "> {max_duplicate_paragraph_chars} "
+                                                        "(--max_duplicate_paragraph_chars)"),
+    "duplicate_lines": ("dup_line_frac", "> {max_duplicate_lines} (--max_duplicate_lines)"),
+    "duplicate_line_chars": ("dup_line_char_frac", "> {max_duplicate_line_chars} "
+                                                   "(--max_duplicate_line_chars)"),
+    **{f"top_{n}gram_chars": (f"top_{n}_gram", f"> {{max_top_{n}gram_chars}} "
+                                               f"(--max_top_{n}gram_chars)") for n in (2, 3, 4)},
+    "duplicate_ngrams": ("duplicated_<n>_n_grams", "> n:fraction {max_duplicate_ngram_chars} "
+                                                   "(--max_duplicate_ngram_chars)"),
+}
+
+
+def rule_details(options: FilterOptions) -> dict[str, dict[str, str]]:
+    """{rule: {"datatrove": their name, "threshold": "> 0.9 (--max_bullet_lines)"}}."""
+    values = {f.name: getattr(options, f.name) for f in fields(options)}
+    return {rule: {"datatrove": theirs, "threshold": template.format(**values)}
+            for rule, (theirs, template) in RULE_DETAILS.items()}
+
 
 def first_failure(text: str, groups: list[str], options: FilterOptions) -> tuple[str, float] | None:
     """(rule name, measured value) of the first rule the text fails, or None if it passes."""
