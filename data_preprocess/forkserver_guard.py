@@ -12,7 +12,8 @@ forkserver (worker_pool.start_pool), so the chain ends with the program.
 `worker_pool.worker_context()` names this module in the forkserver's preload list, which the
 forkserver imports before it forks anything. The setting is made at import because a preload
 list can do nothing but import; importing this module anywhere else would tie *that* process
-to its parent, so nothing else does.
+to its parent, so nothing else does. The kernel watches the *thread* that started the
+forkserver (utils/parent_death.py), so pools are started from the main thread, as they are.
 """
 
 from __future__ import annotations
