@@ -341,7 +341,8 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
     if args.write_dropped:
         earlier_dropped = dropped.claim(Path(args.write_dropped), [
             ("--data_dir", args.data_dir), ("--out_dir", args.out_dir),
-            *(("--decontaminate", path) for path in args.decontaminate)])
+            *(("--decontaminate", path) for path in args.decontaminate)],
+            rule_details(settings, args))
     jobs = pipeline.plan_file_jobs(args.data_dir, out_dir)
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "

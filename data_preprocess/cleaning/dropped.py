@@ -37,26 +37,38 @@ OPTION = "--write_dropped"
 TEMP_FILE = re.compile(r"^\.(.+\.jsonl|\.z2all_dropped\.json)\.\w+\.tmp$")  # atomic_io's temps
 
 
-def _listed_files(folder: Path) -> list[str] | None:
-    """The files the marker says this option wrote, or None if the folder has no valid one."""
+def _listed_files(folder: Path, rules: Iterable[str]) -> list[str]:
+    """The files the marker says this option wrote; only names of rule files count (a copied
+    or edited marker cannot make a user's file, or a path outside DIR, one to delete)."""
     try:
         marker = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
-        return None
+        return []
     if not (isinstance(marker, dict) and marker.get("format") == MARKER_FORMAT
             and isinstance(marker.get("files"), list)):
-        return None
-    return [str(name) for name in marker["files"]]
+        return []
+    rule_files = {f"{rule}.jsonl" for rule in rules}
+    return [name for name in marker["files"] if name in rule_files]
 
 
-def claim(folder: Path, inputs: Iterable[tuple[str, str | Path]]) -> list[str]:
+def _overlap(folder: Path, path: str | Path) -> bool:
+    """DIR is `path`, or above or inside it (a `DIR@split` spec counts as DIR)."""
+    target = folder.resolve()
+    for candidate in {str(path), str(path).rpartition("@")[0] or str(path)}:
+        other = Path(candidate).resolve()
+        if target == other or target in other.parents or other in target.parents:
+            return True
+    return False
+
+
+def claim(folder: Path, inputs: Iterable[tuple[str, str | Path]],
+          rules: Iterable[str]) -> list[str]:
     """Check DIR before any work (ValueError, one line, naming the problem); return the
     files an earlier run wrote there. `inputs`: (option, path) pairs it must stay apart from,
-    whether they exist yet or not (a Hub id names no folder here, and overlaps none)."""
-    target = folder.resolve()
+    whether they exist yet or not (a Hub id names no folder here, and overlaps none);
+    `rules`: every rule name a run can drop by."""
     for option, path in inputs:
-        other = Path(str(path).rpartition("@")[0] or path).resolve()  # DIR@split: DIR
-        if target == other or target in other.parents or other in target.parents:
+        if _overlap(folder, path):
             raise ValueError(f"{OPTION} {folder} overlaps {option} {path}: the dropped "
                              "documents would be read back or mixed into the output; choose a "
                              "folder apart from both")
@@ -64,7 +76,7 @@ def claim(folder: Path, inputs: Iterable[tuple[str, str | Path]]) -> list[str]:
         return []
     if not folder.is_dir():
         raise ValueError(f"{OPTION} {folder} is a file: name a new or empty folder")
-    listed = _listed_files(folder) or []
+    listed = _listed_files(folder, rules)
     allowed = {MARKER, *listed}
     for entry in sorted(folder.iterdir()):
         if entry.name not in allowed and not (entry.is_file() and TEMP_FILE.match(entry.name)):

@@ -207,6 +207,7 @@ def test_write_dropped_keeps_each_rules_documents_in_a_file_of_its_own(tmp_path,
 
 @pytest.mark.parametrize(("where", "named"), [
     ("foreign", "--write_dropped {dir} holds notes.txt, which it did not write"),
+    ("copied_marker", "--write_dropped {dir} holds notes.txt, which it did not write"),
     ("in_out_dir", "--write_dropped {dir} overlaps --out_dir"),
     ("data_dir", "--write_dropped {dir} overlaps --data_dir"),
     ("above_data_dir", "--write_dropped {dir} overlaps --data_dir"),
@@ -215,11 +216,14 @@ def test_write_dropped_refuses_a_folder_it_does_not_own(tmp_path, capsys, scenes
     """New, empty or its own earlier output, apart from the input and the output: a user's
     notes are never mixed in or replaced, and dropped text never becomes input or output."""
     raw, _ = dirty_corpus(tmp_path, scenes)
-    folder = {"foreign": tmp_path / "mine", "in_out_dir": tmp_path / "out" / "dropped",
-              "data_dir": raw, "above_data_dir": tmp_path, "a_file": tmp_path / "file"}[where]
-    if where == "foreign":
+    folder = {"in_out_dir": tmp_path / "out" / "dropped", "data_dir": raw,
+              "above_data_dir": tmp_path, "a_file": tmp_path / "file"}.get(where, tmp_path / "mine")
+    if where in ("foreign", "copied_marker"):
         folder.mkdir()
         (folder / "notes.txt").write_text("keep me")
+    if where == "copied_marker":  # a marker naming the user's file does not make it ours
+        (folder / ".z2all_dropped.json").write_text(json.dumps(
+            {"format": "z2all-dropped", "version": 1, "files": ["notes.txt"]}))
     if where == "a_file":
         folder.write_text("keep me")
     code = run_main(main, ["--data_dir", str(raw), "--out_dir", str(tmp_path / "out"),
@@ -228,8 +232,8 @@ def test_write_dropped_refuses_a_folder_it_does_not_own(tmp_path, capsys, scenes
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert named.format(dir=folder) in stderr
     assert not (tmp_path / "out" / "clean_report.json").exists()
-    if where == "foreign":
-        assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    if where in ("foreign", "copied_marker"):
+        assert (folder / "notes.txt").read_text() == "keep me"
 
 
 def run_on_a_terminal(argv: list[str]) -> str:
