@@ -33,7 +33,8 @@ STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 
 
 COUNT = (0, None)  # a number of words: any whole number >= 0
-LENGTH = (0, None)  # a mean word length in characters, or '#'/'...' per word (may exceed 1)
+LENGTH = (0, None)  # a mean word length in characters
+PER_WORD = (0, None)  # '#' or '...' per word: not a fraction, "### ###" has 3 per word
 FRACTION = (0, 1)  # a share of lines, words or characters
 
 
@@ -52,7 +53,7 @@ class FilterOptions:
                                             "drop if the mean content-word length is below")
     max_mean_word_length: float = threshold(10, LENGTH,
                                             "drop if the mean content-word length is above")
-    max_symbol_word_ratio: float = threshold(0.1, LENGTH, "max '#' and max '...' per word")
+    max_symbol_word_ratio: float = threshold(0.1, PER_WORD, "max '#' and max '...' per word")
     max_bullet_lines: float = threshold(0.9, FRACTION,
                                         "max fraction of lines starting with a bullet")
     max_ellipsis_lines: float = threshold(0.3, FRACTION,
