@@ -338,16 +338,16 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
     """All three passes; returns the report (also written as clean_report.json/.md)."""
     settings = settings_from(args)
     out_dir = Path(args.out_dir)
-    if args.write_dropped:
-        earlier_dropped = dropped.claim(Path(args.write_dropped), [
-            ("--data_dir", args.data_dir), ("--out_dir", args.out_dir),
-            *(("--decontaminate", path) for path in args.decontaminate)],
-            rule_details(settings, args))
     jobs = pipeline.plan_file_jobs(args.data_dir, out_dir)
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
               f"hashes; S-curve 50% point at Jaccard "
               f"{minhash.s_curve_midpoint(settings.bands, settings.rows):.3f}")
+    if args.write_dropped:
+        earlier_dropped = dropped.claim(Path(args.write_dropped), [
+            ("--data_dir", args.data_dir), ("--out_dir", args.out_dir),
+            *(("--decontaminate", path) for path in args.decontaminate)],
+            rule_details(settings, args))
     fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
     analyses = analyse_all(jobs, out_dir, settings, fingerprint, args)
     drops = decide_drops(jobs, analyses, out_dir, settings, args.minhash_sort_records)
