@@ -274,33 +274,6 @@ def decide_drops(jobs: list[pipeline.FileJob], analyses: list[dict[str, Any]], o
     return drops
 
 
-def write_shard(job: pipeline.FileJob, drops: dict[int, tuple[str, Any]], out_dir: Path,
-                run: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Pass 3 for one file: its kept documents, normalised, as CLEAN/<relative>.jsonl."""
-    shard = job.prefix.with_name(job.prefix.name + ".jsonl")
-    sidecar_path = state_path(out_dir, job, "shard.json")
-    try:
-        done = json.loads(sidecar_path.read_text())
-        if done.get("run") == run and shard.exists():
-            return {**done, "reused": True}
-    except (FileNotFoundError, json.JSONDecodeError):
-        pass
-    sidecar_path.unlink(missing_ok=True)
-    documents = size = 0
-    with atomic_open(shard, "wb") as handle:
-        for number, text in numbered_texts(job, args.text_key, args.skip_bad_records,
-                                           ReadStats()):
-            if number in drops:
-                continue
-            text = normalise_unicode(text, args.unicode_form)
-            record = {"text": text, "source": job.relative, "line": number}
-            handle.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
-            documents, size = documents + 1, size + len(text.encode("utf-8"))
-    sidecar = {"run": run, "documents": documents, "bytes": size}
-    atomic_write_json(sidecar_path, sidecar)  # written last: the shard's commit mark
-    return {**sidecar, "reused": False}
-
-
 def rule_details(settings: analyse.CleanSettings,
                  args: argparse.Namespace) -> dict[str, dict[str, str]]:
     """Every rule's threshold and datatrove's name for it, for the report (filters.py has the
@@ -332,6 +305,33 @@ def dropped_documents(jobs: list[pipeline.FileJob], drops: list[dict[int, tuple[
                 rule, value = file_drops[number]
                 yield rule, {"text": normalise_unicode(text, args.unicode_form),
                              "source": job.relative, "line": number, "value": value}
+
+
+def write_shard(job: pipeline.FileJob, drops: dict[int, tuple[str, Any]], out_dir: Path,
+                run: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Pass 3 for one file: its kept documents, normalised, as CLEAN/<relative>.jsonl."""
+    shard = job.prefix.with_name(job.prefix.name + ".jsonl")
+    sidecar_path = state_path(out_dir, job, "shard.json")
+    try:
+        done = json.loads(sidecar_path.read_text())
+        if done.get("run") == run and shard.exists():
+            return {**done, "reused": True}
+    except (FileNotFoundError, json.JSONDecodeError):
+        pass
+    sidecar_path.unlink(missing_ok=True)
+    documents = size = 0
+    with atomic_open(shard, "wb") as handle:
+        for number, text in numbered_texts(job, args.text_key, args.skip_bad_records,
+                                           ReadStats()):
+            if number in drops:
+                continue
+            text = normalise_unicode(text, args.unicode_form)
+            record = {"text": text, "source": job.relative, "line": number}
+            handle.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+            documents, size = documents + 1, size + len(text.encode("utf-8"))
+    sidecar = {"run": run, "documents": documents, "bytes": size}
+    atomic_write_json(sidecar_path, sidecar)  # written last: the shard's commit mark
+    return {**sidecar, "reused": False}
 
 
 def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
