@@ -18,7 +18,10 @@ per kept document, in source order. Three passes:
    --minhash_sort_records in RAM, the rest as sorted runs in `CLEAN/.clean/sort-*`, deleted
    when the band is done (and, if a killed run left some, when the next run starts).
 3. write: each shard atomically (temp file, fsync, rename), then its sidecar; a shard whose
-   sidecar matches this run's inputs and settings is skipped. Last, `clean_report.json/.md`.
+   sidecar matches this run's inputs and settings is skipped. With --write_dropped DIR, the
+   dropped documents go to DIR/<rule>.jsonl (cleaning/dropped.py). Last,
+   `clean_report.json/.md`, each rule's threshold and datatrove's name beside its count.
+On a terminal, passes 1 and 3 show a bar with an ETA.
 The output depends only on the input and the options, never on --num_workers or
 --minhash_sort_records. CLEAN must be new, empty or an earlier CLEAN, apart from RAW; a rerun
 deletes the shards of inputs that are gone (`owned_outputs`, docs/design.md §2.4a).
@@ -37,13 +40,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from data_preprocess import pipeline
-from data_preprocess.cleaning import analyse, dedup, external_sort, filters, minhash
+from data_preprocess.cleaning import analyse, dedup, dropped, external_sort, filters, minhash
 from data_preprocess.cleaning.decontaminate import build_eval_index
 from data_preprocess.cleaning.report import CleanReport, write_reports
 from data_preprocess.cleaning.text import UNICODE_FORMS, normalise_unicode
-from data_preprocess.worker_pool import batched, ordered_map, worker_context
+from data_preprocess.worker_pool import batched, ordered_map, start_pool
 from utils.atomic_io import atomic_open, atomic_write_json
 from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
@@ -87,9 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(of a datasets folder or hf: id, its validation/test split)")
     add("--decontaminate_ngram", type=int, default=13, help="words of a leaked n-gram")
     add("--decontaminate_min_words", type=int, default=8, help="shorter eval items are ignored")
+    add("--write_dropped", metavar="DIR", default=None, help="also write every dropped document "
+        "to DIR/<rule>.jsonl (new, empty or its own earlier output; cleaning/dropped.py)")
     group = parser.add_argument_group("filter thresholds (Gopher's values by default)")
-    for name, default, help_text in filters.option_fields():
-        group.add_argument(f"--{name}", type=type(default), default=default, help=help_text)
+    for name, value_type, default, help_text in filters.option_fields():
+        group.add_argument(f"--{name}", type=value_type, default=default, help=help_text)
     return parser
 
 
@@ -97,6 +103,8 @@ def settings_from(args: argparse.Namespace) -> analyse.CleanSettings:
     """Check every option (one ValueError naming all problems) before any work is done."""
     dedup_kinds = tuple(kind for kind in args.dedup.split(",") if kind)
     unknown = [kind for kind in dedup_kinds if kind not in DEDUP_KINDS]
+    options = filters.FilterOptions(**{name: getattr(args, name)
+                                       for name, *_ in filters.option_fields()})
     raise_problems([
         range_problem("--num_workers", args.num_workers, 0),
         range_problem("--batch_size", args.batch_size, 1),
@@ -104,14 +112,13 @@ def settings_from(args: argparse.Namespace) -> analyse.CleanSettings:
                       high_open=True),
         range_problem("--num_perm", args.num_perm, 1),
         range_problem("--shingle_words", args.shingle_words, 1),
+        range_problem("--seed", args.seed, 0),
         range_problem("--minhash_sort_records", args.minhash_sort_records,
                       external_sort.MIN_RUN_RECORDS),
         range_problem("--decontaminate_ngram", args.decontaminate_ngram, 1),
         range_problem("--decontaminate_min_words", args.decontaminate_min_words, 1),
-        f"--dedup: unknown {unknown}; choose from {','.join(DEDUP_KINDS)}" if unknown else None])
-    options = filters.FilterOptions(**{name: getattr(args, name)
-                                       for name, _, _ in filters.option_fields()})
-    filters.duplicate_ngram_limits(options)  # a malformed list fails here, not in a worker
+        f"--dedup: unknown {unknown}; choose from {','.join(DEDUP_KINDS)}" if unknown else None,
+        *filters.threshold_problems(options)])
     bands, rows = minhash.choose_bands(args.minhash_threshold, args.num_perm)
     eval_index = None
     if args.decontaminate:
@@ -157,15 +164,25 @@ def state_path(out_dir: Path, job: pipeline.FileJob, suffix: str) -> Path:
     return out_dir / STATE_DIR / f"{job.relative}.{suffix}"
 
 
+def input_bar(jobs: list[pipeline.FileJob], description: str) -> tqdm:
+    """A bar over the files' bytes (a total known before reading, so it shows an ETA), on a
+    terminal only: a log or a pipe would keep every redraw."""
+    return tqdm(total=sum(job.source.stat().st_size for job in jobs), desc=description,
+                unit="B", unit_scale=True, dynamic_ncols=True, disable=None)
+
+
 def analyse_file(job: pipeline.FileJob, out_dir: Path, expected: dict[str, Any],
-                 pool: ProcessPoolExecutor | None, args: argparse.Namespace) -> dict[str, Any]:
+                 pool: ProcessPoolExecutor | None, args: argparse.Namespace,
+                 progress: tqdm) -> dict[str, Any]:
     """Pass 1 for one file: every document's verdict (sidecar) and band keys (.npy)."""
     sidecar_path = state_path(out_dir, job, "analysis.json")
     sidecar_path.unlink(missing_ok=True)
     stats, verdicts, band_rows = ReadStats(), [], []
     texts = numbered_texts(job, args.text_key, args.skip_bad_records, stats)
+    bytes_before = progress.n  # .jsonl/.txt advance as read; other formats at the file's end
     for batch in ordered_map(pool, analyse.analyse_batch, batched(texts, args.batch_size),
                              4 * max(args.num_workers, 1)):
+        progress.update(bytes_before + stats.bytes_read - progress.n)
         for verdict in batch:
             rule, value = verdict.drop if verdict.drop else (None, None)
             verdicts.append([verdict.number, verdict.bytes_in, rule, value, verdict.exact_key])
@@ -176,6 +193,7 @@ def analyse_file(job: pipeline.FileJob, out_dir: Path, expected: dict[str, Any],
         np.save(handle, keys)
     sidecar = {**expected, "verdicts": verdicts, "skipped": dict(stats.skipped)}
     atomic_write_json(sidecar_path, sidecar, indent=None)
+    progress.update(bytes_before + expected["source_size"] - progress.n)
     return sidecar
 
 
@@ -200,15 +218,16 @@ def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.C
     print(f"analysing {len(todo)} of {len(jobs)} files ({len(jobs) - len(todo)} already done)")
     pool = None
     if todo and args.num_workers > 0:
-        pool = ProcessPoolExecutor(args.num_workers, mp_context=worker_context(),
-                                   initializer=analyse.init_worker, initargs=(settings,))
+        pool = start_pool(args.num_workers, analyse.init_worker, (settings,))
     else:
         analyse.init_worker(settings)
+    progress = input_bar([jobs[i] for i in todo], "analysing")
     try:
         for i in todo:
             expected = {**fingerprint, **pipeline.source_identity(jobs[i].source)}
-            analyses[i] = analyse_file(jobs[i], out_dir, expected, pool, args)
+            analyses[i] = analyse_file(jobs[i], out_dir, expected, pool, args, progress)
     finally:
+        progress.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     return [analysis for analysis in analyses if analysis is not None]
@@ -256,6 +275,39 @@ def decide_drops(jobs: list[pipeline.FileJob], analyses: list[dict[str, Any]], o
     return drops
 
 
+def rule_details(settings: analyse.CleanSettings,
+                 args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """Every rule's threshold and datatrove's name for it, for the report (filters.py has the
+    filter rules'; the four steps after them are this command's)."""
+    ngram = settings.eval_index.ngram if settings.eval_index else args.decontaminate_ngram
+    return {"empty": {"threshold": "only whitespace",
+                      "datatrove": "empty (GopherRepetitionFilter)"},
+            **filters.rule_details(settings.filter_options),
+            "eval_contamination": {"threshold": f"shares a {ngram}-word n-gram with an eval "
+                                                "item (--decontaminate_ngram)",
+                                   "datatrove": "contaminated (NGramsDecontFilter)"},
+            "exact_duplicate": {"threshold": "the same words as an earlier document",
+                                "datatrove": "ExactDedupFilter"},
+            "near_duplicate": {"threshold": f"Jaccard >= ~{args.minhash_threshold} with an "
+                                            "earlier document (--minhash_threshold)",
+                               "datatrove": "MinhashDedupFilter"}}
+
+
+def dropped_documents(jobs: list[pipeline.FileJob], drops: list[dict[int, tuple[str, Any]]],
+                      args: argparse.Namespace) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(rule, record) of every dropped document in source order, its text normalised as a
+    shard's would be (files without drops are not read)."""
+    for job, file_drops in zip(jobs, drops):
+        if not file_drops:
+            continue
+        for number, text in numbered_texts(job, args.text_key, args.skip_bad_records,
+                                           ReadStats()):
+            if number in file_drops:
+                rule, value = file_drops[number]
+                yield rule, {"text": normalise_unicode(text, args.unicode_form),
+                             "source": job.relative, "line": number, "value": value}
+
+
 def write_shard(job: pipeline.FileJob, drops: dict[int, tuple[str, Any]], out_dir: Path,
                 run: str, args: argparse.Namespace) -> dict[str, Any]:
     """Pass 3 for one file: its kept documents, normalised, as CLEAN/<relative>.jsonl."""
@@ -301,12 +353,18 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
               f"hashes; S-curve 50% point at Jaccard "
               f"{minhash.s_curve_midpoint(settings.bands, settings.rows):.3f}")
+    if args.write_dropped:
+        earlier_dropped = dropped.claim(Path(args.write_dropped), [
+            ("--data_dir", args.data_dir), ("--out_dir", args.out_dir),
+            *(("--decontaminate", path) for path in args.decontaminate)],
+            rule_details(settings, args))
     fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
     analyses = analyse_all(jobs, out_dir, settings, fingerprint, args)
     drops = decide_drops(jobs, analyses, out_dir, settings, args.minhash_sort_records)
     inputs = [[job.relative, pipeline.source_identity(job.source)] for job in jobs]
     run = hashlib.sha256(json.dumps([fingerprint, inputs]).encode()).hexdigest()
     report, reused = CleanReport(), 0
+    progress = input_bar(jobs, "writing")
     for job, analysis, file_drops in zip(jobs, analyses, drops):
         for number, size, _, _, _ in analysis["verdicts"]:
             report.documents_in, report.bytes_in = report.documents_in + 1, report.bytes_in + size
@@ -318,7 +376,15 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
         report.documents_out += shard["documents"]
         report.bytes_out += shard["bytes"]
         reused += shard["reused"]
-    extra = {"files": len(jobs), "shards_reused": reused, "settings": fingerprint}
+        progress.update(job.source.stat().st_size)
+    progress.close()
+    if args.write_dropped:
+        written = dropped.write_dropped(Path(args.write_dropped), earlier_dropped,
+                                        report.dropped, dropped_documents(jobs, drops, args))
+        print(f"dropped documents: {len(written)} file(s) in {args.write_dropped}")
+    details = rule_details(settings, args)
+    extra = {"files": len(jobs), "shards_reused": reused, "settings": fingerprint,
+             "rules": {rule: details[rule] for rule in report.dropped}}
     if "minhash" in settings.dedup:
         extra["minhash"] = {"bands": settings.bands, "rows": settings.rows, "s_curve_50pct": round(
             minhash.s_curve_midpoint(settings.bands, settings.rows), 3)}

@@ -1,4 +1,4 @@
-"""An ordered pool of tokenizing worker processes.
+"""An ordered pool of worker processes (tokenizing, cleaning) that die with the program.
 
 A task function sent to a worker receives only its batch; what every batch needs (the
 tokenizer, the settings) is loaded once per process by `init_worker` and read back with
@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from itertools import islice
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenizer import load_tokenizer
+from utils.parent_death import die_with_parent
 
 
 def batched(items: Iterable[Any], batch_size: int) -> Iterator[list[Any]]:
@@ -44,16 +46,43 @@ def worker_state() -> dict[str, Any]:
     return _WORKER
 
 
+FORKSERVER_GUARD = "data_preprocess.forkserver_guard"  # by name: importing it here would act
+
+
 def worker_context() -> multiprocessing.context.BaseContext:
     """`forkserver`: workers fork from a clean server process that already imported this module.
 
     Safe even when the caller runs torch/CUDA threads (plain `fork` is not), and cheap: the
     server starts once per program and pays the imports once, so each new worker starts in
-    milliseconds instead of re-importing transformers the way `spawn` would.
+    milliseconds instead of re-importing transformers the way `spawn` would. The server also
+    preloads forkserver_guard.py, which makes it die with this program.
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    context.set_forkserver_preload([__name__, FORKSERVER_GUARD])
     return context
+
+
+def _start_worker(initializer: Callable[..., None], *initargs: Any) -> None:
+    """First thing in every worker: die with the forkserver (which dies with the program,
+    forkserver_guard.py), then the caller's once-per-process setup.
+
+    The program may have died (and taken the forkserver) between our fork and this call; the
+    kernel then has no parent left to watch for us, so the program itself is checked after the
+    request (multiprocessing's parent of a forkserver worker is the program that asked for it).
+    """
+    die_with_parent(signal.SIGKILL)
+    program = multiprocessing.parent_process()
+    if program is not None and not program.is_alive():
+        os._exit(1)  # orphaned before the request took effect: no one is left to work for
+    initializer(*initargs)
+
+
+def start_pool(num_workers: int, initializer: Callable[..., None],
+               initargs: tuple[Any, ...]) -> ProcessPoolExecutor:
+    """`num_workers` forkserver processes that each run `initializer(*initargs)` once, and that
+    are all killed by the kernel when this program dies, even by SIGKILL (no orphans)."""
+    return ProcessPoolExecutor(max_workers=num_workers, initializer=_start_worker,
+                               initargs=(initializer, *initargs), mp_context=worker_context())
 
 
 def make_worker_pool(num_workers: int, tokenizer_dir: str | Path,
@@ -73,9 +102,7 @@ def make_worker_pool(num_workers: int, tokenizer_dir: str | Path,
     if num_workers == 0:
         init_worker(str(tokenizer_dir), settings)
         return None
-    return ProcessPoolExecutor(max_workers=num_workers, initializer=init_worker,
-                               initargs=(str(tokenizer_dir), settings),
-                               mp_context=worker_context())
+    return start_pool(num_workers, init_worker, (str(tokenizer_dir), settings))
 
 
 def ordered_map(pool: ProcessPoolExecutor | None, function: Callable, batches: Iterable[Any],

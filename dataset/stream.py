@@ -65,7 +65,7 @@ from dataset.stream_shards import (
 )
 from tokenizer import load_tokenizer
 from utils.readers import BadRecordError, Record
-from utils.worker_signals import ignore_stop_signals
+from utils.worker_signals import init_loader_worker
 
 STATE_FORMAT, STATE_VERSION = "z2all-stream", 1
 CHUNK_SAMPLES = 16  # samples per worker hand-off: fewer round trips, still a small prefetch
@@ -213,7 +213,7 @@ class StreamLoader:
         dataset.start_states = list(self.worker_states)
         dataset.first_worker = self.next_worker
         chunks = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
-                                 collate_fn=keep_chunk, worker_init_fn=ignore_stop_signals))
+                                 collate_fn=keep_chunk, worker_init_fn=init_loader_worker))
         while True:
             items = []
             while len(items) < self.batch_size:

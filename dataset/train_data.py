@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from dataset.build import PAD_TO_MULTIPLE_OF, build_datasets, build_stream_datasets
 from dataset.data_config import DataConfig, DataFormatMismatch
 from dataset.sampler import STATE_KEYS, StatefulDistributedSampler
-from utils.worker_signals import ignore_stop_signals
+from utils.worker_signals import init_loader_worker
 
 
 class TrainData(Protocol):
@@ -60,7 +60,7 @@ class SampledTrainData:
         # draw must not shift the global RNG streams between a continuous and a resumed run.
         loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.sampler,
                             collate_fn=self.collate_fn, num_workers=self.num_workers,
-                            pin_memory=self.pin_memory, worker_init_fn=ignore_stop_signals,
+                            pin_memory=self.pin_memory, worker_init_fn=init_loader_worker,
                             generator=torch.Generator().manual_seed(self.seed
                                                                     + self.consumed_samples))
         for batch in loader:

@@ -18,13 +18,16 @@ import sys
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def die_with_parent(signum: int) -> bool:
+def die_with_parent(signum: int, parent_pid: int | None = None) -> bool:
     """Have `signum` sent to this process when its parent exits; True if the OS supports it.
 
+    `parent_pid`: the process that forked us, where known (a multiprocessing child's
+    `multiprocessing.parent_process().pid`). A parent that died between the fork and this call
+    is then caught too: we are already someone else's child, and signal ourselves.
     Safe in a `preexec_fn` (between fork and exec; the setting survives exec)."""
     if not sys.platform.startswith("linux"):
         return False
-    parent = os.getppid()
+    parent = os.getppid() if parent_pid is None else parent_pid
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
         return False

@@ -8,5 +8,6 @@ One concept per file, in the order a document meets them:
     dedup.py          exact duplicates, and near-duplicate clusters from LSH band buckets
     external_sort.py  sorted runs on disk + a streaming k-way merge: band buckets in bounded RAM
     report.py         clean_report.json / .md: what went in, what came out, and why
+    dropped.py        --write_dropped DIR: the dropped documents themselves, one file per rule
 The command that runs them is data_preprocess/clean_pretrain_data.py.
 """

@@ -66,8 +66,7 @@ def verdict(number: int, raw_text: str) -> Verdict:
         return Verdict(number, size, ("eval_contamination", gram), None, None)
     keys = None
     if "minhash" in settings.dedup:
-        shingles = minhash.shingles(words, settings.shingle_words)
-        signature = minhash.signature(minhash.shingle_hashes(shingles), _STATE["perms"])
+        signature = minhash.document_signature(words, settings.shingle_words, _STATE["perms"])
         keys = minhash.band_keys(signature, settings.bands, settings.rows)
     return Verdict(number, size, None, exact_key(text) if "exact" in settings.dedup else None,
                    keys)

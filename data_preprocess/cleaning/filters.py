@@ -23,50 +23,101 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
 
 from data_preprocess.cleaning.text import is_symbol_only, split_lines, split_paragraphs, split_words
-from utils.option_checks import option
+from utils.option_checks import join_problems, option, range_problem
 
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+
+
+COUNT = (0, None)  # a number of words: any whole number >= 0
+LENGTH = (0, None)  # a mean word length in characters
+PER_WORD = (0, None)  # '#' or '...' per word: not a fraction, "### ###" has 3 per word
+FRACTION = (0, 1)  # a share of lines, words or characters
+
+
+def threshold(default: float, valid: tuple[float, float | None], help: str) -> Any:  # noqa: A002
+    """A rule's threshold: its default, the range a value must lie in, and its --help line."""
+    return field(default=default, metadata={"help": help, "valid": valid})
 
 
 @dataclass(frozen=True)
 class FilterOptions:
     """Thresholds of every rule (Gopher's values are the defaults); each is a CLI option."""
 
-    min_doc_words: int = option(50, "drop documents with fewer content words")
-    max_doc_words: int = option(100_000, "drop documents with more content words")
-    min_mean_word_length: float = option(3, "drop if the mean content-word length is below")
-    max_mean_word_length: float = option(10, "drop if the mean content-word length is above")
-    max_symbol_word_ratio: float = option(0.1, "max '#' and max '...' per word")
-    max_bullet_lines: float = option(0.9, "max fraction of lines starting with a bullet")
-    max_ellipsis_lines: float = option(0.3, "max fraction of lines ending in an ellipsis")
-    min_alpha_words: float = option(0.8, "min fraction of words holding a letter")
-    min_stop_words: int = option(2, f"min distinct stop words present ({' '.join(STOP_WORDS)})")
-    max_duplicate_lines: float = option(0.3, "max fraction of lines that repeat an earlier one")
-    max_duplicate_paragraphs: float = option(0.3, "max fraction of repeated paragraphs")
-    max_duplicate_line_chars: float = option(0.2, "max fraction of characters in repeated lines")
-    max_duplicate_paragraph_chars: float = option(0.2, "max fraction of chars in repeated paras")
-    max_top_2gram_chars: float = option(0.2, "max char fraction of the most frequent 2-gram")
-    max_top_3gram_chars: float = option(0.18, "max char fraction of the most frequent 3-gram")
-    max_top_4gram_chars: float = option(0.16, "max char fraction of the most frequent 4-gram")
+    min_doc_words: int = threshold(50, COUNT, "drop documents with fewer content words")
+    max_doc_words: int = threshold(100_000, COUNT, "drop documents with more content words")
+    min_mean_word_length: float = threshold(3, LENGTH,
+                                            "drop if the mean content-word length is below")
+    max_mean_word_length: float = threshold(10, LENGTH,
+                                            "drop if the mean content-word length is above")
+    max_symbol_word_ratio: float = threshold(0.1, PER_WORD, "max '#' and max '...' per word")
+    max_bullet_lines: float = threshold(0.9, FRACTION,
+                                        "max fraction of lines starting with a bullet")
+    max_ellipsis_lines: float = threshold(0.3, FRACTION,
+                                          "max fraction of lines ending in an ellipsis")
+    min_alpha_words: float = threshold(0.8, FRACTION, "min fraction of words holding a letter")
+    min_stop_words: int = threshold(2, COUNT,
+                                    f"min distinct stop words present ({' '.join(STOP_WORDS)})")
+    max_duplicate_lines: float = threshold(0.3, FRACTION,
+                                           "max fraction of lines that repeat an earlier one")
+    max_duplicate_paragraphs: float = threshold(0.3, FRACTION,
+                                                "max fraction of repeated paragraphs")
+    max_duplicate_line_chars: float = threshold(0.2, FRACTION,
+                                                "max fraction of characters in repeated lines")
+    max_duplicate_paragraph_chars: float = threshold(0.2, FRACTION,
+                                                     "max fraction of chars in repeated paras")
+    max_top_2gram_chars: float = threshold(0.2, FRACTION,
+                                           "max char fraction of the most frequent 2-gram")
+    max_top_3gram_chars: float = threshold(0.18, FRACTION,
+                                           "max char fraction of the most frequent 3-gram")
+    max_top_4gram_chars: float = threshold(0.16, FRACTION,
+                                           "max char fraction of the most frequent 4-gram")
     max_duplicate_ngram_chars: str = option(
         "5:0.15,6:0.14,7:0.13,8:0.12,9:0.11,10:0.10",
         "n:fraction pairs: max char fraction covered by repeated n-grams")
 
 
 def duplicate_ngram_limits(options: FilterOptions) -> list[tuple[int, float]]:
-    """"5:0.15,6:0.14" -> [(5, 0.15), (6, 0.14)] (raises ValueError on a malformed list)."""
+    """"5:0.15,6:0.14" -> [(5, 0.15), (6, 0.14)]; raises ValueError naming the option on a
+    malformed pair, an n below 1 (a 0-gram would never advance the scan) or a fraction
+    outside [0, 1] (nan included: it would switch the rule off)."""
     limits = []
     for pair in options.max_duplicate_ngram_chars.split(","):
         n, _, fraction = pair.partition(":")
         try:
-            limits.append((int(n), float(fraction)))
+            limit = (int(n), float(fraction))
         except ValueError:
             raise ValueError(f"--max_duplicate_ngram_chars: expected n:fraction pairs like "
                              f"5:0.15, got {pair!r}") from None
+        problem = join_problems([range_problem(f"--max_duplicate_ngram_chars: n in {pair!r}",
+                                               limit[0], 1),
+                                 range_problem(f"--max_duplicate_ngram_chars: fraction in "
+                                               f"{pair!r}", limit[1], *FRACTION)])
+        if problem:
+            raise ValueError(problem)
+        limits.append(limit)
     return limits
+
+
+def threshold_problems(options: FilterOptions) -> list[str | None]:
+    """Why each threshold is out of its range (None where it is fine), checked before any work:
+    a nan compares false with every value and would switch its rule off without a word, and a
+    fraction given a count (`--max_bullet_lines 5`) would never drop anything."""
+    problems = [range_problem(f"--{f.name}", getattr(options, f.name), *f.metadata["valid"])
+                for f in fields(options) if "valid" in f.metadata]
+    for low, high in (("min_doc_words", "max_doc_words"),
+                      ("min_mean_word_length", "max_mean_word_length")):
+        if getattr(options, low) > getattr(options, high):
+            problems.append(f"--{low} {getattr(options, low)} is above --{high} "
+                            f"{getattr(options, high)}: every document would be dropped")
+    try:
+        duplicate_ngram_limits(options)
+    except ValueError as error:
+        problems.append(str(error))
+    return problems
 
 
 class Document:
@@ -247,6 +298,46 @@ REPETITION_RULES: tuple[Rule, ...] = (
     make_top_ngram_rule(4, "max_top_4gram_chars"), duplicate_ngrams)
 RULE_GROUPS = {"gopher_quality": QUALITY_RULES, "gopher_repetition": REPETITION_RULES}
 
+# Each rule's name in datatrove (the reason its GopherQualityFilter / GopherRepetitionFilter
+# gives), so a report reads beside theirs, and its threshold as a report shows it.
+RULE_DETAILS: dict[str, tuple[str, str]] = {
+    "too_few_words": ("gopher_short_doc", "< {min_doc_words} (--min_doc_words)"),
+    "too_many_words": ("gopher_long_doc", "> {max_doc_words} (--max_doc_words)"),
+    "mean_word_length_out_of_range": (
+        "gopher_below_avg_threshold / gopher_above_avg_threshold",
+        "outside [{min_mean_word_length}, {max_mean_word_length}] "
+        "(--min_mean_word_length, --max_mean_word_length)"),
+    "too_many_hashes": ("gopher_too_many_hashes", "> {max_symbol_word_ratio} "
+                                                  "(--max_symbol_word_ratio)"),
+    "too_many_ellipses": ("gopher_too_many_ellipsis", "> {max_symbol_word_ratio} "
+                                                      "(--max_symbol_word_ratio)"),
+    "mostly_bullet_lines": ("gopher_too_many_bullets", "> {max_bullet_lines} "
+                                                       "(--max_bullet_lines)"),
+    "mostly_ellipsis_lines": ("gopher_too_many_end_ellipsis", "> {max_ellipsis_lines} "
+                                                              "(--max_ellipsis_lines)"),
+    "too_few_alpha_words": ("gopher_below_alpha_threshold", "< {min_alpha_words} "
+                                                            "(--min_alpha_words)"),
+    "too_few_stop_words": ("gopher_enough_stop_words", "< {min_stop_words} (--min_stop_words)"),
+    "duplicate_paragraphs": ("dup_para_frac", "> {max_duplicate_paragraphs} "
+                                              "(--max_duplicate_paragraphs)"),
+    "duplicate_paragraph_chars": ("dup_para_char_frac", "> {max_duplicate_paragraph_chars} "
+                                                        "(--max_duplicate_paragraph_chars)"),
+    "duplicate_lines": ("dup_line_frac", "> {max_duplicate_lines} (--max_duplicate_lines)"),
+    "duplicate_line_chars": ("dup_line_char_frac", "> {max_duplicate_line_chars} "
+                                                   "(--max_duplicate_line_chars)"),
+    **{f"top_{n}gram_chars": (f"top_{n}_gram", f"> {{max_top_{n}gram_chars}} "
+                                               f"(--max_top_{n}gram_chars)") for n in (2, 3, 4)},
+    "duplicate_ngrams": ("duplicated_<n>_n_grams", "> n:fraction {max_duplicate_ngram_chars} "
+                                                   "(--max_duplicate_ngram_chars)"),
+}
+
+
+def rule_details(options: FilterOptions) -> dict[str, dict[str, str]]:
+    """{rule: {"datatrove": their name, "threshold": "> 0.9 (--max_bullet_lines)"}}."""
+    values = {f.name: getattr(options, f.name) for f in fields(options)}
+    return {rule: {"datatrove": theirs, "threshold": template.format(**values)}
+            for rule, (theirs, template) in RULE_DETAILS.items()}
+
 
 def first_failure(text: str, groups: list[str], options: FilterOptions) -> tuple[str, float] | None:
     """(rule name, measured value) of the first rule the text fails, or None if it passes."""
@@ -259,6 +350,9 @@ def first_failure(text: str, groups: list[str], options: FilterOptions) -> tuple
     return None
 
 
-def option_fields() -> list[tuple[str, object, str]]:
-    """(name, default, help) of every threshold, for the command line."""
-    return [(f.name, f.default, f.metadata["help"]) for f in fields(FilterOptions)]
+def option_fields() -> list[tuple[str, type, object, str]]:
+    """(name, type, default, help) of every threshold, for the command line. The type is the
+    declared one, not the default's: `--max_mean_word_length 10.5` is a float though 10 is not."""
+    declared = get_type_hints(FilterOptions)
+    return [(f.name, declared[f.name], f.default, f.metadata["help"])
+            for f in fields(FilterOptions)]

@@ -20,8 +20,11 @@ pair (Broder 1997; Leskovec, Rajaraman & Ullman, "Mining of Massive Datasets", c
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import itertools
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,14 +33,27 @@ MERSENNE_PRIME = (1 << 61) - 1  # p: a prime larger than every 32-bit shingle ha
 MAX_HASH = (1 << 32) - 1  # signatures keep 32 bits: half the memory, collisions still rare
 
 
+SHINGLES_PER_CHUNK = 8192  # permuted at once: k x 8,192 x 8 bytes = 8 MiB at k = 128
+
+
+def iter_shingles(words: Iterable[str], n: int) -> Iterator[str]:
+    """Every word n-gram in text order, repeats included, from a sliding window (nothing but
+    the window is held); a document of at most n words is one shingle of all of it."""
+    window: collections.deque[str] = collections.deque(maxlen=n)
+    words = iter(words)
+    window.extend(itertools.islice(words, n))
+    yield " ".join(window)
+    for word in words:
+        window.append(word)
+        yield " ".join(window)
+
+
 def shingles(words: list[str], n: int) -> set[str]:
-    """The set of word n-grams; a document shorter than n words is one shingle of all of it."""
-    if len(words) <= n:
-        return {" ".join(words)}
-    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
+    """The set of word n-grams (the document as MinHash sees it; step 1 above)."""
+    return set(iter_shingles(words, n))
 
 
-def shingle_hashes(shingle_set: set[str]) -> np.ndarray:
+def shingle_hashes(shingle_set: Iterable[str]) -> np.ndarray:
     """Each shingle -> a 32-bit value (CRC-32: fast, in C, and the same in every process,
     unlike Python's salted hash()). Sorted, so the result does not depend on set order."""
     return np.array(sorted(zlib.crc32(s.encode("utf-8")) for s in shingle_set), dtype=np.uint64)
@@ -68,6 +84,21 @@ def signature(hashes: np.ndarray, perms: Permutations) -> np.ndarray:
         return np.full(perms.num_perm, MAX_HASH, dtype=np.uint32)
     permuted = (perms.a * hashes[None, :] + perms.b) % np.uint64(MERSENNE_PRIME)
     return (permuted & np.uint64(MAX_HASH)).min(axis=1).astype(np.uint32)
+
+
+def document_signature(words: Iterable[str], n: int, perms: Permutations,
+                       shingles_per_chunk: int = SHINGLES_PER_CHUNK) -> np.ndarray:
+    """`signature` of the document's shingles, taken `shingles_per_chunk` at a time.
+
+    A minimum over all shingles is the minimum of the chunks' minimums, and a repeated shingle
+    cannot change a minimum, so this equals `signature(shingle_hashes(shingles(words, n)))`
+    while holding one chunk: permuting every shingle at once needs k x 8 bytes per shingle
+    (a 50 MB document asked for 8 GiB)."""
+    result = np.full(perms.num_perm, MAX_HASH, dtype=np.uint32)
+    stream = iter_shingles(words, n)
+    while chunk := list(itertools.islice(stream, shingles_per_chunk)):
+        np.minimum(result, signature(shingle_hashes(chunk), perms), out=result)
+    return result
 
 
 def estimate_jaccard(first: np.ndarray, second: np.ndarray) -> float:

@@ -5,6 +5,8 @@ document was dropped, with a few examples per rule so a reader can check the rul
      "dropped": {"too_few_words": 40, "exact_duplicate": 90, ...},
      "examples": {"too_few_words": [{"document": "a.jsonl:17", "value": 12}, ...],
                   "near_duplicate": [{"document": "b.jsonl:3", "value": "a.jsonl:9"}], ...},
+     "rules": {"too_few_words": {"threshold": "< 50 (--min_doc_words)",
+                                 "datatrove": "gopher_short_doc"}, ...},
      "minhash": {"bands": 14, "rows": 9, "s_curve_50pct": 0.714}, "settings": {...}}
 
 A document id is `<file relative to --data_dir>:<line or record number>`.
@@ -56,12 +58,17 @@ class CleanReport:
 
 
 def markdown(report: dict[str, Any], summary: str) -> str:
-    """The same report as a page a person reads: totals, then one table row per rule."""
+    """The same report as a page a person reads: totals, then one table row per rule, its
+    threshold beside the values measured on its examples, and datatrove's name for it."""
     lines = ["# Cleaning report", "", summary, "",
-             "| rule | dropped | examples (document: measured value) |", "|---|---:|---|"]
+             "| rule | dropped | threshold | examples (document: measured value) | datatrove |",
+             "|---|---:|---|---|---|"]
     for rule, count in report["dropped"].items():
         shown = "; ".join(f"`{ex['document']}`: {ex['value']}" for ex in report["examples"][rule])
-        lines.append(f"| {rule} | {count} | {shown.replace('|', '/')} |")
+        details = report["rules"].get(rule, {})
+        cells = [rule, str(count), details.get("threshold", ""), shown,
+                 details.get("datatrove", "")]
+        lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
     if minhash := report.get("minhash"):
         lines += ["", f"MinHash LSH: {minhash['bands']} bands x {minhash['rows']} rows; a pair "
                   f"of Jaccard {minhash['s_curve_50pct']} is caught half the time."]

@@ -75,6 +75,13 @@ def test_dirt_is_dropped_and_counted_good_documents_kept(tmp_path, scenes):
     assert report["documents_in"] == 46 and report["documents_out"] == len(good)
     markdown = (tmp_path / "clean" / "clean_report.md").read_text()
     assert "| near_duplicate | 1 |" in markdown and "sub/b.jsonl:2" in markdown
+    # each rule's threshold beside the measured values, and datatrove's name for the rule
+    assert "| mostly_bullet_lines | 1 | > 0.9 (--max_bullet_lines) | `sub/b.jsonl:3`: " in markdown
+    assert markdown.split("mostly_bullet_lines | 1 |")[1].splitlines()[0].endswith(
+        "| gopher_too_many_bullets |")
+    assert report["rules"]["too_many_hashes"] == {"threshold": "> 0.1 (--max_symbol_word_ratio)",
+                                                  "datatrove": "gopher_too_many_hashes"}
+    assert set(report["rules"]) == set(dropped)
 
 
 def shard_bytes(out: Path) -> dict[str, bytes]:

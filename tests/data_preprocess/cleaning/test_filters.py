@@ -3,7 +3,9 @@ GopherRepetitionFilter on the same few hundred documents (Shakespeare scenes + j
 
 from __future__ import annotations
 
+import inspect
 import random
+import re
 
 import pytest
 
@@ -85,3 +87,19 @@ def test_each_rule_fires_on_the_junk_built_for_it():
 def test_bad_ngram_list_is_one_clear_error():
     with pytest.raises(ValueError, match="n:fraction"):
         filters.duplicate_ngram_limits(filters.FilterOptions(max_duplicate_ngram_chars="5=0.1"))
+
+
+def test_every_rule_has_a_threshold_and_datatroves_real_name_for_it():
+    """The report's datatrove column: each name is a reason their Gopher filters give
+    (n-gram sizes compared as N: theirs are f-strings, "top_{n}_gram")."""
+    def sized(name: str) -> str:
+        return re.sub(r"\{n\}|<n>|\d+", "N", name)
+
+    theirs = inspect.getsource(datatrove_quality) + inspect.getsource(datatrove_repetition)
+    reasons = {sized(reason) for reason in re.findall(r'return False, f?"([^"]+)"', theirs)}
+    details = filters.rule_details(filters.FilterOptions())
+    assert set(details) == {rule.__name__ for group in filters.RULE_GROUPS.values()
+                            for rule in group}
+    for rule, detail in details.items():
+        assert all(sized(name) in reasons for name in detail["datatrove"].split(" / ")), rule
+        assert "(--" in detail["threshold"], rule
