@@ -354,7 +354,7 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
               f"hashes; S-curve 50% point at Jaccard "
               f"{minhash.s_curve_midpoint(settings.bands, settings.rows):.3f}")
     if args.write_dropped:
-        earlier_dropped = dropped.claim(Path(args.write_dropped), [
+        dropped_ledger = dropped.claim(Path(args.write_dropped), [
             ("--data_dir", args.data_dir), ("--out_dir", args.out_dir),
             *(("--decontaminate", path) for path in args.decontaminate)],
             rule_details(settings, args))
@@ -379,8 +379,8 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
         progress.update(job.source.stat().st_size)
     progress.close()
     if args.write_dropped:
-        written = dropped.write_dropped(Path(args.write_dropped), earlier_dropped,
-                                        report.dropped, dropped_documents(jobs, drops, args))
+        written = dropped.write_dropped(dropped_ledger, report.dropped,
+                                        dropped_documents(jobs, drops, args))
         print(f"dropped documents: {len(written)} file(s) in {args.write_dropped}")
     details = rule_details(settings, args)
     extra = {"files": len(jobs), "shards_reused": reused, "settings": fingerprint,

@@ -18,6 +18,7 @@ import pytest
 
 from data.dirty_corpus import shakespeare_scenes
 from data_preprocess.clean_pretrain_data import main
+from data_preprocess.cleaning import dropped
 from tests.data_preprocess.cleaning.test_clean_pretrain_data import (
     REPO,
     cli,
@@ -26,6 +27,7 @@ from tests.data_preprocess.cleaning.test_clean_pretrain_data import (
     shard_bytes,
 )
 from utils.cli_errors import run_main
+from utils.data_output_dir import LEDGER, LEDGER_FORMAT
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +90,9 @@ def test_write_dropped_keeps_each_rules_documents_in_a_file_of_its_own(tmp_path,
 
 
 @pytest.mark.parametrize(("where", "named"), [
-    ("foreign", "--write_dropped {dir} holds notes.txt, which it did not write"),
-    ("copied_marker", "--write_dropped {dir} holds notes.txt, which it did not write"),
+    ("foreign", "--write_dropped {dir} holds notes.txt, which clean_pretrain_data "
+                "--write_dropped did not write"),
+    ("copied_ledger", "--write_dropped {dir} lists notes.txt as its own, which is no rule's"),
     ("in_out_dir", "--write_dropped {dir} overlaps --out_dir"),
     ("data_dir", "--write_dropped {dir} overlaps --data_dir"),
     ("above_data_dir", "--write_dropped {dir} overlaps --data_dir"),
@@ -100,12 +103,13 @@ def test_write_dropped_refuses_a_folder_it_does_not_own(tmp_path, capsys, scenes
     raw, _ = dirty_corpus(tmp_path, scenes)
     folder = {"in_out_dir": tmp_path / "out" / "dropped", "data_dir": raw,
               "above_data_dir": tmp_path, "a_file": tmp_path / "file"}.get(where, tmp_path / "mine")
-    if where in ("foreign", "copied_marker"):
+    if where in ("foreign", "copied_ledger"):
         folder.mkdir()
         (folder / "notes.txt").write_text("keep me")
-    if where == "copied_marker":  # a marker naming the user's file does not make it ours
-        (folder / ".z2all_dropped.json").write_text(json.dumps(
-            {"format": "z2all-dropped", "version": 1, "files": ["notes.txt"]}))
+    if where == "copied_ledger":  # a ledger naming the user's file does not make it ours
+        (folder / LEDGER).write_text(json.dumps(
+            {"format": LEDGER_FORMAT, "version": 1, "owner": dropped.WRITER,
+             "files": {"notes.txt": dropped.WRITER}}))
     if where == "a_file":
         folder.write_text("keep me")
     code = run_main(main, ["--data_dir", str(raw), "--out_dir", str(tmp_path / "out"),
@@ -114,7 +118,7 @@ def test_write_dropped_refuses_a_folder_it_does_not_own(tmp_path, capsys, scenes
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert named.format(dir=folder) in stderr
     assert not (tmp_path / "out" / "clean_report.json").exists()
-    if where in ("foreign", "copied_marker"):
+    if where in ("foreign", "copied_ledger"):
         assert (folder / "notes.txt").read_text() == "keep me"
 
 
