@@ -210,3 +210,29 @@ def test_a_hub_dataset_and_a_dataset_dict_are_scored_on_their_validation_split(
     error = capsys.readouterr().err  # after the model's loading notes
     assert error.splitlines()[-1].startswith("error: --data hf:org/nothing: no Hugging Face "
                                              "dataset") and "Traceback" not in error
+
+
+@pytest.mark.parametrize("report_dir, reason", [
+    (None, "is not a z2all run or one of its checkpoints"),
+    ("model/results", "--report_dir model/results is inside --ckpt model"),
+    ("raw", "--report_dir raw is or contains --data raw"),
+    (".", "--report_dir . is or contains --ckpt model"),
+    ("notes", "--report_dir notes holds todo.txt, which tools.evaluate does not write"),
+], ids=["model-dir", "inside-model", "the-data", "above-inputs", "foreign"])
+def test_results_go_only_into_a_run_a_new_or_empty_dir_or_earlier_results(
+        tmp_path, tiny_hf_tokenizer_dir, capsys, monkeypatch, report_dir, reason):
+    """Was: without --report_dir, report.md and evaluations.json were written into the HF
+    model's directory; a --report_dir inside the model or holding a user's files was taken."""
+    write_raw_data(tmp_path / "raw", seed=5)
+    tiny_model(load_tokenizer(tiny_hf_tokenizer_dir), seed=5).save_pretrained(tmp_path / "model")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    monkeypatch.chdir(tmp_path)
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    argv = ["--ckpt", "model", "--tokenizer_dir", str(tiny_hf_tokenizer_dir), "--data", "raw",
+            "--seq_len", str(SEQ_LEN), "--dtype", "fp32", "--device", "cpu",
+            *(["--report_dir", report_dir] if report_dir else [])]
+    assert cli_run_main(evaluate.main, argv) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert reason in error, error
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
