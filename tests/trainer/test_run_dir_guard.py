@@ -18,11 +18,13 @@ import pytest
 
 import train_my_ddp
 from tests.train_helpers import TINY_ARGS, data_args, run_main, tiny_training_data
+from tools import evaluate, resplot
 from trainer.metrics import read_metrics
 from utils.checkpoint import list_checkpoints
 from utils.cli_errors import EXIT_BAD_INPUT
 from utils.cli_errors import run_main as cli_run_main
 from utils.run_directory import RunLock
+from utils.run_ownership import foreign_entry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -319,3 +321,20 @@ def test_an_out_dir_inside_what_the_run_reads_is_refused(data, tmp_path, capsys,
     err = _refused([*args, f"--out_dir={out_dir}"], capsys)
     assert f"--out_dir={out_dir} {reason}" in err
     assert _files(checkout) == before
+
+
+def test_every_name_a_run_and_its_tools_write_is_listed_as_the_runs_own(data, tmp_path):
+    """utils/run_ownership.py's list is complete: after a run with TensorBoard, its plots and an
+    evaluation, nothing in the folder is foreign, so the run resumes and --overwrite moves it."""
+    run_dir = tmp_path / "run"
+    assert run_main(_args(data, f"--out_dir={run_dir}", "--max_iters=2",
+                          "--tracker=tensorboard")) == 0
+    assert resplot.main([str(run_dir)]) == 0
+    evaluate.main(["--ckpt", str(run_dir), "--data", str(data["pretrain_raw"]), "--limit", "2",
+                   "--dtype", "fp32", "--device", "cpu"])
+    assert {path.name for path in run_dir.iterdir()} >= {"plots", "tensorboard", "tokenizer",
+                                                          "evaluations.json", "report.md"}
+    assert foreign_entry(run_dir) is None
+    assert run_main(_args(data, f"--out_dir={run_dir}", "--max_iters=3", "--resume")) == 0
+    assert run_main(_args(data, f"--out_dir={run_dir}", "--max_iters=2", "--overwrite")) == 0
+    assert len(list(tmp_path.glob("run.old-*"))) == 1
