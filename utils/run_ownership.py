@@ -27,7 +27,7 @@ The rules, asked by rank 0 before the run writes anything (`claim_run_dir`):
    first checkpoint is started again in its own directory (its metrics.jsonl is kept and the new
    records follow). A run with checkpoints is refused (continue it with --resume), or moved aside
    whole with --overwrite, never while it is live;
-4. --resume needs a z2all run;
+4. --resume needs a z2all run with a checkpoint (without one: start it again, rule 3);
 5. /, the home directory, the repository, and what the run reads (or a directory above it or
    inside it) are never a run directory (`out_dir_problem`).
 """
@@ -228,10 +228,15 @@ def _contents_problem(run_dir: Path, resume: bool, overwrite: bool) -> str | Non
         return problem and problem + (
             "; --overwrite moves aside only an earlier z2all run" if overwrite else "")
     problem = foreign_dir_problem(run_dir, flag)
-    if problem or not run_dir.is_dir() or is_run(run_dir):
+    if problem or not run_dir.is_dir():
         return problem  # (a missing directory: the run creates it)
-    return (f"{flag} holds no z2all run to resume (no {RUN_MARKER}, no checkpoint): check the "
-            "path, or start a fresh run without --resume")
+    if not is_run(run_dir):
+        return (f"{flag} holds no z2all run to resume (no {RUN_MARKER}, no checkpoint): check "
+                "the path, or start a fresh run without --resume")
+    if earlier_run(run_dir) is None:
+        return (f"--resume: {run_dir} holds a run that stopped before its first checkpoint: "
+                "nothing to resume; start it again there without --resume")
+    return None
 
 
 def earlier_run(run_dir: Path) -> str | None:

@@ -295,6 +295,8 @@ def test_a_run_that_died_before_its_first_checkpoint_starts_again_in_its_own_fol
     assert (run_dir / "z2all_run.json").is_file() and not _steps(run_dir)
     dead_records = (run_dir / "metrics.jsonl").read_text()
     capsys.readouterr()
+    assert "stopped before its first checkpoint: nothing to resume; start it again there " \
+        "without --resume" in _refused([*args, "--resume"], capsys)
     assert cli_run_main(train_my_ddp.main, [*args, *extra]) == 0
     assert "holds a run that stopped before its first checkpoint: starting it again" in (
         capsys.readouterr().out)
