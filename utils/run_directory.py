@@ -56,6 +56,9 @@ HEARTBEAT_FILE = "heartbeat"
 CHECKPOINTS_DIR = "ckpt"
 METRICS_FILE = "metrics.jsonl"
 MONITOR_LOG = "monitor.log"
+SUPERVISOR_LOCK_FILE = ".monitor.lock"
+RUN_MARKER = "z2all_run.json"  # the marker: who owns a directory, utils/run_ownership.py
+MARKER = {"format": "z2all run directory", "version": 1}
 
 
 def read_json_or_none(path: Path) -> dict | None:
@@ -259,10 +262,3 @@ class ResumeLines:
             if isinstance(record, dict) and record.get("kind") == "resume":
                 found.append(record)
         return found
-
-
-# ---- the run's own names (what else a run writes, and who owns a directory: run_ownership.py) --
-
-RUN_MARKER = "z2all_run.json"
-MARKER = {"format": "z2all run directory", "version": 1}
-SUPERVISOR_LOCK_FILE = ".monitor.lock"
