@@ -133,16 +133,29 @@ def foreign_entry(directory: Path, names: Collection[str] | None = None,
     for entry in sorted(directory.iterdir()):
         if names is not None and entry.name not in names or _is_temporary(entry.name, own):
             continue
+        if not os.path.lexists(entry):
+            continue  # renamed away while we looked: a writer of the run (e.g. tokenizer/)
         if entry.name in RUN_FILES and entry.name in own:
             if not entry.is_file() or entry.is_symlink() or not _looks_like_ours(entry):
                 return entry.name
             continue
         if entry.name not in own or not entry.is_dir() or entry.is_symlink():
             return entry.name
-        patterns = RUN_FOLDERS[entry.name][1]
-        for inner in [] if patterns is None else sorted(entry.iterdir()):
-            if not any(fnmatch.fnmatchcase(inner.name, pattern) for pattern in patterns):
-                return f"{entry.name}/{inner.name}"
+        if (inner := _foreign_inside(entry)) is not None:
+            return f"{entry.name}/{inner}"
+    return None
+
+
+def _foreign_inside(folder: Path) -> str | None:
+    """The first entry of one of the run's folders that its writer does not write, or None."""
+    patterns = RUN_FOLDERS[folder.name][1]
+    try:
+        inside = [] if patterns is None else sorted(folder.iterdir())
+    except FileNotFoundError:
+        return None  # renamed away while we looked
+    for inner in inside:
+        if not any(fnmatch.fnmatchcase(inner.name, pattern) for pattern in patterns):
+            return inner.name
     return None
 
 
