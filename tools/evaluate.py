@@ -67,6 +67,7 @@ from utils.hub import snapshot_of
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import ReadStats, iter_records
+from utils.run_directory import RUN_MARKER
 from utils.run_ownership import (
     EVALUATIONS_MARKER,
     REPORT_FILE,
@@ -206,6 +207,10 @@ def report_dir_of(args: argparse.Namespace) -> Path:
         for candidate in (Path(args.ckpt), model_dir.parent.parent):
             if candidate.is_dir() and is_run(candidate):
                 return candidate
+            if (candidate / RUN_MARKER).is_file() and (foreign := foreign_entry(candidate)):
+                raise ValueError(f"--ckpt {args.ckpt}: its run {candidate} holds {foreign}, "
+                                 "which no z2all run writes, so results are not written there; "
+                                 "give --report_dir DIR (a new or empty directory)")
         raise ValueError(f"--ckpt {args.ckpt} is not a z2all run or one of its checkpoints, "
                          "and results are never written into a model's directory: give "
                          "--report_dir DIR (a new or empty directory) for them")
