@@ -64,4 +64,4 @@ bench: venv
 		$(PY) -m $$module $(BENCH_FLAGS) || exit 1; done
 
 clean:
-	rm -rf out data/demo tokenizer/demo_* .pytest_cache .ruff_cache
+	rm -rf out data/demo tokenizer/demo_* hf_model hf_merged hf_adapter .pytest_cache .ruff_cache

@@ -45,8 +45,10 @@ RESUMED is the trainer's own `{"kind": "resume"}` line in metrics.jsonl, confirm
 
 Exit status: 0 the run finished; 1 gave up after --max_restarts (or the run dir stayed locked);
 3 stuck (same step again and again); 128+N stopped by signal N (130 for Ctrl-C, 143 for
-SIGTERM); 2 bad usage, or the run dir is in use by another live trainer or supervisor
-(monitor/supervisor_lock.py).
+SIGTERM); 2 bad usage, the run dir is in use by another live trainer or supervisor
+(monitor/supervisor_lock.py), or it is not a run's: a directory holding anything a z2all run
+does not write gets no lock, no log and no launch (utils/run_ownership.py; a new or empty
+directory, or a run's own, is supervised).
 
 `--remote user@host` runs the command with `ssh -tt -o BatchMode=yes user@host 'cd DIR &&
 exec ...'`: `-tt` gives the remote side a terminal, so killing the local ssh hangs it up and
@@ -81,6 +83,7 @@ from monitor.supervisor_lock import only_supervisor
 from utils.cli_errors import run_main
 from utils.option_checks import join_problems, range_problem
 from utils.run_directory import MONITOR_LOG, lock_holder, newest_checkpoint_step
+from utils.run_ownership import not_a_run_dir_problem
 
 EXIT_GAVE_UP = 1
 EXIT_STUCK = 3
@@ -293,6 +296,10 @@ def parse_args(argv: list[str]) -> tuple[MonitorConfig, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     config, command = parse_args(sys.argv[1:] if argv is None else argv)
+    # Its lock and log go into the run dir: only into a new or empty one or a run's own.
+    problem = not_a_run_dir_problem(Path(config.out_dir), f"--out_dir={config.out_dir}")
+    if problem:
+        raise ValueError(problem)  # bad input: one line, exit 2, nothing written
     with only_supervisor(config.out_dir):  # taken before anything is launched
         return Supervisor(config, command, Path(config.out_dir)).run()
 

@@ -63,14 +63,8 @@ from trainer.stop_signal import StopSignal
 from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
-from utils.run_directory import (
-    RunDirHoldsARun,
-    RunDirInUse,
-    RunDirMoved,
-    RunLock,
-    claim_run_dir,
-    write_heartbeat,
-)
+from utils.run_directory import RunDirInUse, RunDirMoved, RunLock, write_heartbeat
+from utils.run_ownership import RunDirHoldsARun, claim_run_dir
 
 
 def train_step(run: Run, micro_batches: list[dict[str, torch.Tensor]]

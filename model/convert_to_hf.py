@@ -50,7 +50,7 @@ from model.loading import (
 from model.lora import LoraConfig, lora_state_dict
 from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint, read_lora_checkpoint
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
-from model.run_tokenizer import model_tokenizer
+from model.run_tokenizer import default_tokenizer_dir, model_tokenizer
 from tokenizer import PretrainedTokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
 from utils.atomic_io import atomic_write_bytes, atomic_write_json
@@ -60,6 +60,7 @@ from utils.cli_errors import run_main
 from utils.conversation import IM_END
 from utils.hub import snapshot_of
 from utils.log_setup import configure_logging
+from utils.run_ownership import overlap_problem
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 PEFT_CONFIG_FILE = "adapter_config.json"
@@ -141,23 +142,26 @@ def _model_places(path: str | os.PathLike) -> list[Path]:
     return [path, path.parent.parent] if is_step_dir(path) else [path]
 
 
-def check_out_dir(out: str | os.PathLike, ckpt: str, model_dir: Path) -> None:
-    """Refuse (ValueError, one line) an `--out` that an export would damage: the source (the
-    run, its checkpoint, or inside them), a LoRA run's base, or any directory that is not
-    empty: an export replaces what it finds, and an earlier export cannot be told apart from a
-    downloaded model, so nothing is overwritten."""
-    out = Path(out).resolve()
-    protected = [("the source", place) for place in [*_model_places(ckpt),
-                                                     *_model_places(model_dir)]]
+def check_out_dir(out: str | os.PathLike, ckpt: str, model_dir: Path,
+                  tokenizer_dir: str | os.PathLike | None) -> None:
+    """Refuse (ValueError, one line) an `--out` that an export would damage: what it reads (the
+    source run, its checkpoint, a LoRA run's base, the tokenizer), inside it or above it
+    (utils/run_ownership.overlap_problem), or any directory that is not empty: an export
+    replaces what it finds, and an earlier export cannot be told apart from a downloaded
+    model, so nothing is overwritten (export again into a new directory)."""
+    flag = f"--out {out}"
+    reads = [("the source", place) for place in [*_model_places(ckpt), *_model_places(model_dir)]]
     if is_lora_checkpoint(model_dir):
         base = read_lora_checkpoint(model_dir)[1]["path"]
-        protected += [("the LoRA base", place) for place in _model_places(base)]
-    for role, place in protected:
-        if out == place or place in out.parents:
-            raise ValueError(f"--out {out}: would write into {role} {place}; export into a "
-                             "new or empty directory outside it")
+        reads += [("the LoRA base", place) for place in _model_places(base)]
+    reads.append(("the tokenizer", tokenizer_dir or default_tokenizer_dir(ckpt, model_dir)))
+    problem = overlap_problem(flag, out, reads, "export into a new or empty directory outside "
+                                                "what the export reads")
+    if problem:
+        raise ValueError(problem)
+    out = Path(out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-        raise ValueError(f"--out {out}: exists and is not an empty directory, and an export "
+        raise ValueError(f"{flag}: exists and is not an empty directory, and an export "
                          "replaces what it finds; export into a new or empty directory")
 
 
@@ -188,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.adapter and not is_lora_checkpoint(model_dir):
         raise ValueError(f"--adapter: {model_dir} is not a LoRA checkpoint (no {LORA_FILE}); "
                          "drop --adapter to export the model")
-    check_out_dir(args.out, args.ckpt, model_dir)
+    check_out_dir(args.out, args.ckpt, model_dir, args.tokenizer_dir)
     model, _ = load_model(model_dir)
     tokenizer = model_tokenizer(args.ckpt, model.config, model_dir, args.tokenizer_dir)
     export_tokenizer(tokenizer, args.out)

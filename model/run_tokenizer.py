@@ -30,8 +30,8 @@ from typing import Any
 from model.configuration_z2all import Z2allConfig
 from tokenizer import load_tokenizer
 from utils.run_directory import RUN_MARKER
+from utils.run_ownership import RUN_TOKENIZER_DIR, foreign_entry
 
-RUN_TOKENIZER_DIR = "tokenizer"
 RUN_CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
@@ -39,9 +39,10 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 def save_run_tokenizer(tokenizer_or_dir: Any, run_dir: str | os.PathLike) -> Path:
     """Keep a copy of the run's tokenizer in `<run_dir>/tokenizer/` (written to a temporary
     directory, then renamed into place: a crash leaves the old copy or the new one). An earlier
-    copy is replaced only in a directory marked as a z2all run (utils/run_directory.py): a
-    `tokenizer/` anywhere else is not the run's to delete (it may be code). A copy of the same
-    tokenizer (a resumed run) is left as it is: the other ranks read it while rank 0 saves."""
+    copy is replaced only in a directory marked as a z2all run and only when it holds nothing
+    but a tokenizer's files (utils/run_ownership.py): anything else there (code, a user's
+    notes) is not the run's to delete. A copy of the same tokenizer (a resumed run) is left as
+    it is: the other ranks read it while rank 0 saves."""
     tokenizer = (load_tokenizer(tokenizer_or_dir)
                  if isinstance(tokenizer_or_dir, (str, os.PathLike)) else tokenizer_or_dir)
     run_dir = Path(run_dir)
@@ -49,6 +50,9 @@ def save_run_tokenizer(tokenizer_or_dir: Any, run_dir: str | os.PathLike) -> Pat
     if target.exists() and not (run_dir / RUN_MARKER).is_file():
         raise ValueError(f"{target} exists but {run_dir} is not a z2all run (no {RUN_MARKER}): "
                          "not replacing what the run did not write")
+    if target.exists() and (foreign := foreign_entry(run_dir, names=(RUN_TOKENIZER_DIR,))):
+        raise ValueError(f"{run_dir / foreign} is not a tokenizer file a run writes: not "
+                         f"replacing {target}; move it away or choose another run directory")
     if target.exists() and _fingerprint_at(target) == tokenizer.fingerprint:
         return target
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
 from utils.precision import DTYPES, resolve_dtype
+from utils.run_ownership import is_run
 
 
 def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path | None, tasks_file: str | Path,
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     for example in result["examples"][:4]:
         print(f"  {example['prompt']!r} -> {example['completion']!r}")
     run_dir = Path(args.ckpt)
-    if (run_dir / "ckpt").is_dir():
+    if run_dir.is_dir() and is_run(run_dir):  # only a run's own (utils/run_ownership.py)
         atomic_write_json(run_dir / "task_accuracy.json", result)
 
 

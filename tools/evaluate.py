@@ -25,8 +25,10 @@ tools/lm_eval_tasks/ (z2all_demo_skills, z2all_demo_choice) or any installed lm-
 data is already local; run offline (no download is attempted) on tools/lm_eval_model.Z2allLM.
 
 Results: a table per evaluation appended to `<run>/report.md`, and every result (with its
-settings) appended to `<run>/evaluations.json`, next to it. For a bare HF dir, that dir holds
-them; `--report_dir` chooses another place.
+settings) appended to `<run>/evaluations.json`, next to it. `--report_dir` chooses another
+place, and is needed for a model outside a run (an HF dir): results never go into a model's
+directory. It must be a run's, new, empty or hold only this tool's earlier results, and never
+be, hold or lie inside what is evaluated (`report_dir_of`).
 """
 
 from __future__ import annotations
@@ -57,7 +59,6 @@ from model.loading import (
 from tools.lm_eval_model import Z2allLM
 from trainer.distributed_env import DistributedEnv
 from trainer.evaluation import evaluate_language_model
-from trainer.report import EVALUATIONS_MARKER
 from utils.atomic_io import atomic_write_json
 from utils.cli_errors import run_main
 from utils.data_files import find_data_files
@@ -66,6 +67,14 @@ from utils.hub import snapshot_of
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import ReadStats, iter_records
+from utils.run_directory import RUN_MARKER
+from utils.run_ownership import (
+    EVALUATIONS_MARKER,
+    REPORT_FILE,
+    foreign_entry,
+    is_run,
+    overlap_problem,
+)
 
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 SHIPPED_PREFIX = "z2all_"  # names of the tasks in TASKS_DIR
@@ -188,15 +197,38 @@ def lm_eval_scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 # ------------------------------------------------------------------ where results go
 
-def report_dir_of(ckpt: str, report_dir: str | None) -> Path:
-    """The run dir (given it or one of its checkpoints), else the model dir itself."""
-    if report_dir:
-        return Path(report_dir)
-    model_dir = resolve_model_dir(ckpt)
-    for candidate in (Path(ckpt), model_dir.parent.parent):
-        if (candidate / "ckpt").is_dir():
-            return candidate
-    return model_dir
+def report_dir_of(args: argparse.Namespace) -> Path:
+    """Where the results go: `--report_dir`, else the run `--ckpt` is (or is a checkpoint of).
+    A run's own report.md and evaluations.json are appended to; any other `--report_dir` must be
+    new, empty or hold only this tool's earlier results, and never be, hold or lie inside what
+    is evaluated (--ckpt, --data, --tokenizer_dir): nothing else is written into (one line)."""
+    if not args.report_dir:
+        model_dir = resolve_model_dir(args.ckpt)
+        for candidate in (Path(args.ckpt), model_dir.parent.parent):
+            if candidate.is_dir() and is_run(candidate):
+                return candidate
+            if (candidate / RUN_MARKER).is_file() and (foreign := foreign_entry(candidate)):
+                raise ValueError(f"--ckpt {args.ckpt}: its run {candidate} holds {foreign}, "
+                                 "which no z2all run writes, so results are not written there; "
+                                 "give --report_dir DIR (a new or empty directory)")
+        raise ValueError(f"--ckpt {args.ckpt} is not a z2all run or one of its checkpoints, "
+                         "and results are never written into a model's directory: give "
+                         "--report_dir DIR (a new or empty directory) for them")
+    report_dir, flag = Path(args.report_dir), f"--report_dir {args.report_dir}"
+    if report_dir.is_dir() and is_run(report_dir):
+        return report_dir
+    reads = [("--ckpt", args.ckpt), ("--tokenizer_dir", args.tokenizer_dir),
+             *(("--data", path) for path in args.data or [] if Path(path).exists())]
+    problem = overlap_problem(flag, report_dir, reads, "give a new or empty --report_dir")
+    if problem:
+        raise ValueError(problem)
+    if report_dir.exists() and not report_dir.is_dir():
+        raise ValueError(f"{flag} is a file: give a new or empty directory")
+    foreign = report_dir.is_dir() and foreign_entry(report_dir, allowed=(REPORT_FILE, RESULTS_FILE))
+    if foreign:
+        raise ValueError(f"{flag} holds {foreign}, which tools.evaluate does not write: give a "
+                         "new or empty directory, a run's, or one of this tool's earlier results")
+    return report_dir
 
 
 def record_results(report_dir: Path, title: str, settings: dict[str, Any],
@@ -214,7 +246,7 @@ def record_results(report_dir: Path, title: str, settings: dict[str, Any],
              "| | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(_cell(values.get(metric)) for metric in metrics) + " |"
               for name, values in scores.items()]
-    report = report_dir / "report.md"
+    report = report_dir / REPORT_FILE
     if EVALUATIONS_MARKER not in (report.read_text(encoding="utf-8") if report.is_file() else ""):
         lines.insert(0, "\n" + EVALUATIONS_MARKER)
     with open(report, "a", encoding="utf-8") as handle:
@@ -276,8 +308,8 @@ def main(argv: list[str] | None = None) -> None:
     if snapshot_of(args.ckpt) and not args.report_dir:  # never write into the HF cache
         raise ValueError(f"--ckpt {args.ckpt} is a Hugging Face Hub snapshot: give "
                          "--report_dir DIR for the results")
+    report_dir = report_dir_of(args)  # before any work
     model, tokenizer = load_for_inference(args)
-    report_dir = report_dir_of(args.ckpt, args.report_dir)
     positions = model.config.max_position_embeddings
     seq_len = args.seq_len or run_config_value(args.ckpt, "max_seq_len") or positions
     if seq_len > positions:  # RoPE beyond its trained length scores untrained positions
@@ -306,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{task}: " + "  ".join(f"{k} {_cell(v)}" for k, v in values.items()))
         record_results(report_dir, "lm-evaluation-harness",
                        {**settings, "chat": chat, "limit": args.limit}, scores)
-    print(f"results appended to {report_dir / 'report.md'} and {report_dir / RESULTS_FILE}")
+    print(f"results appended to {report_dir / REPORT_FILE} and {report_dir / RESULTS_FILE}")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ from trainer.options import (
 )
 from utils.atomic_io import atomic_write_text
 from utils.hub import local_dir, snapshot_of
+from utils.option_checks import raise_problems
+from utils.run_ownership import foreign_dir_problem
 
 HUB_OPTIONS = ("init_from", "tokenizer_dir")  # may name a Hugging Face Hub id (utils/hub.py)
 
@@ -75,7 +77,8 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
     merged = TrainingOptions.from_dict(explicit).to_dict()
     notes: list[str] = []
     saved_path = Path(merged["out_dir"]) / "config.json"
-    if merged["resume"]:
+    if merged["resume"]:  # what is not a run's is not read either (utils/run_ownership.py)
+        raise_problems([foreign_dir_problem(saved_path.parent, f"--out_dir={merged['out_dir']}")])
         if not saved_path.is_file():
             raise ValueError(f"--resume: {merged['out_dir']} holds no run to continue (no "
                              "config.json): drop --resume to start one there")

@@ -11,11 +11,11 @@ from model.loading import resolve_model_dir
 from optimizer.data_parallel_factory import check_zero_options
 from parallel.parallel_dims import check_context_parallel_length
 from parallel_plan.llama_shapes import check_parallel_shapes
-from trainer.model_setup import model_config_at, preset_model_config
+from trainer.model_setup import DEMO_TOKENIZER_DIR, model_config_at, preset_model_config
 from trainer.options import TrainingOptions
 from utils.data_files import is_data_spec, locate_data
 from utils.option_checks import raise_problems, range_problem
-from utils.run_directory import out_dir_problem
+from utils.run_ownership import out_dir_problem
 
 # Lower bounds of the options that only have one (unset optional options are not checked).
 LOWER_BOUNDS: dict[str, int] = {
@@ -82,8 +82,11 @@ def check_paths(options: TrainingOptions) -> None:
     run = options.run
     if not run.out_dir.strip():
         problems.append("--out_dir is empty: name the run directory, e.g. --out_dir=out/run1")
-    else:  # a directory of the run's own (utils/run_directory.py)
-        problems.append(out_dir_problem(run.out_dir, reads=paths))
+    else:  # a directory of the run's own (utils/run_ownership.py)
+        default_tokenizer = (DEMO_TOKENIZER_DIR if options.data.tokenizer_dir is None
+                             and options.model.init_from is None else None)
+        problems.append(out_dir_problem(run.out_dir, reads={
+            **paths, "the default --tokenizer_dir": default_tokenizer}))
     raise_problems(problems)
 
 

@@ -21,10 +21,8 @@ from dataset.stream_samples import POLICY_COUNTS
 from trainer.metrics import read_metrics
 from trainer.options import TrainingOptions
 from utils.atomic_io import atomic_write_text
+from utils.run_ownership import EVALUATIONS_MARKER
 
-# report.md is rewritten by each training invocation; what follows this line (the tables that
-# `python -m tools.evaluate` appends) is kept.
-EVALUATIONS_MARKER = "<!-- tools.evaluate results: kept when the trainer rewrites this report -->"
 STREAM_COUNT_METRICS = (*POLICY_COUNTS.values(), "bad_records_skipped")
 
 

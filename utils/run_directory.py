@@ -16,18 +16,14 @@ write them through this module, and a file name or format exists once:
     out/<run>/metrics.jsonl                  {"kind": "resume", "step": 1200, "checkpoint": ...}
                                              appended by the trainer when it resumes
 
-The module has five parts:
+The module has four parts:
 1. the lock (`RunLock`, `lock_holder`): one writer per run directory;
 2. the heartbeat (`write_heartbeat`, `heartbeat_step`, `HeartbeatWatch`): "slow" or "hung";
 3. the checkpoints index (`checkpoints_dir`, `newest_checkpoint_step`): how far a restart
    would resume from;
-4. the resume records (`ResumeLines`): the trainer confirming where it resumed;
-5. who owns a directory (`out_dir_problem`, `claim_run_dir`): a run writes only into a
-   directory of its own. A fresh run takes one that does not exist or is empty; one holding
-   anything else is refused, never written over, and nothing a run did not write is deleted.
-   `--overwrite` moves aside only a z2all run (its marker; before the marker existed: its
-   `ckpt/` or `metrics.jsonl`), and only one that is not live. /, the home directory, the
-   repository, and what the run reads (or a directory above it) are never a run directory.
+4. the resume records (`ResumeLines`): the trainer confirming where it resumed.
+Every name a run writes, and who owns a directory (a run writes only into one of its own),
+are in utils/run_ownership.py.
 
 Why a lock. Two trainers on one run directory (started twice by mistake, or orphaned ranks of
 a killed launcher still going while the supervisor restarts the run) would delete each other's
@@ -53,7 +49,6 @@ import socket
 import time
 from pathlib import Path
 
-from utils.atomic_io import atomic_write_text
 from utils.checkpoint import MANIFEST, list_checkpoints
 
 LOCK_FILE = ".lock"
@@ -61,6 +56,9 @@ HEARTBEAT_FILE = "heartbeat"
 CHECKPOINTS_DIR = "ckpt"
 METRICS_FILE = "metrics.jsonl"
 MONITOR_LOG = "monitor.log"
+SUPERVISOR_LOCK_FILE = ".monitor.lock"
+RUN_MARKER = "z2all_run.json"  # the marker: who owns a directory, utils/run_ownership.py
+MARKER = {"format": "z2all run directory", "version": 1}
 
 
 def read_json_or_none(path: Path) -> dict | None:
@@ -76,6 +74,10 @@ def read_json_or_none(path: Path) -> dict | None:
 
 class RunDirInUse(RuntimeError):
     """Another live process holds the run directory's lock."""
+
+
+class RunDirMoved(OSError):
+    """The run directory was moved or replaced while the run wrote it (a runtime failure)."""
 
 
 def _describe(record: str) -> str:
@@ -260,144 +262,3 @@ class ResumeLines:
             if isinstance(record, dict) and record.get("kind") == "resume":
                 found.append(record)
         return found
-
-
-# ---- 5. who owns a directory: the run's claim ----------------------------------------------------
-
-RUN_MARKER = "z2all_run.json"
-MARKER = {"format": "z2all run directory", "version": 1}
-SUPERVISOR_LOCK_FILE = ".monitor.lock"
-# What a directory may hold before a fresh run starts in it: its supervisor's files (written
-# before the first attempt, monitor_process.py) and a released lock.
-BEFORE_THE_RUN = frozenset({LOCK_FILE, SUPERVISOR_LOCK_FILE, MONITOR_LOG})
-REPOSITORY = Path(__file__).resolve().parents[1]
-
-
-class RunDirHoldsARun(ValueError):
-    """A fresh run was pointed at a directory holding another run, or at one that is not empty
-    and holds no run; or --resume at a directory that holds no run."""
-
-
-class RunDirMoved(OSError):
-    """The run directory was moved or replaced while the run wrote it (a runtime failure)."""
-
-
-def is_run(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a z2all run: its marker, or, for runs made before the marker
-    existed, a `ckpt/` or `metrics.jsonl` (the two files only a trainer writes)."""
-    marker = read_json_or_none(run_dir / RUN_MARKER)
-    if marker is not None and marker.get("format") == MARKER["format"]:
-        return True
-    return checkpoints_dir(run_dir).is_dir() or (run_dir / METRICS_FILE).is_file()
-
-
-def out_dir_problem(out_dir: str, reads: dict[str, str | None]) -> str | None:
-    """Why `--out_dir` can never be this run's directory (one line), or None. Read-only and the
-    same on every rank: the entry point asks before anything is written. `reads` maps the
-    options naming what the run reads (`--data_dir`, ...) to their values: the run writes into
-    none of them, nor above them. /, the home directory and the repository are never a run
-    directory. What the directory holds is judged later, by rank 0 alone under the lock
-    (`claim_run_dir`): another rank looking would see rank 0's first files."""
-    flag, path = f"--out_dir={out_dir}", Path(out_dir)
-    if path.exists() and not path.is_dir():
-        return f"{flag} is a file: name a new or empty directory for the run"
-    resolved = path.resolve()
-    guarded = {"the root directory": Path("/"), "your home directory": Path.home(),
-               "the z2all repository": REPOSITORY,
-               **{f"{name}={value}": Path(value) for name, value in reads.items() if value}}
-    for name, guarded_path in guarded.items():
-        guarded_path = guarded_path.resolve()
-        inside = name.startswith("--") and guarded_path in resolved.parents
-        if resolved == guarded_path or resolved in guarded_path.parents or inside:
-            where = "is inside" if inside else "is or contains"
-            return (f"{flag} {where} {name}: a run writes only into a directory of its own; "
-                    "choose another --out_dir (e.g. out/run1)")
-    return None
-
-
-def _contents_problem(run_dir: Path, resume: bool, overwrite: bool) -> str | None:
-    """Why the run may not start in `run_dir` as it is now, or None: a fresh run takes a
-    directory that does not exist or is empty (a supervisor's files aside) or holds a z2all
-    run (settled by `_record_to_replace`); --resume needs a z2all run."""
-    flag = f"--out_dir={run_dir}"
-    if not run_dir.is_dir():
-        return None  # the run creates it
-    if resume:
-        return None if is_run(run_dir) else (
-            f"{flag} holds no z2all run to resume (no {RUN_MARKER}, {CHECKPOINTS_DIR}/ or "
-            f"{METRICS_FILE}): check the path, or start a fresh run without --resume")
-    foreign = sorted(entry.name for entry in run_dir.iterdir()
-                     if entry.name not in BEFORE_THE_RUN)
-    if is_run(run_dir) or not foreign:
-        return None
-    shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-    return (f"{flag} is not empty and holds no z2all run ({shown}): a fresh run needs a new or "
-            "empty directory; choose another --out_dir"
-            + ("; --overwrite moves aside only an earlier z2all run" if overwrite else ""))
-
-
-def earlier_run(run_dir: Path) -> str | None:
-    """What of an earlier run `run_dir` holds (its checkpoints, its metrics), or None when a
-    fresh run may start there (missing, empty, or only a released lock / a failed start)."""
-    found = []
-    steps = [step for step, _ in list_checkpoints(checkpoints_dir(run_dir))]
-    if steps:
-        found.append(f"checkpoints up to step {max(steps)}")
-    metrics = run_dir / METRICS_FILE
-    if metrics.is_file() and metrics.stat().st_size > 0:
-        found.append("metrics.jsonl")
-    return " and ".join(found) or None
-
-
-def move_aside(run_dir: Path) -> Path:
-    """Rename `run_dir` to `<name>.old-<UTC time>` beside it (never delete a run) and return
-    the new path."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = run_dir.with_name(f"{run_dir.name}.old-{stamp}")
-    suffix = 1
-    while target.exists():
-        suffix += 1
-        target = run_dir.with_name(f"{run_dir.name}.old-{stamp}-{suffix}")
-    os.replace(run_dir, target)
-    return target
-
-
-def claim_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> tuple[RunLock, list[str]]:
-    """Rank 0, once `out_dir_problem` found none: a directory that is no run and not empty is
-    refused (or, for --resume, one that is no run); then lock `run_dir` (a live run refuses,
-    naming its PID and host); a fresh run then refuses an earlier run's record, or with `overwrite`
-    moves it aside; last, the marker says that the directory holds a z2all run (a resumed run
-    made before the marker gets it too). Returns the held lock and notes for the log.
-
-    The lock comes first, so --overwrite never moves a live run: its flock would move with the
-    directory and it would go on writing by path into the new run. (A directory moved by other
-    hands stops its trainer within a step: `RunLock.in_place`.)"""
-    problem = _contents_problem(run_dir, resume, overwrite)
-    if problem:
-        raise RunDirHoldsARun(problem)
-    _record_to_replace(run_dir, resume, overwrite)  # a refusal writes nothing, not even .lock
-    lock = RunLock(run_dir)
-    notes = [lock.acquire()]
-    try:
-        if _record_to_replace(run_dir, resume, overwrite):  # again, now that no run is live
-            moved = move_aside(run_dir)  # ours to move: we hold its lock
-            lock.release()
-            lock = RunLock(run_dir)
-            notes += [lock.acquire(), f"note: --overwrite: moved the earlier run to {moved}"]
-        if not (run_dir / RUN_MARKER).is_file():
-            atomic_write_text(run_dir / RUN_MARKER, json.dumps(MARKER) + "\n")
-    except BaseException:
-        lock.release()
-        raise
-    return lock, [note for note in notes if note]
-
-
-def _record_to_replace(run_dir: Path, resume: bool, overwrite: bool) -> bool:
-    """Whether a fresh run with --overwrite must move an earlier run aside; without
-    --overwrite that run is refused (`RunDirHoldsARun`). A resume replaces nothing."""
-    held = None if resume else earlier_run(run_dir)
-    if held and not overwrite:
-        raise RunDirHoldsARun(
-            f"--out_dir={run_dir} holds another run ({held}): continue it with --resume, "
-            "choose a new --out_dir, or add --overwrite to move it aside (nothing is deleted)")
-    return held is not None

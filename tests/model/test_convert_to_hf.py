@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from model.run_tokenizer import default_tokenizer_dir
 from tests.model.model_helpers import small_model
 from tokenizer import load_tokenizer
 from utils.checkpoint import save_checkpoint
+from utils.cli_errors import run_main as cli_run_main
 from utils.conversation import build_generation_prompt, render_conversation, stop_ids
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -159,3 +161,27 @@ def test_readme_snippet_runs_on_an_export(run_and_export):
                             env={"HF_HUB_OFFLINE": "1", "PATH": ""})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("ROMEO.")
+
+
+@pytest.mark.parametrize("out, reason", [
+    ("tok/export", "is inside the tokenizer"),
+    ("run/ckpt/step_000007/hf", "is inside the source"),
+    (".", "is or contains the source"),
+    ("notes", "exists and is not an empty directory"),
+], ids=["inside-tokenizer", "inside-source", "above-source", "not-empty"])
+def test_an_export_writes_only_into_a_new_or_empty_directory_apart_from_its_inputs(
+        tmp_path, tiny_hf_tokenizer_dir, capsys, monkeypatch, out, reason):
+    """Was: `--out` inside the --tokenizer_dir was written into."""
+    model = small_model("gqa", seed=3, vocab_size=len(load_tokenizer(tiny_hf_tokenizer_dir)))
+    save_checkpoint(tmp_path / "run" / "ckpt", 7, model.save_pretrained)
+    shutil.copytree(tiny_hf_tokenizer_dir, tmp_path / "tok")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    monkeypatch.chdir(tmp_path)
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    argv = ["--ckpt", "run", "--out", out, "--tokenizer_dir", "tok"]
+    assert cli_run_main(convert_main, argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and error.startswith(f"error: --out {out}") and reason in error, error
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+    assert not (tmp_path / out).exists() or (tmp_path / out).samefile(tmp_path) or out == "notes"

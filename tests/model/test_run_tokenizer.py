@@ -77,6 +77,23 @@ def test_resaving_the_same_tokenizer_leaves_the_copy_other_ranks_read(
     assert sorted(path.name for path in run.iterdir()) == sorted([RUN_MARKER, "tokenizer"])
 
 
+@pytest.mark.parametrize("foreign", ["my_tok.py", "notes/todo.txt", "vocab.txt"])
+def test_a_run_tokenizer_holding_what_no_save_writes_is_never_replaced(
+        tmp_path, tiny_hf_tokenizer_dir, llama3_tokenizer_dir, foreign):
+    """Was: any tokenizer/ in a marked run was replaced whole, the user's files with it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RUN_MARKER).touch()
+    copy = save_run_tokenizer(tiny_hf_tokenizer_dir, run)
+    (copy / foreign).parent.mkdir(exist_ok=True)
+    (copy / foreign).write_text("mine\n")
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    with pytest.raises(ValueError, match=f"tokenizer/{foreign.split('/')[0]} is not a tokenizer"):
+        save_run_tokenizer(llama3_tokenizer_dir, run)
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+    assert sorted(path.name for path in run.iterdir()) == sorted([RUN_MARKER, "tokenizer"])
+
+
 def test_run_dir_tokenizer_found_from_any_directory_and_others_refused(
         tmp_path, monkeypatch, tiny_hf_tokenizer_dir, tiny_sp_tokenizer_dir):
     model = small_model("gqa", vocab_size=512,

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import monitor_process
 from monitor.supervisor_lock import only_supervisor
 from utils.cli_errors import EXIT_BAD_INPUT, run_main
@@ -46,3 +48,47 @@ def test_a_supervised_run_dir_is_refused_in_one_line_and_free_afterwards(tmp_pat
     assert not launches.exists()
     assert run_main(monitor_process.main, argv) == 0  # released: the next supervisor runs it
     assert launches.read_text() == "run\n"
+
+
+def _make(root: Path, layout: dict[str, str | None]) -> None:
+    for name, text in layout.items():
+        path = root / name
+        if text is None:
+            path.mkdir(parents=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+
+
+MARKER_TEXT = '{"format": "z2all run directory", "version": 1}\n'
+
+
+@pytest.mark.parametrize("layout, foreign", [
+    ({"monitor.log": "the user's own log\n", "notes.txt": "mine\n"}, "notes.txt"),
+    ({"z2all_run.json": MARKER_TEXT, "ckpt/": None, "thesis.tex": "\\begin{document}\n"},
+     "thesis.tex"),
+    ({"metrics.jsonl": '{"kind": "train"}\n', "config.json": '{"model_type": "llama"}\n'},
+     "config.json"),
+], ids=["users-log", "copied-marker", "other-tools-metrics"])
+def test_a_foreign_run_dir_gets_no_lock_no_log_and_no_launch(tmp_path, capsys, layout, foreign):
+    """Was: the supervisor wrote .monitor.lock and appended to the user's monitor.log."""
+    run_dir, launches = tmp_path / "run", tmp_path / "launches.txt"
+    _make(run_dir, layout)
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    assert run_main(monitor_process.main, monitor_command(run_dir, launches)[2:]) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and f"holds {foreign}, which no z2all run writes" in error, error
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+    assert not launches.exists()
+
+
+@pytest.mark.parametrize("layout", [None, {}, {"z2all_run.json": MARKER_TEXT, "ckpt/": None,
+                                               "monitor.log": "", ".monitor.lock": ""}],
+                         ids=["new", "empty", "its-own-run"])
+def test_a_new_empty_or_own_run_dir_is_supervised(tmp_path, layout):
+    run_dir, launches = tmp_path / "run", tmp_path / "launches.txt"
+    if layout is not None:
+        run_dir.mkdir()
+        _make(run_dir, layout)
+    assert run_main(monitor_process.main, monitor_command(run_dir, launches)[2:]) == 0
+    assert launches.read_text() == "run\n" and (run_dir / "monitor.log").is_file()

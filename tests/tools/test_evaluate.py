@@ -26,8 +26,10 @@ from tools import evaluate
 from trainer.distributed_env import DistributedEnv
 from trainer.evaluation import eval_loader, evaluate_language_model
 from trainer.metrics import read_metrics
+from utils.checkpoint import save_checkpoint
 from utils.cli_errors import EXIT_BAD_INPUT
 from utils.cli_errors import run_main as cli_run_main
+from utils.run_directory import MARKER
 
 SEQ_LEN = 24
 torch.set_num_threads(1)  # the test machine is small and shared
@@ -210,3 +212,35 @@ def test_a_hub_dataset_and_a_dataset_dict_are_scored_on_their_validation_split(
     error = capsys.readouterr().err  # after the model's loading notes
     assert error.splitlines()[-1].startswith("error: --data hf:org/nothing: no Hugging Face "
                                              "dataset") and "Traceback" not in error
+
+
+@pytest.mark.parametrize("ckpt, report_dir, reason", [
+    ("model", None, "is not a z2all run or one of its checkpoints"),
+    ("run", None, "its run run holds notes.txt, which no z2all run writes"),
+    ("model", "model/results", "--report_dir model/results is inside --ckpt model"),
+    ("model", "raw", "--report_dir raw is or contains --data raw"),
+    ("model", ".", "--report_dir . is or contains --ckpt model"),
+    ("model", "notes", "--report_dir notes holds todo.txt, which tools.evaluate does not write"),
+], ids=["model-dir", "users-run", "inside-model", "the-data", "above-inputs", "foreign"])
+def test_results_go_only_into_a_run_a_new_or_empty_dir_or_earlier_results(
+        tmp_path, tiny_hf_tokenizer_dir, capsys, monkeypatch, ckpt, report_dir, reason):
+    """Was: without --report_dir, report.md and evaluations.json were written into the HF
+    model's directory (or a run holding a user's files); a --report_dir inside the model or
+    holding a user's files was taken."""
+    write_raw_data(tmp_path / "raw", seed=5)
+    model = tiny_model(load_tokenizer(tiny_hf_tokenizer_dir), seed=5)
+    model.save_pretrained(tmp_path / "model")
+    save_checkpoint(tmp_path / "run" / "ckpt", 1, model.save_pretrained)
+    (tmp_path / "run" / "z2all_run.json").write_text(json.dumps(MARKER))
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    monkeypatch.chdir(tmp_path)
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    argv = ["--ckpt", ckpt, "--tokenizer_dir", str(tiny_hf_tokenizer_dir), "--data", "raw",
+            "--seq_len", str(SEQ_LEN), "--dtype", "fp32", "--device", "cpu",
+            *(["--report_dir", report_dir] if report_dir else [])]
+    assert cli_run_main(evaluate.main, argv) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert reason in error, error
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before

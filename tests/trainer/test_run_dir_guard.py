@@ -18,11 +18,13 @@ import pytest
 
 import train_my_ddp
 from tests.train_helpers import TINY_ARGS, data_args, run_main, tiny_training_data
+from tools import evaluate, resplot
 from trainer.metrics import read_metrics
 from utils.checkpoint import list_checkpoints
 from utils.cli_errors import EXIT_BAD_INPUT
 from utils.cli_errors import run_main as cli_run_main
 from utils.run_directory import RunLock
+from utils.run_ownership import foreign_entry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +53,7 @@ def test_a_fresh_run_refuses_a_used_run_dir_and_overwrite_moves_it_aside(data, t
                   "--keep_last=2")
     assert cli_run_main(train_my_ddp.main, again) == EXIT_BAD_INPUT
     message = capsys.readouterr().err
-    assert "holds another run (checkpoints up to step 6 and metrics.jsonl)" in message
+    assert "holds another run (checkpoints up to step 6)" in message
     assert "--resume" in message and "--overwrite" in message
     assert {path: path.stat().st_mtime_ns for path in run_dir.rglob("*")
             if path.is_file()} == before  # nothing written, nothing lost
@@ -228,3 +230,113 @@ def test_a_trainer_whose_run_dir_is_moved_stops_before_writing_into_the_new_one(
     assert code == 1 and "was moved or replaced during step 3" in err and "\n" not in err, err
     assert list(run_dir.iterdir()) == []  # nothing written into the new directory
     assert _heartbeat_step(moved) == 2  # the run stopped where it was moved
+
+
+# ---- a run is a run only by its marker and only its own names (issue 38, items 2 and 5) -------
+
+TRAINER_CONFIG = '{"task_type": "pretrain", "max_iters": 2}\n'  # shaped like a run's config.json
+USER_FILES = {"config.json": '{"model_type": "llama"}\n', "report.md": "# My notes\n",
+              "tokenizer/my_tok.py": "print('mine')\n"}
+
+
+@pytest.mark.parametrize("layout, first_foreign", [
+    ({"ckpt/": None, **USER_FILES}, "config.json"),                  # an empty ckpt/
+    ({"metrics.jsonl": "", **USER_FILES}, "config.json"),             # an empty metrics.jsonl
+    ({"z2all_run.json": '{"format": "z2all run directory", "version": 1}\n', "ckpt/": None,
+      "config.json": TRAINER_CONFIG, "report.md": "# Run report: mine\n",
+      "tokenizer/my_tok.py": "print('mine')\n"}, "tokenizer/my_tok.py"),  # a copied marker
+    ({"z2all_run.json": '{"format": "z2all run directory", "version": 1}\n',
+      "report.md": "# My notes\n"}, "report.md"),                    # report.md: not a run's
+    ({"metrics.jsonl": '{"kind": "train", "step": 1}\n', "thesis.tex": "\\begin{document}\n"},
+     "thesis.tex"),                                                   # another tool's metrics
+], ids=["empty-ckpt", "empty-metrics", "copied-marker", "users-report", "thesis"])
+def test_a_directory_holding_what_no_run_writes_is_refused_naming_it(
+        data, tmp_path, capsys, layout, first_foreign):
+    """Was: a fresh run exited 0, overwrote config.json and report.md and deleted tokenizer/;
+    --overwrite moved the thesis folder aside."""
+    target = tmp_path / "mine"
+    for name, text in layout.items():
+        path = target / name
+        if text is None:
+            path.mkdir(parents=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    before = _files(tmp_path)
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        err = _refused(_args(data, f"--out_dir={target}", "--max_iters=2", *extra), capsys)
+        assert f"holds {first_foreign}, which no z2all run writes" in err, (extra, err)
+        assert _files(tmp_path) == before, extra  # nothing written, moved or deleted
+
+
+def _die_at_step_two(monkeypatch) -> None:
+    """The run fails at its second step, before its first checkpoint (exit 1)."""
+    real_step, steps = train_my_ddp.train_step, []
+
+    def step(run, micro_batches):
+        steps.append(1)
+        if len(steps) == 2:
+            raise OSError("the device went away (simulated)")
+        return real_step(run, micro_batches)
+
+    monkeypatch.setattr(train_my_ddp, "train_step", step)
+
+
+@pytest.mark.parametrize("extra", [[], ["--overwrite"]], ids=["fresh", "overwrite"])
+def test_a_run_that_died_before_its_first_checkpoint_starts_again_in_its_own_folder(
+        data, tmp_path, capsys, monkeypatch, extra):
+    """Was: the dead run's folder blocked a rerun (a fresh run refused its metrics.jsonl, and
+    --resume found no checkpoint)."""
+    run_dir = tmp_path / "run"
+    args = _args(data, f"--out_dir={run_dir}", "--max_iters=3", "--eval_at_start")
+    with monkeypatch.context() as patch:
+        _die_at_step_two(patch)
+        assert cli_run_main(train_my_ddp.main, args) == 1
+    assert (run_dir / "z2all_run.json").is_file() and not _steps(run_dir)
+    dead_records = (run_dir / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert "stopped before its first checkpoint: nothing to resume; start it again there " \
+        "without --resume" in _refused([*args, "--resume"], capsys)
+    assert cli_run_main(train_my_ddp.main, [*args, *extra]) == 0
+    assert "holds a run that stopped before its first checkpoint: starting it again" in (
+        capsys.readouterr().out)
+    assert _steps(run_dir) == [3] and not list(tmp_path.glob("run.old-*"))  # nothing moved
+    assert (run_dir / "metrics.jsonl").read_text().startswith(dead_records)  # kept
+
+
+@pytest.mark.parametrize("out_dir, drop_tokenizer, reason", [
+    ("tokenizer/demo_hf/run1", True, "is inside the default --tokenizer_dir tokenizer/demo_hf"),
+    ("tok/run1", False, "is inside --tokenizer_dir tok"),
+    ("data/run1", False, "is inside --data_dir data"),
+], ids=["default-tokenizer", "named-tokenizer", "data"])
+def test_an_out_dir_inside_what_the_run_reads_is_refused(data, tmp_path, capsys, monkeypatch,
+                                                         out_dir, drop_tokenizer, reason):
+    """Was: `--out_dir=tokenizer/demo_hf/run1` (the default tokenizer) was accepted."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(data["tokenizer"], checkout / "tokenizer" / "demo_hf")
+    shutil.copytree(data["tokenizer"], checkout / "tok")
+    shutil.copytree(data["pretrain"], checkout / "data")
+    monkeypatch.chdir(checkout)
+    args = [a for a in _args(data) if not a.startswith(("--data_dir", "--tokenizer_dir"))]
+    args += ["--data_dir=data"] + ([] if drop_tokenizer else ["--tokenizer_dir=tok"])
+    before = _files(checkout)
+    err = _refused([*args, f"--out_dir={out_dir}"], capsys)
+    assert f"--out_dir={out_dir} {reason}" in err
+    assert _files(checkout) == before
+
+
+def test_every_name_a_run_and_its_tools_write_is_listed_as_the_runs_own(data, tmp_path):
+    """utils/run_ownership.py's list is complete: after a run with TensorBoard, its plots and an
+    evaluation, nothing in the folder is foreign, so the run resumes and --overwrite moves it."""
+    run_dir = tmp_path / "run"
+    assert run_main(_args(data, f"--out_dir={run_dir}", "--max_iters=2",
+                          "--tracker=tensorboard")) == 0
+    assert resplot.main([str(run_dir)]) == 0
+    evaluate.main(["--ckpt", str(run_dir), "--data", str(data["pretrain_raw"]), "--limit", "2",
+                   "--dtype", "fp32", "--device", "cpu"])
+    assert {path.name for path in run_dir.iterdir()} >= {"plots", "tensorboard", "tokenizer",
+                                                          "evaluations.json", "report.md"}
+    assert foreign_entry(run_dir) is None
+    assert run_main(_args(data, f"--out_dir={run_dir}", "--max_iters=3", "--resume")) == 0
+    assert run_main(_args(data, f"--out_dir={run_dir}", "--max_iters=2", "--overwrite")) == 0
+    assert len(list(tmp_path.glob("run.old-*"))) == 1
