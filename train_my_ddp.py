@@ -42,6 +42,7 @@ from trainer.distributed_env import (
     DistributedEnv,
     all_reduce_sum,
     broadcast_from_main,
+    check_on_main,
     init_distributed,
     shutdown_distributed,
 )
@@ -54,7 +55,7 @@ from trainer.loop_actions import (
     save_checkpoint,
     stop_diverged,
 )
-from trainer.option_validation import check_lora_fits, check_paths
+from trainer.option_validation import check_init_from, check_paths
 from trainer.options import RunOptions
 from trainer.setup import Run, build_run
 from trainer.stop_signal import StopSignal
@@ -182,13 +183,13 @@ def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[
 def main(argv: list[str] | None = None) -> int:
     options, notes = options_from_argv(argv)
     check_paths(options)
-    check_lora_fits(options)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
         die_with_parent(signal.SIGKILL)
     env = init_distributed(options.system.device, options.system.num_threads,
                            timeout_s=60 * options.parallel.dist_timeout)
     configure_logging(options.run.verbose, env.is_main)
     try:
+        check_on_main(lambda: check_init_from(options), env)  # one line per run, not per rank
         with exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal:
             run = build_run(options, env, notes + claim.notes)
             claim.started = True

@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from utils.cli_errors import BAD_INPUT_ERRORS, EXIT_BAD_INPUT, ReportedElsewhere
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,22 @@ def broadcast_from_main(value: Any, env: DistributedEnv) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def check_on_main(check: Callable[[], None], env: DistributedEnv) -> None:
+    """Run an input check (reading files: an --init_from model) on rank 0 alone and share its
+    verdict: rank 0 raises the error, the other ranks exit with the same code without a word
+    (`ReportedElsewhere`), so a run of N ranks says what is wrong once, not N times."""
+    problem = None
+    if env.is_main:
+        try:
+            check()
+        except BAD_INPUT_ERRORS as error:
+            problem = error
+    if broadcast_from_main(problem is not None, env):
+        if problem is not None:
+            raise problem
+        raise ReportedElsewhere(EXIT_BAD_INPUT)
 
 
 def shutdown_distributed(env: DistributedEnv) -> None:

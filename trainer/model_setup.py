@@ -14,12 +14,11 @@ and recorded in config.json as an absolute path (so the run works from any direc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from dataset.data_config import DataConfig
-from model.configuration_z2all import Z2allConfig
+from model.configuration_z2all import Z2allConfig, read_config_json
 from model.hf_llama_mapping import config_from_hf
 from model.loading import (
     is_hf_model_dir,
@@ -69,8 +68,8 @@ def model_config_at(model_dir: Path) -> Z2allConfig:
     if is_lora_checkpoint(model_dir):
         return model_config_at(resolve_model_dir(read_lora_checkpoint(model_dir)[1]["path"]))
     if is_hf_model_dir(model_dir):
-        hf_config = json.loads((model_dir / CONFIG_FILE).read_text(encoding="utf-8"))
-        return config_from_hf(hf_config, source=str(model_dir / CONFIG_FILE))
+        return config_from_hf(read_config_json(model_dir / CONFIG_FILE),
+                              source=str(model_dir / CONFIG_FILE))
     return Z2allConfig.from_json_file(model_dir / CONFIG_FILE)
 
 

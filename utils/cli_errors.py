@@ -31,6 +31,15 @@ BAD_INPUT_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirect
                     PermissionError)
 
 
+class ReportedElsewhere(Exception):
+    """This process's share of an error that another process prints (a rank whose main rank
+    says why): it exits with `code`, silently, so a run of N ranks prints one line, not N."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exit {code}: the error is printed by another process")
+        self.code = code
+
+
 class DiskFullError(OSError):
     """The disk filled up while writing; the message says what was written and what is safe."""
 
@@ -91,6 +100,8 @@ def run_main(main: Callable[[list[str]], int | None], argv: list[str] | None = N
     try:
         return main(argv) or 0
     except Exception as error:  # noqa: BLE001 - sorted below: expected ones end in one line
+        if isinstance(error, ReportedElsewhere) and not debug:
+            return error.code
         code = exit_code(error)
         if debug or code is None:
             raise
