@@ -228,6 +228,16 @@ def test_boolean_flag_forms():
                                    "sequence_parallel": False, "overwrite": True})
 
 
+@pytest.mark.parametrize("args", [["--eval_at_start", "-1"], ["--compile", "maybe"],
+                                  ["--resume", "2"]])
+def test_a_value_after_a_flag_is_refused_naming_the_flag(capsys, args):
+    """Not taken for the config file (before: "-1: a config file must be .py, ...")."""
+    assert cli_run_main(train_my_ddp.main, args) == 2
+    assert capsys.readouterr().err == (
+        f"error: {args[0]}: expects true or false (or the flag alone, or --no_{args[0][2:]}), "
+        f"got {args[1]!r}\n")
+
+
 def test_the_trainer_takes_spaced_values_and_points_at_hf_names(tmp_path):
     """Through the real entry point: `--key value` gets as far as the path checks; an HF name
     ends in one line with z2all's name, exit 2, before any work."""
