@@ -55,6 +55,7 @@ from trainer.loop_actions import (
     save_checkpoint,
     stop_diverged,
 )
+from trainer.memory_fit import out_of_memory_explained
 from trainer.option_validation import check_init_from, check_paths
 from trainer.options import RunOptions
 from trainer.setup import Run, build_run
@@ -212,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(options.run.verbose, env.is_main)
     try:
         check_on_main(lambda: check_init_from(options), env)  # one line per run, not per rank
-        with exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal:
-            run = build_run(options, env, notes + claim.notes)
+        with (exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal,
+              out_of_memory_explained(env) as memory_budget):
+            run = build_run(options, env, notes + claim.notes, memory_budget)
             claim.started = True
             return train(run, stop_signal, claim)
     finally:

@@ -82,6 +82,16 @@ def preset_model_config(options: ModelOptions, max_seq_len: int, vocab_size: int
                                    max_position_embeddings=max_seq_len, **overrides)
 
 
+def planned_model_config(options: ModelOptions, max_seq_len: int, tokenizer: Any,
+                         resume_dir: Path | None) -> Z2allConfig:
+    """The config of the model `build_model` will build, read without building it (for the
+    memory plan, before any memory is taken)."""
+    source = resume_dir or (options.init_from and resolve_model_dir(options.init_from))
+    if source:
+        return model_config_at(Path(source))
+    return preset_model_config(options, max_seq_len, len(tokenizer))
+
+
 def build_model(options: ModelOptions, max_seq_len: int, tokenizer: Any,
                 lora: LoraConfig | None, resume_dir: Path | None
                 ) -> tuple[Z2allForCausalLM, dict[str, str] | None]:

@@ -7,9 +7,9 @@ Every command-line entry point hands its `main` to `run_main`:
 
 Exit codes: 0 done; 2 bad input (an invalid option, a missing path, a bad record, a damaged
 checkpoint: fix the input and rerun); 1 a runtime failure (the disk is full, another I/O
-error). `--debug` anywhere before a `--` (or `Z2ALL_DEBUG=1`) shows the full traceback
-instead. Any other exception is a bug, and keeps its traceback: hiding it would not help
-anyone fix it.
+error, out of memory). `--debug` anywhere before a `--` (or `Z2ALL_DEBUG=1`) shows the full
+traceback instead. Any other exception is a bug, and keeps its traceback: hiding it would
+not help anyone fix it.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def exit_code(error: BaseException) -> int | None:
     """2 for bad input, 1 for an expected runtime failure, None for a bug (re-raised)."""
     if isinstance(error, BAD_INPUT_ERRORS):
         return EXIT_BAD_INPUT
-    if isinstance(error, OSError):
+    if isinstance(error, (OSError, MemoryError)):
         return EXIT_RUNTIME_FAILURE
     return None
 
