@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from utils.cli_errors import BAD_INPUT_ERRORS, EXIT_BAD_INPUT, ReportedElsewhere
+from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, exit_code
 
 
 @dataclass(frozen=True)
@@ -112,18 +112,21 @@ def broadcast_from_main(value: Any, env: DistributedEnv) -> Any:
 
 def check_on_main(check: Callable[[], None], env: DistributedEnv) -> None:
     """Run an input check (reading files: an --init_from model) on rank 0 alone and share its
-    verdict: rank 0 raises the error, the other ranks exit with the same code without a word
-    (`ReportedElsewhere`), so a run of N ranks says what is wrong once, not N times."""
+    verdict: rank 0 raises the error, the other ranks exit with its exit code without a word
+    (`ReportedElsewhere`), so a run of N ranks says what is wrong once, not N times (and none
+    is left waiting for rank 0 in a collective)."""
     problem = None
     if env.is_main:
         try:
             check()
-        except BAD_INPUT_ERRORS as error:
+        except Exception as error:  # noqa: BLE001 - re-raised below, once every rank knows
             problem = error
-    if broadcast_from_main(problem is not None, env):
-        if problem is not None:
-            raise problem
-        raise ReportedElsewhere(EXIT_BAD_INPUT)
+    code = broadcast_from_main(None if problem is None
+                               else exit_code(problem) or EXIT_RUNTIME_FAILURE, env)
+    if problem is not None:
+        raise problem
+    if code is not None:
+        raise ReportedElsewhere(code)
 
 
 def shutdown_distributed(env: DistributedEnv) -> None:
