@@ -65,3 +65,16 @@ def test_a_run_that_fits_says_nothing_of_memory(data, tmp_path, capsys):
                                             "--max_iters=1",
                                             f"--out_dir={tmp_path / 'run'}"]) == 0
     assert "memory plan (" not in capsys.readouterr().err
+
+
+def test_on_cuda_the_plan_is_held_against_the_devices_free_memory(monkeypatch):
+    """No GPU here: `torch.cuda.mem_get_info` answers as an 80 GiB device with 3 GiB free."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 * 2**30, 80 * 2**30))
+    env = SimpleNamespace(device=torch.device("cuda", 0), local_world_size=8)
+    budget = memory_fit.MemoryBudget(rank=0)
+    budget.measure(4 * 2**30, env)
+    assert budget.fit_warning().startswith(
+        "warning: rank 0's memory plan (4.00 GiB) exceeds the 3.00 GiB free on cuda:0 (of "
+        "80.00 GiB): it will likely run out of memory; cut it with a smaller --batch_size")
+    budget.measure(2 * 2**30, env)
+    assert budget.fit_warning() is None
