@@ -25,7 +25,9 @@ supervisor turns those into a short pause:
    relaunch gets no `--resume`);
 4. it gives up after `--max_restarts` relaunches, or earlier when `--stuck_after` consecutive
    failures ended at the same step: a crash that repeats deterministically is a bug to fix,
-   not bad luck to retry;
+   not bad luck to retry; and at once, exit code 2, when the command refused its input (it
+   exited 2, or under torchrun a rank did: an unknown option, a damaged file), repeating the
+   command's error line: the same command would be refused again;
 5. SIGINT/SIGTERM sent to the supervisor are forwarded to the run's group (the trainer
    checkpoints and exits); the supervisor then exits too, without restarting. A second
    signal SIGKILLs the group.
@@ -45,10 +47,10 @@ RESUMED is the trainer's own `{"kind": "resume"}` line in metrics.jsonl, confirm
 
 Exit status: 0 the run finished; 1 gave up after --max_restarts (or the run dir stayed locked);
 3 stuck (same step again and again); 128+N stopped by signal N (130 for Ctrl-C, 143 for
-SIGTERM); 2 bad usage, the run dir is in use by another live trainer or supervisor
-(monitor/supervisor_lock.py), or it is not a run's: a directory holding anything a z2all run
-does not write gets no lock, no log and no launch (utils/run_ownership.py; a new or empty
-directory, or a run's own, is supervised).
+SIGTERM); 2 bad usage, the command refused its input (step 4), the run dir is in use by
+another live trainer or supervisor (monitor/supervisor_lock.py), or it is not a run's: a
+directory holding anything a z2all run does not write gets no lock, no log and no launch
+(utils/run_ownership.py; a new or empty directory, or a run's own, is supervised).
 
 `--remote user@host` runs the command with `ssh -tt -o BatchMode=yes user@host 'cd DIR &&
 exec ...'`: `-tt` gives the remote side a terminal, so killing the local ssh hangs it up and
@@ -80,7 +82,7 @@ from pathlib import Path
 from monitor.attempt import Attempt, AttemptWatch, StopSignals, progress_step
 from monitor.event_log import EventLog
 from monitor.supervisor_lock import only_supervisor
-from utils.cli_errors import run_main
+from utils.cli_errors import EXIT_BAD_INPUT, run_main
 from utils.option_checks import join_problems, range_problem
 from utils.run_directory import MONITOR_LOG, lock_holder, newest_checkpoint_step
 from utils.run_ownership import not_a_run_dir_problem
@@ -198,6 +200,10 @@ class Supervisor:
             if attempt.cause is None:
                 return self.finish("succeeded", "the run finished", 0, attempt.number)
             failures.append(attempt)
+            if attempt.refused:
+                return self.finish("refused", f"the command refused its input ({attempt.refused}"
+                                   "); fix the command, then rerun", EXIT_BAD_INPUT,
+                                   attempt.number)
             if repeats_without_progress(failures, config.stuck_after):
                 return self.finish(
                     "stuck", f"{config.stuck_after} consecutive failures at step {attempt.step} "

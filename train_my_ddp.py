@@ -43,6 +43,7 @@ from trainer.distributed_env import (
     DistributedEnv,
     all_reduce_sum,
     broadcast_from_main,
+    check_on_main,
     init_distributed,
     shutdown_distributed,
 )
@@ -56,11 +57,12 @@ from trainer.loop_actions import (
     save_checkpoint,
     stop_diverged,
 )
-from trainer.option_validation import check_lora_fits, check_paths
+from trainer.memory_fit import out_of_memory_explained
+from trainer.option_validation import check_init_from, check_paths
 from trainer.options import RunOptions
 from trainer.setup import Run, build_run
 from trainer.stop_signal import StopSignal
-from utils.cli_errors import run_main
+from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, run_main
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
 from utils.run_directory import RunDirInUse, RunDirMoved, RunLock, write_heartbeat
@@ -112,9 +114,7 @@ def train(run: Run, stop_signal: StopSignal, claim: RunDirClaim) -> int:
             [float(stop_signal.received is not None), float(not torch.isfinite(loss_sum)),
              float(claim.moved()), run.meter.local_step_tokens], run.env)
         if moved_votes:
-            raise RunDirMoved(f"run dir {run.run_dir} was moved or replaced during step "
-                              f"{counters.step}: stopped without writing into what now has "
-                              "its name; continue the run with --resume where it was moved")
+            raise run_dir_moved(run, counters.step)
         stop_requested = stop_votes > 0
         diverged = is_diverged(run, nonfinite_votes, grad_norm)
         counters.tokens_seen += int(step_tokens)
@@ -131,7 +131,8 @@ def train(run: Run, stop_signal: StopSignal, claim: RunDirClaim) -> int:
         if counters.step % options.eval.eval_interval == 0 or finished:
             val_loss = evaluate(run)
         if counters.step % options.run.save_interval == 0 or finished:
-            save_checkpoint(run, val_loss)
+            with stop_if_moved_meanwhile(run, claim):
+                save_checkpoint(run, val_loss)
 
     finish(run)
     if stop_requested:
@@ -139,6 +140,29 @@ def train(run: Run, stop_signal: StopSignal, claim: RunDirClaim) -> int:
               flush=True)
         return stop_signal.exit_code()
     return 0
+
+
+def run_dir_moved(run: Run, step: int) -> RunDirMoved:
+    return RunDirMoved(f"run dir {run.run_dir} was moved or replaced during step {step}: "
+                       "stopped without writing into what now has its name; continue the run "
+                       "with --resume where it was moved")
+
+
+@contextlib.contextmanager
+def stop_if_moved_meanwhile(run: Run, claim: RunDirClaim) -> Iterator[None]:
+    """A write that failed because the run dir was moved, replaced or deleted while it ran (a
+    checkpoint save) ends the run as the per-step check does (`RunDirMoved`, exit 1, said by
+    rank 0), not as a missing path (exit 2 naming a temp file). Collective: a save fails on
+    every rank at the same point (`writing_together`), so the ranks can vote here."""
+    try:
+        yield
+    except Exception:  # an OSError, or CheckpointError: files missing from the temp dir
+        (moved_votes,) = all_reduce_sum([float(claim.moved())], run.env)
+        if not moved_votes:
+            raise
+        if run.env.is_main:
+            raise run_dir_moved(run, run.counters.step) from None
+        raise ReportedElsewhere(EXIT_RUNTIME_FAILURE) from None
 
 
 @dataclass
@@ -182,15 +206,16 @@ def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[
 def main(argv: list[str] | None = None) -> int:
     options, notes = options_from_argv(argv)
     check_paths(options)
-    check_lora_fits(options)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
         die_with_parent(signal.SIGKILL)
     env = init_distributed(options.system.device, options.system.num_threads,
                            timeout_s=60 * options.parallel.dist_timeout)
     configure_logging(options.run.verbose, env.is_main)
     try:
-        with exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal:
-            run = build_run(options, env, notes + claim.notes)
+        check_on_main(lambda: check_init_from(options), env)  # one line per run, not per rank
+        with (exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal,
+              out_of_memory_explained(env) as memory_budget):
+            run = build_run(options, env, notes + claim.notes, memory_budget)
             claim.started = True
             return train(run, stop_signal, claim)
     finally:

@@ -86,6 +86,7 @@ class Z2allConfig:
     compute and keeps half the activations)."""
 
     def __post_init__(self) -> None:
+        check_field_values(self)
         self.vocab_size = round_up(self.vocab_size, self.vocab_size_multiple)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
@@ -133,19 +134,76 @@ class Z2allConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"{source}: unknown Z2allConfig keys {unknown}")
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ValueError as error:
+            raise ValueError(f"{source}: {error}") from None
 
     def to_json_file(self, path: str | os.PathLike) -> None:
         atomic_write_json(path, self.to_dict())
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> Z2allConfig:
-        with open(path, encoding="utf-8") as handle:
-            values = json.load(handle)
+        values = read_config_json(path)
         if values.get("model_type", "z2all") != "z2all":
             raise ValueError(f"{path}: model_type is {values['model_type']!r}, not 'z2all' "
                              "(for a Hugging Face Llama directory use Z2allForCausalLM.from_hf)")
         return cls.from_dict(values, source=str(path))
+
+
+# Sizes are whole numbers >= 1 (a None field is derived in __post_init__) and at most
+# MAX_SIZE: 16.7 M is far above any real model's width, vocabulary or context (Llama 3.1
+# 405B: hidden 16384, vocabulary 128256, 131072 positions), so a larger value is a typo or a
+# damaged file, refused before it becomes a tensor shape.
+SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "head_dim", "num_key_value_heads", "intermediate_size", "intermediate_multiple_of",
+               "max_position_embeddings", "vocab_size_multiple",
+               "activation_checkpointing_every")
+MAX_SIZE = 2 ** 24
+POSITIVE_FIELDS = ("rope_theta", "rms_norm_eps")  # finite numbers > 0
+FLAG_FIELDS = ("tie_word_embeddings", "activation_checkpointing")
+
+
+def check_field_values(config: Z2allConfig) -> None:
+    """Refuse, in one line naming every bad field, a value of the wrong type or out of range
+    (a `"hidden_size": 1e30` in a config.json would otherwise fail deep inside torch)."""
+    problems = []
+    for name in SIZE_FIELDS:
+        value = getattr(config, name)
+        if value is not None and not (type(value) is int and 1 <= value <= MAX_SIZE):
+            problems.append(f"{name} must be a whole number in [1, {MAX_SIZE}], got {value!r}")
+    for name in POSITIVE_FIELDS:
+        value = getattr(config, name)
+        if not (_is_number(value) and math.isfinite(value) and value > 0):
+            problems.append(f"{name} must be a finite number > 0, got {value!r}")
+    if not (_is_number(config.initializer_range) and 0 <= config.initializer_range < math.inf):
+        problems.append(f"initializer_range must be a finite number >= 0, got "
+                        f"{config.initializer_range!r}")
+    if not (_is_number(config.dropout) and 0 <= config.dropout < 1):
+        problems.append(f"dropout must be a number in [0, 1), got {config.dropout!r}")
+    problems += [f"{name} must be true or false, got {getattr(config, name)!r}"
+                 for name in FLAG_FIELDS if not isinstance(getattr(config, name), bool)]
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_config_json(path: str | os.PathLike) -> dict[str, Any]:
+    """A model's `config.json` (ours or Hugging Face's) as a dict; a file that is not a JSON
+    object is refused in one line naming it and the line."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = json.load(handle)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text, so not a config.json") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a JSON object of config fields")
+    return values
 
 
 FUNCTION_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

@@ -92,6 +92,10 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None, str
                    **{key: rope[key] for key in _SCALING_KEYS[rope_type]}}, None
 
 
+REQUIRED_HF_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "intermediate_size")
+
+
 def config_from_hf(hf: dict[str, Any], source: str) -> Z2allConfig:
     """A `Z2allConfig` for an HF Llama config dict; refuses, in one line naming each field,
     what our model cannot represent."""
@@ -104,18 +108,24 @@ def config_from_hf(hf: dict[str, Any], source: str) -> Z2allConfig:
     problems += [rope_problem] if rope_problem else []
     if problems:
         raise ValueError(f"{source}: unsupported Llama variant: {'; '.join(problems)}")
-    return Z2allConfig(
-        vocab_size=hf["vocab_size"], vocab_size_multiple=1, hidden_size=hf["hidden_size"],
-        num_hidden_layers=hf["num_hidden_layers"],
-        num_attention_heads=hf["num_attention_heads"],
-        num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        head_dim=hf.get("head_dim"), intermediate_size=hf["intermediate_size"],
-        max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        rope_theta=rope_theta, rope_scaling=rope_scaling,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=hf.get("tie_word_embeddings", False),
-        dropout=hf.get("attention_dropout", 0.0) or 0.0,
-        initializer_range=hf.get("initializer_range", 0.02), hf_config=hf)
+    missing = [field for field in REQUIRED_HF_FIELDS if field not in hf]
+    if missing:
+        raise ValueError(f"{source}: lacks {', '.join(missing)}, which a Llama config has")
+    try:  # a value of the wrong type or out of range is refused by Z2allConfig
+        return Z2allConfig(
+            vocab_size=hf["vocab_size"], vocab_size_multiple=1, hidden_size=hf["hidden_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=hf["num_attention_heads"],
+            num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            head_dim=hf.get("head_dim"), intermediate_size=hf["intermediate_size"],
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            rope_theta=rope_theta, rope_scaling=rope_scaling,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            dropout=hf.get("attention_dropout", 0.0) or 0.0,
+            initializer_range=hf.get("initializer_range", 0.02), hf_config=hf)
+    except ValueError as error:
+        raise ValueError(f"{source}: {error}") from None
 
 
 def hf_projection_rows(config: Z2allConfig) -> dict[str, list[tuple[str, int]]]:

@@ -21,7 +21,6 @@ everywhere (never loaded because the caller named its folder directly).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import warnings
@@ -29,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 
+from model.configuration_z2all import read_config_json
 from model.lora import (
     LoraConfig,
     apply_lora,
@@ -38,7 +39,7 @@ from model.lora import (
     weights_fingerprint,
 )
 from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint, read_lora_checkpoint
-from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
+from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM, hf_weight_files
 from model.run_tokenizer import default_tokenizer_dir, model_tokenizer
 from tokenizer import PretrainedTokenizer, load_tokenizer
 from tokenizer.z2all_tokenizer import Z2allTokenizer
@@ -53,8 +54,7 @@ def is_hf_model_dir(path: Path) -> bool:
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
         return False
-    with open(config_file, encoding="utf-8") as handle:
-        return json.load(handle).get("model_type", "z2all") != "z2all"
+    return read_config_json(config_file).get("model_type", "z2all") != "z2all"
 
 
 def resolve_model_dir(path: str | os.PathLike) -> Path:
@@ -74,9 +74,27 @@ def load_model(path: str | os.PathLike) -> tuple[Z2allForCausalLM, Path]:
     if is_lora_checkpoint(model_dir):
         model, _, _ = load_lora_checkpoint(model_dir)
         return merge_and_unload(model), model_dir
+    check_weight_files(model_dir)
     if is_hf_model_dir(model_dir):
         return Z2allForCausalLM.from_hf(model_dir), model_dir
     return Z2allForCausalLM.from_pretrained(model_dir), model_dir
+
+
+def check_weight_files(model_dir: Path) -> None:
+    """Refuse, in one line naming the file, weights that safetensors cannot open: a truncated
+    download or copy, whose header promises more bytes than the file holds. Only the headers
+    are read, so callers may check before any work (the trainer does, once, on rank 0). A
+    LoRA checkpoint's are its base's (its adapters are read whole, and checked, on loading)."""
+    if is_lora_checkpoint(model_dir):
+        return check_weight_files(resolve_model_dir(read_lora_checkpoint(model_dir)[1]["path"]))
+    names = hf_weight_files(model_dir) if is_hf_model_dir(model_dir) else [WEIGHTS_FILE]
+    for name in names:
+        try:
+            with safe_open(model_dir / name, framework="pt"):
+                pass
+        except SafetensorError as error:
+            raise ValueError(f"{model_dir / name}: not a complete safetensors file ({error}); "
+                             "it may be truncated: download or copy it again") from None
 
 
 def lora_base_reference(model: Z2allForCausalLM, model_dir: Path) -> dict[str, Any]:

@@ -4,6 +4,9 @@ An attempt ends in one of three ways, and `AttemptWatch.run` returns an `Attempt
 - exit code 0: the run finished (`cause` None);
 - any other exit: a crash, e.g. `cause="exit code 3"` or `cause="signal SIGKILL"`;
 - a live process whose heartbeat stopped changing: `cause="hang (no heartbeat for 900.2s)"`.
+A crash that is the command refusing its input (exit code 2, utils/cli_errors.py; under
+torchrun, the code of its first failed rank) also carries the command's error line
+(`refused`): rerunning the same command cannot help.
 On a crash or a hang every process of the attempt is killed (steps 2 and 3 of
 monitor_process.py's docstring). `StopSignals` records Ctrl-C / SIGTERM sent to the supervisor
 and forwards them to the attempt's processes. Progress is read from the run directory's files
@@ -23,6 +26,7 @@ from pathlib import Path
 from monitor.event_log import EventLog
 from monitor.process_tree import RunProcesses
 from monitor.stderr_relay import StderrRelay
+from utils.cli_errors import EXIT_BAD_INPUT
 from utils.parent_death import die_with_parent
 from utils.run_directory import HeartbeatWatch, ResumeLines, heartbeat_step, newest_checkpoint_step
 
@@ -45,6 +49,7 @@ class Attempt:
     number: int
     cause: str | None  # None: exit code 0; else "exit code 3", "signal SIGKILL", "hang (...)"
     step: int | None   # how far the run got: its last heartbeat, else its newest checkpoint
+    refused: str | None = None  # the command's error line when it exited 2 (bad input)
 
 
 class StopSignals:
@@ -111,9 +116,12 @@ class AttemptWatch:
         self.log.event("START", f"attempt={number} pid={process.pid} "
                                 f"command={shlex.join(command)}")
         try:
-            return self.outcome(number, processes, heartbeat, resumes)
+            attempt = self.outcome(number, processes, heartbeat, resumes)
         finally:
             relay.join(timeout=self.kill_grace)  # its last lines, before the next attempt's
+        if attempt.cause is not None:
+            attempt.refused = relay.refused_line(process.returncode, EXIT_BAD_INPUT)
+        return attempt
 
     def outcome(self, number: int, processes: RunProcesses, heartbeat: HeartbeatWatch,
                 resumes: ResumeLines) -> Attempt:

@@ -94,9 +94,10 @@ class SamplingRequest(_Strict):
     """New tokens at most; default: what fits in the context after the prompt."""
     max_completion_tokens: int | None = Field(None, ge=1)
     """OpenAI's newer name for max_tokens."""
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    """0 = greedy (OpenAI's default is 1); a tiny one samples greedily too, never NaN."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    """0 = greedy (OpenAI's default is 1); a tiny one samples greedily too, never NaN (NaN
+    and Infinity, which Python's JSON reader accepts, are refused as not finite)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=1)
     """Our extension: sample among the k most likely tokens."""
     stop: str | list[str] | None = Field(None, validate_default=True)

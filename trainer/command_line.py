@@ -19,6 +19,7 @@ import json
 import types
 import typing
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, Literal
 
 from trainer.options import GROUPS, OPTION_GROUP, OPTION_TYPES, default_value
@@ -143,6 +144,18 @@ def _negated_flag(name: str) -> str | None:
     return None
 
 
+def _is_a_value_not_a_file(arg: str) -> bool:
+    """After a boolean flag, `arg` is meant as its value, not as the config file: a number
+    other than 1/0, or a word that is no file (`--eval_at_start -1`, `--compile maybe`)."""
+    if arg.startswith("--") or arg.lower() in BOOL_WORDS:
+        return False
+    try:
+        float(arg)
+        return True
+    except ValueError:
+        return "." not in arg and not Path(arg).exists()
+
+
 def parse_command_line(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
     """`[config_file] --k=v --k v --flag --no_flag ...` -> (config file or None,
     {option: parsed value})."""
@@ -162,6 +175,9 @@ def parse_command_line(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
         check_name(name, "command line")
         if not has_value:
             if OPTION_TYPES[name] is bool:  # --flag, or --flag true|false
+                if args and _is_a_value_not_a_file(args[0]):
+                    raise ValueError(f"--{name}: expects true or false (or the flag alone, "
+                                     f"or --no_{name}), got {args[0]!r}")
                 text = args.pop(0) if args and args[0].lower() in BOOL_WORDS else "true"
             elif args and not args[0].startswith("--"):
                 text = args.pop(0)

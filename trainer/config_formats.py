@@ -44,7 +44,11 @@ _Yaml12Floats.add_implicit_resolver(
 
 def _read_py(text: str, path: Path) -> dict[str, Any]:
     values = {}
-    for node in ast.parse(text, filename=str(path)).body:
+    try:
+        body = ast.parse(text, filename=str(path)).body
+    except SyntaxError as error:
+        raise ValueError(f"{path}:{error.lineno}: invalid Python: {error.msg}") from None
+    for node in body:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue  # the docstring
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1
@@ -88,6 +92,8 @@ def _flatten(values: dict[str, Any], path: Path) -> dict[str, Any]:
     for key, value in values.items():
         inner = value.items() if key in GROUPS and isinstance(value, dict) else [(key, value)]
         for name, item in inner:
+            if not isinstance(name, str):  # YAML allows `1: 2` or `[a]: b`
+                raise ValueError(f"{path}: option names are text, got the key {name!r}")
             check_name(name, str(path))
             if key in GROUPS and OPTION_GROUP[name] != key:
                 raise ValueError(f"{path}: option {name!r} belongs under "
@@ -106,7 +112,12 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if fmt is None:
         raise ValueError(f"{path}: a config file must be .py, .json, .yaml, .yml or .toml")
     reader = {"py": _read_py, "json": _read_json, "yaml": _read_yaml, "toml": _read_toml}[fmt]
-    values = reader(path.read_text(encoding="utf-8"), path)
+    try:  # utf-8-sig: a leading byte-order mark (some Windows editors write one) is skipped
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}): save it as UTF-8"
+                         ) from None
+    values = reader(text, path)
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of options (flat, or nested under the "
                          f"group names {', '.join(GROUPS)})")

@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, exit_code
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,25 @@ def broadcast_from_main(value: Any, env: DistributedEnv) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def check_on_main(check: Callable[[], None], env: DistributedEnv) -> None:
+    """Run an input check (reading files: an --init_from model) on rank 0 alone and share its
+    verdict: rank 0 raises the error, the other ranks exit with its exit code without a word
+    (`ReportedElsewhere`), so a run of N ranks says what is wrong once, not N times (and none
+    is left waiting for rank 0 in a collective)."""
+    problem = None
+    if env.is_main:
+        try:
+            check()
+        except Exception as error:  # noqa: BLE001 - re-raised below, once every rank knows
+            problem = error
+    code = broadcast_from_main(None if problem is None
+                               else exit_code(problem) or EXIT_RUNTIME_FAILURE, env)
+    if problem is not None:
+        raise problem
+    if code is not None:
+        raise ReportedElsewhere(code)
 
 
 def shutdown_distributed(env: DistributedEnv) -> None:

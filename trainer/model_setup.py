@@ -14,12 +14,11 @@ and recorded in config.json as an absolute path (so the run works from any direc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from dataset.data_config import DataConfig
-from model.configuration_z2all import Z2allConfig
+from model.configuration_z2all import Z2allConfig, read_config_json
 from model.hf_llama_mapping import config_from_hf
 from model.loading import (
     is_hf_model_dir,
@@ -69,8 +68,8 @@ def model_config_at(model_dir: Path) -> Z2allConfig:
     if is_lora_checkpoint(model_dir):
         return model_config_at(resolve_model_dir(read_lora_checkpoint(model_dir)[1]["path"]))
     if is_hf_model_dir(model_dir):
-        hf_config = json.loads((model_dir / CONFIG_FILE).read_text(encoding="utf-8"))
-        return config_from_hf(hf_config, source=str(model_dir / CONFIG_FILE))
+        return config_from_hf(read_config_json(model_dir / CONFIG_FILE),
+                              source=str(model_dir / CONFIG_FILE))
     return Z2allConfig.from_json_file(model_dir / CONFIG_FILE)
 
 
@@ -81,6 +80,16 @@ def preset_model_config(options: ModelOptions, max_seq_len: int, vocab_size: int
                  if getattr(options, name) is not None}
     return Z2allConfig.from_preset(options.model_preset, vocab_size=vocab_size,
                                    max_position_embeddings=max_seq_len, **overrides)
+
+
+def planned_model_config(options: ModelOptions, max_seq_len: int, tokenizer: Any,
+                         resume_dir: Path | None) -> Z2allConfig:
+    """The config of the model `build_model` will build, read without building it (for the
+    memory plan, before any memory is taken)."""
+    source = resume_dir or (options.init_from and resolve_model_dir(options.init_from))
+    if source:
+        return model_config_at(Path(source))
+    return preset_model_config(options, max_seq_len, len(tokenizer))
 
 
 def build_model(options: ModelOptions, max_seq_len: int, tokenizer: Any,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from model.loading import resolve_model_dir
+from model.loading import check_weight_files, resolve_model_dir
 from optimizer.data_parallel_factory import check_zero_options
 from parallel.parallel_dims import check_context_parallel_length
 from parallel_plan.llama_shapes import check_parallel_shapes
@@ -100,13 +100,21 @@ def _named_data_problem(spec: str) -> str | None:
     return None if located.files else f"--data_dir={spec}: no data files there"
 
 
-def check_lora_fits(options: TrainingOptions) -> None:
-    """--lora_rank against the shape of the --init_from model, read from its config alone
-    (the weights are loaded much later): a fresh LoRA run is refused before any work. On
-    --resume the LoRA options and the base are fixed (config_files.py), so they fit."""
+def check_init_from(options: TrainingOptions) -> None:
+    """The --init_from model as far as it can be read without its weights: its config (every
+    value checked: model/configuration_z2all.py), the headers of its weight files (a truncated
+    download is named) and --lora_rank against its shape, so a fresh run refuses a bad model
+    before any work (the weights are loaded much later). On --resume the model comes from the
+    run's checkpoint, which its manifest verifies, and the LoRA options and base are fixed
+    (config_files.py)."""
+    if options.model.init_from is None or options.run.resume:
+        return
+    model_dir = resolve_model_dir(options.model.init_from)
+    config = model_config_at(model_dir)
+    check_weight_files(model_dir)
     lora = options.lora.config()
-    if lora is not None and not options.run.resume:
-        lora.check_fits(model_config_at(resolve_model_dir(options.model.init_from)))
+    if lora is not None:
+        lora.check_fits(config)
 
 
 def _combination_problems(options: TrainingOptions) -> list[str]:

@@ -20,12 +20,15 @@ The order of the build, and why:
    load on every rank (e.g. an optimizer state of another kind) is skipped with a warning, and
    the next older one is tried;
 5. counters, evaluation, throughput meter, and the start-up lines of the log.
+Between 3 and 4 each rank's memory plan is compared with what its device or host has
+(trainer/memory_fit.py): rank 0 warns before the model takes any memory if it cannot fit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,9 +53,10 @@ from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_fr
 from trainer.evaluation import Evaluator, eval_loader
 from trainer.forward_steps import ForwardStep, build_forward_step
 from trainer.lr_schedule import LRSchedule
+from trainer.memory_fit import MemoryBudget
 from trainer.metrics import MetricsLogger
 from trainer.model_parallel import DataShare, data_share, saved_data_leader_ranks
-from trainer.model_setup import build_model, run_tokenizer
+from trainer.model_setup import build_model, planned_model_config, run_tokenizer
 from trainer.options import TrainingOptions
 from trainer.parallelize import (
     ParallelRun,
@@ -125,7 +129,10 @@ class Run:
         return self.progress.total_steps
 
 
-def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -> Run:
+def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
+              budget: MemoryBudget | None = None) -> Run:
+    """`budget` (trainer/memory_fit.py) gets this rank's memory plan and limit before the model
+    is built; rank 0 warns if its plan does not fit."""
     run_dir = Path(options.run.out_dir)
     data_options, optimization = options.data, options.optimization
     precision = broadcast_from_main(resolve_dtype(options.system.dtype, env.device)
@@ -159,6 +166,12 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
         pin_memory=env.device.type == "cuda", sequence_multiple=share.sequence_multiple)
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
+    budget = budget or MemoryBudget(env.rank)
+    budget.measure(memory_plan(options, planned_model_config(
+        options.model, data_options.max_seq_len, tokenizer, resume_dir), env.world_size,
+        env.rank, precision.dtype).total, env)
+    if env.is_main and (warning := budget.fit_warning()):
+        print(warning, file=sys.stderr, flush=True)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
         options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir)
     forward_step = build_forward_step(data_options.task_type, options.dpo,

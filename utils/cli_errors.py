@@ -7,9 +7,9 @@ Every command-line entry point hands its `main` to `run_main`:
 
 Exit codes: 0 done; 2 bad input (an invalid option, a missing path, a bad record, a damaged
 checkpoint: fix the input and rerun); 1 a runtime failure (the disk is full, another I/O
-error). `--debug` anywhere before a `--` (or `Z2ALL_DEBUG=1`) shows the full traceback
-instead. Any other exception is a bug, and keeps its traceback: hiding it would not help
-anyone fix it.
+error, out of memory). `--debug` anywhere before a `--` (or `Z2ALL_DEBUG=1`) shows the full
+traceback instead. Any other exception is a bug, and keeps its traceback: hiding it would
+not help anyone fix it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,15 @@ DEBUG_ENV = "Z2ALL_DEBUG"
 # ValueErrors); they are tried before OSError, of which the path errors are subclasses.
 BAD_INPUT_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
                     PermissionError)
+
+
+class ReportedElsewhere(Exception):
+    """This process's share of an error that another process prints (a rank whose main rank
+    says why): it exits with `code`, silently, so a run of N ranks prints one line, not N."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exit {code}: the error is printed by another process")
+        self.code = code
 
 
 class DiskFullError(OSError):
@@ -71,7 +80,7 @@ def exit_code(error: BaseException) -> int | None:
     """2 for bad input, 1 for an expected runtime failure, None for a bug (re-raised)."""
     if isinstance(error, BAD_INPUT_ERRORS):
         return EXIT_BAD_INPUT
-    if isinstance(error, OSError):
+    if isinstance(error, (OSError, MemoryError)):
         return EXIT_RUNTIME_FAILURE
     return None
 
@@ -91,6 +100,8 @@ def run_main(main: Callable[[list[str]], int | None], argv: list[str] | None = N
     try:
         return main(argv) or 0
     except Exception as error:  # noqa: BLE001 - sorted below: expected ones end in one line
+        if isinstance(error, ReportedElsewhere) and not debug:
+            return error.code
         code = exit_code(error)
         if debug or code is None:
             raise

@@ -9,7 +9,9 @@ row), if it has at least `min_words` (8, as GPT-3's shortest n-gram): shorter on
 "Paris") would match innocent text, so they are counted and left out.
 
 Items: every string field of every record of the given .jsonl/.json/.parquet files (or of
-every such file under a given folder), nested fields included.
+every such file under a given folder), nested fields included. A file that gives no item to
+match (empty, no string fields, or only items under `min_words`) is refused, naming it: the
+run would otherwise say it decontaminated against it.
 """
 
 from __future__ import annotations
@@ -78,7 +80,23 @@ def build_eval_index(paths: Sequence[str | Path], ngram: int, min_words: int) ->
     index = EvalIndex(ngram=ngram, min_words=min_words)
     for path in find_data_files(paths, extensions=EVAL_EXTENSIONS, splits=EVAL_SPLITS,
                                 option="--decontaminate"):
+        items_before, too_short_before, records = index.items, index.too_short, 0
         for record in iter_records(path):
+            records += 1
             for text in string_fields(record.data):
                 index.add(text)
+        items, too_short = index.items - items_before, index.too_short - too_short_before
+        if items == too_short:  # nothing of this file could ever match
+            raise ValueError(f"--decontaminate: {path} holds nothing to match ("
+                             + _why_nothing(records, items, min_words) + ")")
     return index
+
+
+def _why_nothing(records: int, items: int, min_words: int) -> str:
+    if records == 0:
+        return "no records: is it the file you meant?"
+    if items == 0:
+        return (f"{records} records, none with a text field: name the file of the "
+                "benchmark's questions and answers")
+    return (f"{records} records, all {items} texts shorter than --decontaminate_min_words="
+            f"{min_words} words: lower it, or leave the file out")

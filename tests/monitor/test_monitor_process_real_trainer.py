@@ -226,3 +226,28 @@ def test_kill9_of_the_supervisor_or_torchrun_leaves_no_rank_training(data, tmp_p
         for pid in [agent, *ranks] if agent else []:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("launcher", [
+    [sys.executable],
+    [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
+], ids=["python", "torchrun"])
+def test_a_command_refused_as_bad_input_is_not_relaunched(data, tmp_path, launcher):
+    """The trainer exits 2 on an unknown option (torchrun itself exits 1, and names its first
+    failed rank's exit code 2): one attempt, the trainer's line, exit 2 (before: relaunched
+    until --stuck_after, exit 3)."""
+    run_dir = tmp_path / "supervised"
+    monitor = start_monitor(run_dir, [], [*launcher, "train_my_ddp.py", *trainer_args(data),
+                                          "--eval_at_strat"])
+    try:
+        output = output_of(monitor, run_dir)
+    finally:
+        stop(monitor)
+    assert monitor.returncode == 2, output
+    assert len(log_lines(run_dir, "START")) == 1, output
+    refusal = "unknown option 'eval_at_strat'; did you mean --eval_at_start"
+    assert f"error: command line: {refusal}" in output
+    assert output.splitlines()[-1].startswith(
+        f"monitor_process: the command refused its input (error: command line: {refusal}")
+    (summary,) = log_lines(run_dir, "SUMMARY")
+    assert "result=refused attempts=1" in summary

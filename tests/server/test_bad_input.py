@@ -115,6 +115,16 @@ def test_error_names_the_field_and_the_context(live_server):
     assert f"context is {CONTEXT}" in too_long["error"]["message"]
 
 
+@pytest.mark.parametrize("field, value", [("temperature", b"NaN"), ("temperature", b"Infinity"),
+                                          ("top_p", b"NaN"), ("top_p", b"-Infinity")])
+def test_a_sampling_number_that_is_not_finite_is_said_to_be_so(live_server, field, value):
+    """Before: NaN was "should be less than or equal to 2", as if it were merely too big."""
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "' + field.encode() + b'": '
+    status, answer = post(live_server, "/v1/chat/completions", body + value + b"}")
+    assert status == 400 and answer["error"]["param"] == field, answer
+    assert answer["error"]["message"] == f"{field}: Input should be a finite number", answer
+
+
 @pytest.mark.parametrize("path, body", [
     ("/v1/completions", {"prompt": ["a", "b"]}),
     ("/v1/completions", {"prompt": "hi", "messages": GOOD_MESSAGES}),

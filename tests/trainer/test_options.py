@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 import tomllib
@@ -227,6 +228,16 @@ def test_boolean_flag_forms():
                                    "sequence_parallel": False, "overwrite": True})
 
 
+@pytest.mark.parametrize("args", [["--eval_at_start", "-1"], ["--compile", "maybe"],
+                                  ["--resume", "2"]])
+def test_a_value_after_a_flag_is_refused_naming_the_flag(capsys, args):
+    """Not taken for the config file (before: "-1: a config file must be .py, ...")."""
+    assert cli_run_main(train_my_ddp.main, args) == 2
+    assert capsys.readouterr().err == (
+        f"error: {args[0]}: expects true or false (or the flag alone, or --no_{args[0][2:]}), "
+        f"got {args[1]!r}\n")
+
+
 def test_the_trainer_takes_spaced_values_and_points_at_hf_names(tmp_path):
     """Through the real entry point: `--key value` gets as far as the path checks; an HF name
     ends in one line with z2all's name, exit 2, before any work."""
@@ -308,3 +319,33 @@ def test_the_trainer_prints_its_config_as_asked(tmp_path):
     printed = tomllib.loads(done.stdout)
     assert printed["optimization"]["lr"] == 1e-3 and printed["optimization"]["max_iters"] == 60
     assert set(printed) == set(TrainingOptions().__dataclass_fields__)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("c.py", b"lr = 1e-3\nbatch_size = (\n", r"c.py:2: invalid Python: '\(' was never closed"),
+    ("c.py", b"lr = 1e-3\n  seed = 1\n", "c.py:2: invalid Python: unexpected indent"),
+    ("c.yaml", b"1: 2\n", "c.yaml: option names are text, got the key 1"),
+    ("c.yaml", b"optimization:\n  true: 2\n", "c.yaml: option names are text, got the key True"),
+    ("c.json", b"\xff\xfe{}", r"c.json: not UTF-8 text \(byte 0\): save it as UTF-8"),
+])
+def test_a_config_file_that_cannot_be_read_is_one_line(tmp_path, capsys, name, content,
+                                                       message):
+    """Through the trainer's entry point: the file and line, exit 2 (before: a SyntaxError or
+    TypeError traceback)."""
+    (tmp_path / name).write_bytes(content)
+    assert cli_run_main(train_my_ddp.main, [str(tmp_path / name), "--max_iters=1"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith(f"error: {tmp_path / name}"), error
+    assert re.search(message, error), error
+
+
+@pytest.mark.parametrize("name, text", [("c.py", "lr = 0.00123\n"), ("c.json", '{"lr": 0.00123}'),
+                                        ("c.yaml", "lr: 0.00123\n"), ("c.toml", "lr = 0.00123\n")])
+def test_a_config_file_with_a_byte_order_mark_reads_as_without(tmp_path, capsys, name, text):
+    """Some Windows editors start UTF-8 files with a byte-order mark; Python itself accepts
+    one in a .py file, so the trainer does too, in every format."""
+    (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+    with pytest.raises(SystemExit) as done:
+        train_my_ddp.main([str(tmp_path / name), "--print_config", "json"])
+    assert done.value.code == 0
+    assert json.loads(capsys.readouterr().out)["lr"] == 0.00123

@@ -19,6 +19,7 @@ import pytest
 import train_my_ddp
 from tests.train_helpers import TINY_ARGS, data_args, run_main, tiny_training_data
 from tools import evaluate, resplot
+from trainer import training_checkpoint
 from trainer.metrics import read_metrics
 from utils.checkpoint import list_checkpoints
 from utils.cli_errors import EXIT_BAD_INPUT
@@ -340,3 +341,31 @@ def test_every_name_a_run_and_its_tools_write_is_listed_as_the_runs_own(data, tm
     assert run_main(_args(data, f"--out_dir={run_dir}", "--max_iters=3", "--resume")) == 0
     assert run_main(_args(data, f"--out_dir={run_dir}", "--max_iters=2", "--overwrite")) == 0
     assert len(list(tmp_path.glob("run.old-*"))) == 1
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_run_dir_that_goes_away_during_a_save_is_said_as_moved(data, tmp_path, capsys,
+                                                                  monkeypatch, how):
+    """The run dir is deleted (or moved and another made in its place) while the step-2
+    checkpoint is being written: the run-dir-moved line and exit 1 (before: exit 2, "bad
+    input", naming the checkpoint's temp dir)."""
+    run_dir = tmp_path / "run"
+    real_finish = training_checkpoint.finish_checkpoint
+
+    def lose_the_run_dir_then_finish(*args, **kwargs):
+        if how == "deleted":
+            shutil.rmtree(run_dir)
+        else:
+            os.rename(run_dir, tmp_path / "moved")
+            run_dir.mkdir()
+        return real_finish(*args, **kwargs)
+
+    monkeypatch.setattr(training_checkpoint, "finish_checkpoint", lose_the_run_dir_then_finish)
+    code = cli_run_main(train_my_ddp.main, _args(data, f"--out_dir={run_dir}", "--max_iters=4",
+                                                 "--save_interval=2"))
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and "\n" not in err, err
+    assert err == (f"error: run dir {run_dir} was moved or replaced during step 2: stopped "
+                   "without writing into what now has its name; continue the run with --resume "
+                   "where it was moved")
+    assert not run_dir.exists() or list(run_dir.iterdir()) == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from model.lora import LoraConfig, weights_fingerprint
 from model.lora_checkpoint import ADAPTERS_FILE, LORA_FILE
 from parallel_plan.memory_plan import plan_memory
 from tests.train_helpers import records, run_on_two_ranks, train_losses
+from tests.trainer.test_train_stream import kill_all, torchrun
 from tokenizer import load_tokenizer
 from tools import tiny_hf_model
 from trainer.model_setup import model_config_at
@@ -263,3 +265,64 @@ def test_a_lora_resume_cannot_change_its_base(data, hf_base, tmp_path, capsys):
     error = error_lines(capsys)
     assert len(error) == 1 and "--init_from" in error[0] and "cannot change" in error[0], error
     assert json.loads((run_dir / "config.json").read_text())["init_from"] == str(hf_base)
+
+
+def _truncate_weights(model_dir: Path) -> str:
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    return str(weights)
+
+
+def _set_config_value(model_dir: Path, field: str, text: str) -> str:
+    """config.json with `field`'s value replaced by the JSON text `text` (kept a text edit,
+    so that it can also make the file invalid JSON)."""
+    config = model_dir / "config.json"
+    edited, count = re.subn(rf'"{field}": [^,\n]+', f'"{field}": {text}', config.read_text())
+    assert count == 1
+    config.write_text(edited)
+    return str(config)
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (_truncate_weights, "not a complete safetensors file"),
+    (lambda d: _set_config_value(d, "hidden_size", "1e30"),
+     r"hidden_size must be a whole number in \[1, 16777216\], got 1e\+30"),
+    (lambda d: _set_config_value(d, "num_hidden_layers", '"4"'),
+     "num_hidden_layers must be a whole number in .*, got '4'"),
+    (lambda d: _set_config_value(d, "rms_norm_eps", "-1"),
+     "rms_norm_eps must be a finite number > 0, got -1"),
+    (lambda d: _set_config_value(d, "hidden_size", "128 128"),
+     r":\d+: invalid JSON: Expecting ',' delimiter"),
+])
+def test_a_damaged_init_from_model_is_one_line_naming_its_file(data, hf_base, tmp_path, capsys,
+                                                               damage, expected):
+    """A truncated download, a config value of the wrong type or range, a config that is not
+    JSON: refused before any work in one line naming the file (before: a SafetensorError,
+    TypeError or bare JSON traceback, on every rank)."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(hf_base, damaged)
+    named = damage(damaged)
+    run_dir = tmp_path / "run"
+    assert finetune("sft", data, run_dir, f"--init_from={damaged}", "--max_iters=1") == 2
+    error = error_lines(capsys)
+    assert len(error) == 1 and error[0].startswith(f"error: {named}"), error
+    assert re.search(expected, error[0]), error
+    assert not run_dir.exists()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds torchrun's ranks via /proc")
+def test_a_damaged_init_from_model_is_said_once_per_run_not_per_rank(data, hf_base, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(hf_base, damaged)
+    named = _truncate_weights(damaged)
+    process = torchrun([*FINETUNE_ARGS, "--task_type=sft", f"--data_dir={data['sft']}",
+                        f"--init_from={damaged}", "--max_iters=1"], tmp_path / "run")
+    try:
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        kill_all(process)
+    errors = [line for line in stderr.decode().splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {named}: not a complete safetensors file (Error while "
+                      "deserializing header: incomplete metadata, file not fully covered); it "
+                      "may be truncated: download or copy it again"], stderr.decode()[-3000:]
+    assert not (tmp_path / "run").exists()

@@ -10,6 +10,7 @@ from utils.cli_errors import (
     EXIT_BAD_INPUT,
     EXIT_RUNTIME_FAILURE,
     DiskFullError,
+    ReportedElsewhere,
     disk_full_explained,
     run_main,
     split_debug_flag,
@@ -31,6 +32,7 @@ def failing(error: BaseException):
      "no space left on device while writing out/a.bin"),
     (OSError(errno.EIO, "Input/output error", "out/a.bin"), EXIT_RUNTIME_FAILURE,
      "out/a.bin: input/output error"),
+    (MemoryError("rank 0 ran out of memory"), EXIT_RUNTIME_FAILURE, "rank 0 ran out of memory"),
 ])
 def test_expected_errors_are_one_line(error, code, line, capsys, monkeypatch):
     monkeypatch.delenv("Z2ALL_DEBUG", raising=False)
@@ -47,6 +49,13 @@ def test_bugs_and_debug_keep_the_traceback(monkeypatch):
     monkeypatch.setenv("Z2ALL_DEBUG", "1")
     with pytest.raises(ValueError):
         run_main(failing(ValueError("bad option")), [])
+
+
+@pytest.mark.parametrize("code", [EXIT_BAD_INPUT, EXIT_RUNTIME_FAILURE])
+def test_an_error_another_rank_prints_exits_with_its_code_silently(code, capsys, monkeypatch):
+    monkeypatch.delenv("Z2ALL_DEBUG", raising=False)
+    assert run_main(failing(ReportedElsewhere(code)), []) == code
+    assert capsys.readouterr().err == ""
 
 
 def test_debug_flag_is_removed_only_before_the_separator():

@@ -15,8 +15,10 @@ import pytest
 
 from data.dirty_corpus import near_copy, shakespeare_scenes
 from data_preprocess.clean_pretrain_data import build_parser, clean_pretrain_data
+from data_preprocess.clean_pretrain_data import main as clean_main
 from data_preprocess.cleaning.filters import FilterOptions, first_failure
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
+from utils.cli_errors import run_main as cli_run_main
 
 REPO = Path(__file__).resolve().parents[3]
 LEAK = ("Which planet in our solar system has the largest number of known moons orbiting "
@@ -143,3 +145,24 @@ def test_malformed_record_is_named_by_file_and_line(tmp_path):
     result = cli("--data_dir", str(tmp_path / "raw"), "--out_dir", str(tmp_path / "out"),
                  "--num_workers", "0")
     assert result.returncode == 2 and "a.jsonl:2: malformed_json" in result.stderr
+
+
+@pytest.mark.parametrize("records, why", [
+    ([], "no records: is it the file you meant"),
+    ([{"id": 1, "label": 3}, {"id": 2, "label": 0}], "2 records, none with a text field"),
+    ([{"answer": "Saturn"}], "1 records, all 1 texts shorter than --decontaminate_min_words=8"),
+])
+def test_an_eval_file_with_nothing_to_match_is_refused_naming_it(tmp_path, capsys, records,
+                                                                  why):
+    """Before: 0 items, no word, and a report that said the corpus was decontaminated."""
+    (tmp_path / "raw").mkdir()
+    write_jsonl(tmp_path / "raw" / "a.jsonl", ["a training document of a few words"])
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps(record) + "\n" for record in records))
+    argv = ["--data_dir", str(tmp_path / "raw"), "--out_dir", str(tmp_path / "out"),
+            "--num_workers", "0", "--decontaminate", str(eval_file)]
+    assert cli_run_main(clean_main, argv) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1, error
+    assert error.startswith(f"error: --decontaminate: {eval_file} holds nothing to match ({why}")
+    assert not (tmp_path / "out").exists()
