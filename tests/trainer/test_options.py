@@ -308,3 +308,19 @@ def test_the_trainer_prints_its_config_as_asked(tmp_path):
     printed = tomllib.loads(done.stdout)
     assert printed["optimization"]["lr"] == 1e-3 and printed["optimization"]["max_iters"] == 60
     assert set(printed) == set(TrainingOptions().__dataclass_fields__)
+
+
+def test_a_resumed_runs_exp_config_starts_a_new_run(data, tmp_path):
+    """exp_config.py is "accepted back as the config file": a resumed run's too, so it holds
+    the per-invocation options (resume, stop_at_iter, overwrite) at their defaults."""
+    run, reuse = tmp_path / "run", tmp_path / "reuse"
+    common = [*TINY_ARGS, *data_args(data, "pretrain"), "--max_iters=2", "--eval_at_start=false",
+              "--eval_interval=2", "--save_interval=1"]
+    assert train_my_ddp.main([*common, f"--out_dir={run}", "--stop_at_iter=1"]) == 0
+    assert train_my_ddp.main([*common, f"--out_dir={run}", "--resume"]) == 0
+    exp_config = (run / "exp_config.py").read_text()
+    for line in ("resume = False", "stop_at_iter = None", "overwrite = False"):
+        assert line in exp_config
+    assert cli_run_main(train_my_ddp.main, [str(run / "exp_config.py"),
+                                            f"--out_dir={reuse}"]) == 0
+    assert (reuse / "ckpt").is_dir()
