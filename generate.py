@@ -33,10 +33,11 @@ from utils.cli_errors import run_main
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OptionParser(description=__doc__.split("\n\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--prompt", default="", help="text to continue (or the user message)")
     add_boolean_flag(parser, "--chat",

@@ -20,7 +20,6 @@ holding it, or a place inside it. Anything else is refused instead of deleted.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import os
@@ -41,6 +40,7 @@ from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.data_files import iter_texts_from
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 from utils.readers import ReadStats
 
 from . import load_tokenizer
@@ -80,7 +80,7 @@ class TrainTokenizerConfig:
 
 def parse_args(argv: list[str] | None = None) -> TrainTokenizerConfig:
     """Command-line flags generated from TrainTokenizerConfig: the dataclass is the doc."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OptionParser(description=__doc__.split("\n")[0])
     for option in dataclasses.fields(TrainTokenizerConfig):
         if option.type == "bool":  # --flag, --flag true|false, --no_flag
             add_boolean_flag(parser, f"--{option.name}", help=option.metadata["help"],

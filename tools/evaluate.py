@@ -31,7 +31,6 @@ them; `--report_dir` chooses another place.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import itertools
 import json
@@ -65,6 +64,7 @@ from utils.dataset_splits import EVAL_SPLITS
 from utils.hub import snapshot_of
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 from utils.readers import ReadStats, iter_records
 
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
@@ -239,7 +239,7 @@ def run_config_value(ckpt: str, key: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OptionParser(description=__doc__.split("\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--data", nargs="+", default=None,
                         help="files/folders of .jsonl/.json/.parquet/.txt, DIR@split, "

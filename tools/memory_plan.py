@@ -32,10 +32,11 @@ from parallel_plan.memory_plan import plan_memory
 from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.memory_plan", description=__doc__,
+    parser = OptionParser(prog="python -m tools.memory_plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_preset", choices=sorted(PRESETS), default="0.1B")
     parser.add_argument("--vocab_size", type=int, default=None,

@@ -44,6 +44,7 @@ from trainer.options import (
 )
 from utils.atomic_io import atomic_write_text
 from utils.hub import local_dir, snapshot_of
+from utils.option_parser import underscored
 
 HUB_OPTIONS = ("init_from", "tokenizer_dir")  # may name a Hugging Face Hub id (utils/hub.py)
 
@@ -168,7 +169,7 @@ def _print_config_request(argv: list[str]) -> tuple[str | None, list[str]]:
     arguments). Bare `--print_config` is YAML, as in litgpt / jsonargparse."""
     for i, arg in enumerate(argv):
         name, has_value, fmt = arg.partition("=")
-        if name != "--print_config":
+        if underscored(name) != "--print_config":
             continue
         rest = argv[:i] + argv[i + 1:]
         if not has_value:
