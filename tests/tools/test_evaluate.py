@@ -142,8 +142,8 @@ def test_seq_len_beyond_the_models_positions_is_one_line(tmp_path, tiny_hf_token
     assert not (tmp_path / "report").exists()
 
 
-def test_limit_caps_the_windows_and_the_bar_has_a_total(tmp_path, tiny_hf_tokenizer_dir,
-                                                        capsys):
+def test_limit_caps_the_windows_and_the_bar_counts_what_is_read(tmp_path,
+                                                                 tiny_hf_tokenizer_dir, capsys):
     write_raw_data(tmp_path / "raw", seed=5)
     tiny_model(load_tokenizer(tiny_hf_tokenizer_dir), seed=5).save_pretrained(tmp_path / "model")
     argv = cli_argv(tmp_path / "model", tiny_hf_tokenizer_dir, tmp_path / "raw",
@@ -151,9 +151,16 @@ def test_limit_caps_the_windows_and_the_bar_has_a_total(tmp_path, tiny_hf_tokeni
     evaluate.main(argv)
     assert "100%" in capsys.readouterr().err  # a total is known (bytes), so a percentage
     evaluate.main([*argv, "--limit", "3"])
-    whole, limited = json.loads((tmp_path / "report" / "evaluations.json").read_text())
-    assert whole["scores"]["data"]["tokens"] > 3 * SEQ_LEN
+    last_bar = capsys.readouterr().err.rsplit("\r", 1)[-1]  # counts the 3 windows, not the bytes
+    assert "100%" in last_bar and "3/3" in last_bar and "window" in last_bar, last_bar
+    evaluate.main([*argv, "--max_batches", "1"])  # 1 batch of --batch_size 4
+    last_bar = capsys.readouterr().err.rsplit("\r", 1)[-1]
+    assert "100%" in last_bar and "4/4" in last_bar, last_bar
+    whole, limited, one_batch = json.loads(
+        (tmp_path / "report" / "evaluations.json").read_text())
+    assert whole["scores"]["data"]["tokens"] > 4 * SEQ_LEN
     assert limited["scores"]["data"]["tokens"] == 3 * SEQ_LEN
+    assert one_batch["scores"]["data"]["tokens"] == 4 * SEQ_LEN
     assert limited["settings"]["limit"] == 3
 
 
