@@ -31,9 +31,11 @@ them; `--report_dir` chooses another place.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
+import logging
 import math
 import os
 import sys
@@ -197,8 +199,36 @@ def run_lm_eval(lm: Z2allLM, tasks: list[str], limit: int | None = None) -> dict
         raise ValueError(f"--lm_eval: unknown task(s) {', '.join(unknown)}; shipped: "
                          f"{', '.join(sorted(shipped))}, "
                          "or any installed lm-eval task with local data")
-    return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
-                           log_samples=True, bootstrap_iters=0)
+    print(f"lm-eval: {', '.join(tasks)}" + (f", at most {limit} items each" if limit else "")
+          + "; its INFO log (seeds, task list) and --metadata advice are off",
+          file=sys.stderr, flush=True)
+    with quiet_lm_eval():
+        return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                               log_samples=True, bootstrap_iters=0)
+
+
+# lm-eval's advice for its own command line, logged as a warning for every task (two lines),
+# which names options this tool does not have.
+LM_EVAL_ADVICE = ("Custom kwargs can be passed to `--metadata`",)
+
+
+def _not_advice(record: logging.LogRecord) -> bool:
+    return not any(advice in record.getMessage() for advice in LM_EVAL_ADVICE)
+
+
+@contextlib.contextmanager
+def quiet_lm_eval() -> Iterator[None]:
+    """Inside the block, lm-eval logs warnings and errors only, less its advice (restored
+    after); `run_lm_eval` says in one line what runs instead."""
+    root, task_logger = logging.getLogger("lm_eval"), logging.getLogger("lm_eval.api.task")
+    before = root.level
+    root.setLevel(logging.WARNING)
+    task_logger.addFilter(_not_advice)
+    try:
+        yield
+    finally:
+        root.setLevel(before)
+        task_logger.removeFilter(_not_advice)
 
 
 def lm_eval_scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:

@@ -6,6 +6,7 @@ evaluations.json, --limit, the progress bar's total, and its one-line refusals."
 from __future__ import annotations
 
 import json
+import logging
 import random
 
 import pyarrow as pa
@@ -217,3 +218,21 @@ def test_a_hub_dataset_and_a_dataset_dict_are_scored_on_their_validation_split(
     error = capsys.readouterr().err  # after the model's loading notes
     assert error.splitlines()[-1].startswith("error: --data hf:org/nothing: no Hugging Face "
                                              "dataset") and "Traceback" not in error
+
+
+def test_lm_eval_runs_quietly_with_one_line_of_ours(tmp_path, tiny_hf_tokenizer_dir, capsys,
+                                                    caplog):
+    """lm-eval's INFO log (seeds, task list, "Building contexts") and its advice for its own
+    command line (`--metadata`) are not shown; one line of ours says what runs."""
+    tiny_model(load_tokenizer(tiny_hf_tokenizer_dir), seed=7).save_pretrained(tmp_path / "model")
+    caplog.set_level(logging.INFO)
+    evaluate.main(["--ckpt", str(tmp_path / "model"), "--tokenizer_dir",
+                   str(tiny_hf_tokenizer_dir), "--lm_eval", "z2all_demo_choice", "--limit", "2",
+                   "--dtype", "fp32", "--device", "cpu", "--report_dir", str(tmp_path / "r")])
+    from_lm_eval = [record for record in caplog.records if record.name.startswith("lm_eval")]
+    assert not [r for r in from_lm_eval if r.levelno < logging.WARNING], from_lm_eval
+    assert not [r for r in from_lm_eval if "--metadata" in r.getMessage()], from_lm_eval
+    ours = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lm-eval:")]
+    assert ours == ["lm-eval: z2all_demo_choice, at most 2 items each; its INFO log (seeds, "
+                    "task list) and --metadata advice are off"]
+    assert not logging.getLogger("lm_eval").level  # restored
