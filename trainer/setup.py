@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from dataset.build import validation_note
 from dataset.train_data import TrainData, build_train_data
 from model.configuration_z2all import Z2allConfig
 from model.kernels import kernel_choices
@@ -157,6 +158,8 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str]) -
         pin_memory=env.device.type == "cuda", sequence_multiple=share.sequence_multiple)
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
+    if env.is_main:  # how many validation samples, and from the data's own split or train
+        print(validation_note(data_options, len(valid_dataset)), flush=True)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
         options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir)
     forward_step = build_forward_step(data_options.task_type, options.dpo,

@@ -57,12 +57,13 @@ def _snapshot(repo_id: str, repo_type: str, patterns: list[str], option: str, gi
     """snapshot_download of `patterns`; a one-line ValueError naming `option` if it fails."""
     from huggingface_hub import constants, errors, snapshot_download  # only for an id
 
-    cache_only = cache_only or is_offline()
     try:
         return snapshot_download(repo_id, repo_type=repo_type, revision=revision,
-                                 allow_patterns=patterns, local_files_only=cache_only)
+                                 allow_patterns=patterns,
+                                 local_files_only=cache_only or is_offline())
     except (errors.HfHubHTTPError, errors.HFValidationError, OSError) as error:
-        where = "the HF cache" + (" (nothing is downloaded here)" if cache_only
+        where = "the HF cache" + (" (HF_HUB_OFFLINE=1)" if is_offline()
+                                  else " (nothing is downloaded here)" if cache_only
                                   else " or the Hub")
         at = f"@{revision}" if revision else ""
         missing = ("no such directory, and no Hugging Face model" if repo_type == "model"
