@@ -33,10 +33,11 @@ from utils.cli_errors import run_main
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OptionParser(description=__doc__.split("\n\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--prompt", default="", help="text to continue (or the user message)")
     add_boolean_flag(parser, "--chat",
@@ -66,21 +67,25 @@ def prompt_ids(tokenizer, args: argparse.Namespace) -> list[int]:
     return build_generation_prompt(tokenizer, messages, system=args.system)
 
 
-def print_streaming(tokenizer, new_tokens: Iterable[int], stop: list[int]) -> list[int]:
-    """Print text as tokens arrive. A multi-byte character (Chinese, emoji) can span several
-    tokens; while the decoded text ends in U+FFFD (an incomplete byte sequence) we wait."""
+def print_streaming(tokenizer, new_tokens: Iterable[int], stop: list[int],
+                    prefix: str = "") -> list[int]:
+    """Print `prefix` (a plain prompt) and then the text as tokens arrive. A multi-byte
+    character (Chinese, emoji) can span several tokens; while the decoded text ends in U+FFFD
+    (an incomplete byte sequence) we wait. Nothing is written before the first token has
+    arrived: the model's first forward logs its kernel line (on stderr), which would otherwise
+    land inside the output line on a terminal or in `2>&1`."""
     generated: list[int] = []
-    printed = ""
+    printed, pending = "", prefix
     for token in new_tokens:
         if token in stop:
             break
         generated.append(token)
         text = tokenizer.decode(generated)
         if not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(printed):])
+            sys.stdout.write(pending + text[len(printed):])
             sys.stdout.flush()
-            printed = text
-    sys.stdout.write(tokenizer.decode(generated)[len(printed):] + "\n")
+            printed, pending = text, ""
+    sys.stdout.write(pending + tokenizer.decode(generated)[len(printed):] + "\n")
     return generated
 
 
@@ -101,9 +106,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.tensor([ids], device=device), args.max_new_tokens, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, eos_token_id=stop, generator=generator,
         real_vocab_size=len(tokenizer))  # the model's padding ids are no tokens
-    if not args.chat:
-        sys.stdout.write(args.prompt)
-    print_streaming(tokenizer, (int(token[0]) for token in stream), stop)
+    print_streaming(tokenizer, (int(token[0]) for token in stream), stop,
+                    prefix="" if args.chat else args.prompt)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,6 @@ through utils/run_directory.py, the module the trainer writes them with.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import shlex
@@ -84,6 +83,7 @@ from monitor.event_log import EventLog
 from monitor.supervisor_lock import only_supervisor
 from utils.cli_errors import EXIT_BAD_INPUT, run_main
 from utils.option_checks import join_problems, range_problem
+from utils.option_parser import OptionParser, underscored
 from utils.run_directory import MONITOR_LOG, lock_holder, newest_checkpoint_step
 from utils.run_ownership import not_a_run_dir_problem
 
@@ -118,11 +118,15 @@ class MonitorConfig:
 # ---- the command line of the run ---------------------------------------------------------------
 
 def command_out_dir(command: list[str]) -> str | None:
-    """The value of `--out_dir` in a command (`--out_dir=X` or `--out_dir X`), if any."""
+    """The value of `--out_dir` in a command (`--out_dir=X` or `--out_dir X`, or dashed as
+    `--out-dir`, which the trainer reads too), if any."""
     for index, arg in enumerate(command):
-        if arg.startswith("--out_dir="):
-            return arg.split("=", 1)[1]
-        if arg == "--out_dir" and index + 1 < len(command):
+        name, equals, value = arg.partition("=")
+        if underscored(name) != "--out_dir":
+            continue
+        if equals:
+            return value
+        if index + 1 < len(command):
             return command[index + 1]
     return None
 
@@ -137,7 +141,7 @@ def with_run_flags(command: list[str], run_dir: str, resume: bool) -> list[str]:
     if command_out_dir(result) is None:
         result.append(f"--out_dir={run_dir}")
     if resume:
-        result = [arg for arg in result if arg != "--resume" and not arg.startswith("--resume=")]
+        result = [arg for arg in result if underscored(arg.partition("=")[0]) != "--resume"]
         result.append("--resume")
     return result
 
@@ -266,7 +270,7 @@ class Supervisor:
 
 def parse_args(argv: list[str]) -> tuple[MonitorConfig, list[str]]:
     """Options before `--`, the training command after it."""
-    parser = argparse.ArgumentParser(
+    parser = OptionParser(
         description="Run a training command; restart it with --resume when it crashes or hangs.",
         usage="python monitor_process.py [options] -- <training command ...>")
     for option in dataclasses.fields(MonitorConfig):

@@ -28,10 +28,11 @@ from server.engine import Engine
 from server.slow_clients import SlowClientTimeout
 from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
+from utils.option_parser import OptionParser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OptionParser(description=__doc__.split("\n\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on; 0.0.0.0 exposes the server to the network")

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 
 from utils.boolean_flags import add_boolean_flag
+from utils.option_parser import OptionParser
 
 
 def bench_parser(description: str, quick: str,
                  smoke: str = "seconds: tiny sizes, only checks that it runs"
                  ) -> argparse.ArgumentParser:
     """A parser with --quick and --smoke (one or the other); `quick` says what it shortens."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = OptionParser(description=description)
     size = parser.add_mutually_exclusive_group()
     add_boolean_flag(size, "--quick", help=quick)
     add_boolean_flag(size, "--smoke", help=smoke)

@@ -30,7 +30,6 @@ Validation files are named `valid*`: that is how dataset/chat_store.py tells the
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -45,6 +44,7 @@ from data.shakespeare import play_files, play_scenes
 from utils.atomic_io import atomic_open
 from utils.cli_errors import run_main
 from utils.data_output_dir import OutputLedger
+from utils.option_parser import OptionParser
 
 SYSTEM_PROMPT = "You are a careful assistant. Answer with the result only."
 
@@ -213,7 +213,7 @@ def build(out: Path, seed: int, scale: float = 1.0) -> dict[str, tuple[int, int]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OptionParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("data/demo"), help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="same seed -> same bytes")
     parser.add_argument("--scale", type=float, default=1.0,

@@ -37,7 +37,6 @@ of them, 8 bytes per slot; the default 1% stays O(valid samples).)
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Iterator
@@ -52,6 +51,7 @@ from utils.cli_errors import run_main
 from utils.data_files import find_data_files
 from utils.data_output_dir import OutputLedger
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 from utils.run_directory import read_json_or_none
 
 INDEX_FORMAT, INDEX_VERSION = "z2all-sample-index", 1
@@ -211,7 +211,7 @@ def load_index_sidecar(data_dir: str | Path, max_seq_len: int, split: str) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OptionParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", required=True, help="folder of pretokenized .bin/.idx")
     parser.add_argument("--max_seq_len", type=int, required=True, help="tokens per sample (L)")
     group = parser.add_mutually_exclusive_group()

@@ -8,6 +8,12 @@ SFT record shapes:
     OpenAI    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", ...}]}
     Alpaca    {"instruction": "Translate", "input": "chat", "output": "cat"}
               -> user "Translate\\n\\nchat" (just "Translate" when input is empty), assistant "cat"
+    TRL prompt/completion, plain or conversational:
+              {"prompt": "Hi", "completion": "Hello"}  -> user "Hi", assistant "Hello"
+              {"prompt": [messages], "completion": [assistant messages]}
+              -> the prompt's messages, then the completion's; only the completion is trained
+                 (an assistant turn inside the prompt is context: {"trained": False}, which
+                 utils/conversation.py leaves out of the loss mask), as TRL's SFTTrainer does
 DPO record shapes (prompt and two responses; a response becomes the assistant's reply):
     {"conversations": [...ending with a user turn], "chosen": {"from": "gpt", "value": ".."},
      "rejected": {...}}
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from utils.conversation import Message, check_messages
+from utils.conversation import TRAINED, Message, check_messages
 
 ROLE_ALIASES = {"system": "system", "human": "user", "user": "user",
                 "gpt": "assistant", "assistant": "assistant", "bot": "assistant"}
@@ -69,9 +75,26 @@ def check_turn_order(messages: list[Message], what: str) -> None:
                                     "(turns alternate user/assistant, starting with user)")
 
 
+def prompt_messages(raw: Any) -> list[Message]:
+    """A prompt (of a DPO or TRL prompt/completion record): a string is the user's turn."""
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    return to_messages(raw, "prompt")
+
+
+def prompt_completion_messages(data: dict[str, Any]) -> list[Message]:
+    """TRL's prompt/completion record -> the conversation, the prompt's assistant turns (if
+    any) marked as context, so only the completion is trained."""
+    context = [{**message, TRAINED: False} if message["role"] == "assistant" else message
+               for message in prompt_messages(data["prompt"])]
+    return context + response_messages(data["completion"], "completion")
+
+
 def sft_messages(data: dict[str, Any]) -> list[Message]:
     """One SFT record (any supported shape) -> its conversation."""
-    if "conversations" in data:
+    if "prompt" in data and "completion" in data:
+        messages = prompt_completion_messages(data)
+    elif "conversations" in data:
         messages = to_messages(data["conversations"], "conversations")
     elif "messages" in data:
         messages = to_messages(data["messages"], "messages")
@@ -85,8 +108,9 @@ def sft_messages(data: dict[str, Any]) -> list[Message]:
                       else instruction},
                      {"role": "assistant", "content": output}]
     else:
-        raise RecordFormatError("unknown_format", "expected 'conversations', 'messages' or "
-                                f"'instruction'+'output'; record has {sorted(data)[:8]}")
+        raise RecordFormatError("unknown_format", "expected 'conversations', 'messages', "
+                                "'instruction'+'output' or 'prompt'+'completion'; record has "
+                                f"{sorted(data)[:8]}")
     check_turn_order(messages, "conversation")
     if not any(message["role"] == "assistant" for message in messages):
         raise RecordFormatError("no_assistant_turn", "nothing to train on: no assistant message")
@@ -109,10 +133,8 @@ def dpo_messages(data: dict[str, Any]) -> tuple[list[Message], list[Message], li
         raise RecordFormatError("unknown_format", "a DPO record needs 'chosen' and 'rejected'")
     if "conversations" in data:
         prompt = to_messages(data["conversations"], "conversations")
-    elif isinstance(data.get("prompt"), str):
-        prompt = [{"role": "user", "content": data["prompt"]}]
     elif "prompt" in data:
-        prompt = to_messages(data["prompt"], "prompt")
+        prompt = prompt_messages(data["prompt"])
     else:
         raise RecordFormatError("unknown_format", "a DPO record needs 'conversations' or 'prompt'")
     check_turn_order(prompt, "prompt")

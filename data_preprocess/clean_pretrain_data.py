@@ -52,6 +52,7 @@ from utils.atomic_io import atomic_open, atomic_write_json
 from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 from utils.readers import BadRecordError, ReadStats, iter_raw_items, text_of
 
 STATE_DIR = ".clean"  # hidden: the readers skip it, so CLEAN stays a clean input folder
@@ -59,7 +60,7 @@ VERSION = 1
 DEDUP_KINDS = ("exact", "minhash")
 
 
-class OneLineParser(argparse.ArgumentParser):
+class OneLineParser(OptionParser):
     """A bad option ends in one line (`error: ...`, exit 2 via run_main), not usage + error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]

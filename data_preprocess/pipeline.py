@@ -190,8 +190,10 @@ def output_prefix(job: FileJob, suffix: str) -> Path:
 
 def process_file(task: PretokenizeTask, job: FileJob, pool: ProcessPoolExecutor | None,
                  batch_size: int, max_in_flight: int, progress: tqdm,
-                 documents_before: int) -> dict[str, Any]:
-    """Tokenize one file into its output pair(s) and commit it with its sidecar; return that."""
+                 done_before: dict[str, int]) -> dict[str, Any]:
+    """Tokenize one file into its output pair(s) and commit it with its sidecar; return that.
+    The bar counts this run's input bytes, and its postfix this run's documents and tokens
+    (`done_before`: those of the files this run finished before this one)."""
     identity = source_identity(job.source)  # taken before reading: an edit meanwhile redoes it
     job.sidecar_path.unlink(missing_ok=True)  # from here on the file counts as unfinished
     for suffix, _ in task.outputs:
@@ -208,8 +210,9 @@ def process_file(task: PretokenizeTask, job: FileJob, pool: ProcessPoolExecutor 
                    for suffix, dtype in task.outputs]
         for encoded in ordered_map(pool, task.work, batches, max_in_flight):
             task.write(job, writers, encoded, counts)
-            progress.set_postfix(docs=documents_before + counts.num_documents,
-                                 tokens=counts.num_tokens, refresh=False)
+            progress.set_postfix(docs=done_before["num_documents"] + counts.num_documents,
+                                 tokens=done_before["num_tokens"] + counts.num_tokens,
+                                 refresh=False)
             progress.update(bytes_before + stats.bytes_read - progress.n)
     progress.update(bytes_before + identity["source_size"] - progress.n)
     counts.skipped.update(stats.skipped)
@@ -263,9 +266,10 @@ def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | 
         try:
             for number, job in enumerate(todo, start=1):
                 progress.set_description(f"file {number}/{len(todo)} {job.relative}")
-                documents_before = sum(entry["num_documents"] for entry in per_file)
+                done_before = {key: sum(entry[key] for entry in per_file if not entry["reused"])
+                               for key in ("num_documents", "num_tokens")}  # as the bar: this run's
                 sidecar = process_file(task, job, pool, batch_size, 4 * max(num_workers, 1),
-                                       progress, documents_before)
+                                       progress, done_before)
                 per_file.append({"source": job.relative, "reused": False, **summary_of(sidecar)})
         finally:
             progress.close()

@@ -19,7 +19,6 @@ if either side loses its whole reply.
 
 from __future__ import annotations
 
-import argparse
 import functools
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from data_preprocess.chat_records import RecordFormatError, dpo_messages, sft_me
 from data_preprocess.indexed_dataset import IndexedDatasetWriter
 from data_preprocess.worker_pool import worker_state
 from utils.conversation import render_conversations
+from utils.option_parser import OptionParser
 from utils.readers import BadRecordError, ReadStats, iter_records
 
 KINDS = {"sft": 1, "dpo": 2}  # sequences per document (sample)
@@ -146,7 +146,7 @@ def pretokenize_chat_data(kind: str, data_dir: str | Path, tokenizer_dir: str | 
 
 
 def main(kind: str, argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = OptionParser(
         description=f"{kind.upper()} records -> ChatML ids + loss masks (.bin/.idx pairs)")
     pipeline.add_common_arguments(parser, f"{kind} .jsonl/.json/.parquet files",
                                   DEFAULT_BATCH_SIZE, "records")

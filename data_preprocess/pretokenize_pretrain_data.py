@@ -16,7 +16,6 @@ order, skipping of finished files and crash safety work.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from collections.abc import Iterator, Sequence
@@ -29,6 +28,7 @@ from data_preprocess import pipeline
 from data_preprocess.indexed_dataset import IndexedDatasetWriter
 from data_preprocess.worker_pool import worker_state
 from utils.cli_errors import run_main
+from utils.option_parser import OptionParser
 from utils.readers import ReadStats, iter_texts
 
 DEFAULT_BATCH_SIZE = 512  # texts per task: large enough to amortise inter-process transfer
@@ -86,7 +86,7 @@ def pretokenize_pretrain_data(data_dir: str | Path, tokenizer_dir: str | Path,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OptionParser(description=__doc__.split("\n\n")[0])
     pipeline.add_common_arguments(parser, ".jsonl/.json/.parquet/.txt files", DEFAULT_BATCH_SIZE,
                                   "texts")
     parser.add_argument("--text_key", nargs="+", default=["text"],

@@ -1,4 +1,4 @@
-"""SFT records (ShareGPT / OpenAI / Alpaca) -> ChatML ids + loss masks, ready for training.
+"""SFT records (ShareGPT, OpenAI, Alpaca, TRL prompt/completion) -> ChatML ids + loss masks.
 
     python -m data_preprocess.pretokenize_sft_data --data_dir data/demo/sft \\
         --tokenizer_dir tokenizer/demo_hf --max_seq_len 256 --out_dir data/demo/sft_pretok_hf

@@ -11,11 +11,17 @@ sft, dpo  data_dir holds either pretokenized output (pretokenize_sft_data / _dpo
           dataset's: `~/.cache/z2all/<org>--<name>/<task>_<key>/`), where key hashes the data
           files' paths, sizes and mtimes, the tokenizer fingerprint, max_seq_len and the
           system prompt: changing any of them builds a new cache, a repeated run reuses the old
-          one. Train/valid: files named valid* or eval* are validation, else a seeded
-          `valid_ratio` of samples (dataset/chat_store.py).
+          one. Train/valid: the data's own `validation` (else `test`) split when it has one
+          (a DatasetDict, a Hub dataset, `DIR@train` beside `DIR@validation`:
+          utils/data_files.py `validation_spec`), rendered into a cache of its own, and all of
+          train trains; else, from train, files named valid* or eval* are validation, else a
+          seeded `valid_ratio` of samples (dataset/chat_store.py).
 
 stream    (`build_stream_datasets`, --data_format=stream) raw shards tokenized on the fly by
-          DataLoader workers, nothing prepared or cached (dataset/stream.py).
+          DataLoader workers, nothing prepared or cached (dataset/stream.py). Validation: the
+          data's own split as above, else every round(1 / valid_ratio)th record held out.
+
+`validation_note(config, count)` is the start-up line that says which of these it was.
 
 Under torchrun, rank 0 prepares (index or cache) while the others wait on a done-file with
 their own timeout (dataset/prepare.py); then every rank memory-maps the same files.
@@ -27,9 +33,11 @@ import hashlib
 import json
 import os
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Dataset, default_collate
 
 from data_preprocess.build_pretrain_sample_index_map import (
@@ -55,7 +63,7 @@ from dataset.stream import StreamDataset, StreamLoader, StreamSettings, holdout_
 from dataset.stream_shards import find_sources
 from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
-from utils.data_files import DataFiles, locate_data
+from utils.data_files import DataFiles, locate_data, validation_spec
 
 TASK_TYPES = ("pretrain", "sft", "dpo")
 PAD_TO_MULTIPLE_OF = 8  # padded batches' lengths: tensor cores like multiples of 8
@@ -141,17 +149,42 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
                 PretokDatasetWithIndex(data_dir, max_seq_len, "valid", len(tokenizer)),
                 default_collate)
 
-    store_dir = chat_store_dir(task_type, data_dir, tokenizer_dir, tokenizer.fingerprint,
-                               max_seq_len, system_prompt, cache_dir, num_workers,
-                               prepare_timeout_s)
-    store = ChatTokenStore(store_dir, task_type, tokenizer.fingerprint, max_seq_len)
-    train_ids, valid_ids = split_train_valid(store, valid_ratio, seed)
+    def store_of(spec: str | Path) -> ChatTokenStore:
+        store_dir = chat_store_dir(task_type, spec, tokenizer_dir, tokenizer.fingerprint,
+                                   max_seq_len, system_prompt, cache_dir, num_workers,
+                                   prepare_timeout_s)
+        return ChatTokenStore(store_dir, task_type, tokenizer.fingerprint, max_seq_len)
+
+    store, valid_source = store_of(data_dir), validation_source(data_dir)
+    if valid_source is None:
+        train_ids, valid_ids = split_train_valid(store, valid_ratio, seed)
+        valid_store = store
+    else:  # the data's own validation split: all of train trains
+        valid_store = store_of(valid_source)
+        train_ids, valid_ids = np.arange(len(store)), np.arange(len(valid_store))
     dataset_class, collator_class = ((SupervisedDataset, SFTCollator) if task_type == "sft"
                                      else (DPODataset, DPOCollator))
     if pack_samples:
         collator_class = PackingSFTCollator
     collate_fn = collator_class(tokenizer.pad_token_id, pad_to_multiple_of, max_seq_len)
-    return dataset_class(store, train_ids), dataset_class(store, valid_ids), collate_fn
+    return dataset_class(store, train_ids), dataset_class(valid_store, valid_ids), collate_fn
+
+
+def validation_source(data_dir: str | Path, data_mix: str = "") -> str | None:
+    """The spec of the data's own validation split that training evaluates on, or None when
+    it holds out part of the training data instead (pretokenized data has no split beside
+    its sample index's; a --data_mix reads named parts, each its own split)."""
+    if data_mix:
+        return None
+    return validation_spec(data_dir)
+
+
+def validation_note(config: DataConfig, count: int) -> str:
+    """The start-up line saying how many validation samples there are and where from."""
+    source = validation_source(config.data_dir, config.data_mix)
+    if source is not None:
+        return f"validation: {count} samples from the data's own split {source}"
+    return f"validation: held out from train: {count} samples"
 
 
 def build_stream_datasets(config: DataConfig, seed: int, *, batch_size: int,
@@ -161,18 +194,25 @@ def build_stream_datasets(config: DataConfig, seed: int, *, batch_size: int,
                           ) -> tuple[StreamLoader, list, Any]:
     """(train StreamLoader, valid samples, collate_fn) read straight from raw shards.
 
-    Validation: every record whose number is a multiple of round(1 / valid_ratio) is held out
-    of training, and the first `valid_samples` samples made from those records are the
-    validation set (dataset/stream_shards.py)."""
+    Validation: the first `valid_samples` samples of the data's own validation split when it
+    has one (`validation_source`: then no record is held out of training); else every record
+    whose number is a multiple of round(1 / valid_ratio) is held out of training, and the
+    first `valid_samples` samples made from those records are the validation set
+    (dataset/stream_shards.py)."""
     if config.task_type not in TASK_TYPES:
         raise ValueError(f"task_type must be one of {TASK_TYPES}, got {config.task_type!r}")
     tokenizer = load_tokenizer(config.tokenizer_dir)
+    valid_source = validation_source(config.data_dir, config.data_mix)
     settings = StreamSettings(config.task_type, str(config.tokenizer_dir), config.max_seq_len,
                               seed, system_prompt=system_prompt,
                               skip_bad_records=config.skip_bad_records,
-                              holdout_every=round(1 / DEFAULT_VALID_RATIO))
+                              holdout_every=0 if valid_source else round(1 / DEFAULT_VALID_RATIO))
     dataset = StreamDataset(find_sources(config.data_dir, config.data_mix), settings, rank,
                             world_size, config.num_workers)
+    # Validation: the held-out records of `dataset`, or every record of the data's own split.
+    held_out = dataset if valid_source is None else StreamDataset(
+        find_sources(valid_source), replace(settings, holdout_every=1), rank, world_size,
+        config.num_workers)
     collate_fn: Any = default_collate
     if config.task_type != "pretrain":
         collator_class = SFTCollator if config.task_type == "sft" else DPOCollator
@@ -180,9 +220,11 @@ def build_stream_datasets(config: DataConfig, seed: int, *, batch_size: int,
                                     config.max_seq_len)
     loader = StreamLoader(dataset, batch_size, collate_fn, config.num_workers,
                           config.shuffle_buffer)
-    valid = holdout_items(dataset, valid_samples)
+    valid = holdout_items(held_out, valid_samples)
     if not valid:
-        warnings.warn(f"{config.data_dir}: no validation samples: the held-out records (every "
-                      f"{settings.holdout_every}th of each shard) made no complete sample, so "
-                      "val_loss is NaN; add data or lower --max_seq_len", stacklevel=2)
+        where = (f"its split {valid_source}" if valid_source else "the held-out records "
+                 f"(every {settings.holdout_every}th of each shard)")
+        warnings.warn(f"{config.data_dir}: no validation samples: {where} made no complete "
+                      "sample, so val_loss is NaN; add data or lower --max_seq_len",
+                      stacklevel=2)
     return loader, valid, collate_fn

@@ -31,7 +31,6 @@ before loading: `AutoPeftModelForCausalLM` reads it from the working one).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -60,6 +59,7 @@ from utils.cli_errors import run_main
 from utils.conversation import IM_END
 from utils.hub import snapshot_of
 from utils.log_setup import configure_logging
+from utils.option_parser import OptionParser
 from utils.run_ownership import overlap_problem
 
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -166,7 +166,7 @@ def check_out_dir(out: str | os.PathLike, ckpt: str, model_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OptionParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt", required=True,
                         help="run dir, checkpoint dir, save_pretrained dir, HF Llama dir or "
                              "its Hub id org/name")

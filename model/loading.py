@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from model.configuration_z2all import read_config_json
+from model.configuration_z2all import Z2allConfig, read_config_json
+from model.hf_llama_mapping import config_from_hf
 from model.lora import (
     LoraConfig,
     apply_lora,
@@ -121,6 +122,18 @@ def base_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]
                  for name, value in current["config"].items() if name in recorded_config]
     return [f"{what}: now {now!r}, recorded {then!r}" for what, now, then in compared
             if now != then]
+
+
+def load_model_config(path: str | os.PathLike) -> Z2allConfig:
+    """The config of the model `load_model(path)` would build, read without its weights (a
+    planner needs only the shapes). A LoRA checkpoint is refused: plan its base instead."""
+    model_dir = resolve_model_dir(path)
+    if is_lora_checkpoint(model_dir):
+        raise ValueError(f"{path}: a LoRA checkpoint; give its base model and --lora_rank")
+    config_file = model_dir / CONFIG_FILE
+    if is_hf_model_dir(model_dir):
+        return config_from_hf(read_config_json(config_file), source=str(config_file))
+    return Z2allConfig.from_json_file(config_file)
 
 
 def load_lora_checkpoint(model_dir: str | os.PathLike

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable
+import sys
+import time
+from collections.abc import Iterable, Iterator
 
 import sentencepiece
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -51,18 +53,34 @@ def sentencepiece_settings(base_vocab_size: int, max_sentences: int, show_progre
         # the end and a uniform random sample (reservoir) of this many sentences is kept.
         input_sentence_size=max_sentences, shuffle_input_sentence=True,
         num_threads=os.cpu_count() or 1,
-        minloglevel=0 if show_progress else 2,  # 0: log each stage and merge progress
+        # Its INFO log is hundreds of lines on stderr (every setting, then every merge step);
+        # warnings and errors stay, and `train_sentencepiece_bpe` says what happened in one line.
+        minloglevel=1 if show_progress else 2,
     )
 
 
 def train_sentencepiece_bpe(texts: Iterable[str], base_vocab_size: int, seed: int = 0,
                             max_sentences: int = 2_000_000, show_progress: bool = True) -> bytes:
-    """Train on the stream `texts` (consumed once); returns the serialized model."""
+    """Train on the stream `texts` (consumed once); returns the serialized model. With
+    `show_progress`, one line on stderr says what was trained on and how long it took."""
     sentencepiece.set_random_generator_seed(seed)  # the reservoir sample of sentences
     model = io.BytesIO()
+    sentences = 0
+
+    def counted(pieces: Iterable[str]) -> Iterator[str]:
+        nonlocal sentences
+        for piece in pieces:
+            sentences += 1
+            yield piece
+
+    started = time.perf_counter()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=bounded_pieces(texts, MAX_SENTENCE_BYTES), model_writer=model,
+        sentence_iterator=counted(bounded_pieces(texts, MAX_SENTENCE_BYTES)), model_writer=model,
         **sentencepiece_settings(base_vocab_size, max_sentences, show_progress))
+    if show_progress:
+        print(f"sentencepiece: {base_vocab_size} base pieces from {sentences:,} sentences "
+              f"(a sample of at most {max_sentences:,} kept) in "
+              f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return model.getvalue()
 
 

@@ -7,13 +7,13 @@ the ids, and tokens per character (lower = more text per token = cheaper trainin
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from transformers import PreTrainedTokenizerBase
 
 from tokenizer import load_tokenizer
 from utils.cli_errors import run_main
+from utils.option_parser import OptionParser
 
 SAMPLES = {
     "English": "The quick brown fox jumps over the lazy dog.",
@@ -52,7 +52,7 @@ def show(directory: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OptionParser(description=__doc__.split("\n")[0])
     parser.add_argument("directories", nargs="+", help="saved tokenizer directories")
     directories = parser.parse_args(argv).directories
     table = {directory: show(directory) for directory in directories}

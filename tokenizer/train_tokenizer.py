@@ -21,7 +21,6 @@ else is refused instead of deleted. A symlink --out is followed: its target is r
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import os
@@ -43,6 +42,7 @@ from utils.cli_errors import run_main
 from utils.data_files import iter_texts_from
 from utils.data_output_dir import check_apart, first_foreign_entry
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 from utils.readers import ReadStats
 from utils.run_directory import read_json_or_none
 
@@ -90,7 +90,7 @@ class TrainTokenizerConfig:
 
 def parse_args(argv: list[str] | None = None) -> TrainTokenizerConfig:
     """Command-line flags generated from TrainTokenizerConfig: the dataclass is the doc."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OptionParser(description=__doc__.split("\n")[0])
     for option in dataclasses.fields(TrainTokenizerConfig):
         if option.type == "bool":  # --flag, --flag true|false, --no_flag
             add_boolean_flag(parser, f"--{option.name}", help=option.metadata["help"],

@@ -113,7 +113,6 @@ machine, CPU time / 2 estimates the wall time of a 2-rank stage on 2 dedicated c
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
@@ -127,6 +126,7 @@ from tools.stage_progress import run_with_progress, training_steps
 from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
+from utils.option_parser import OptionParser
 
 DEMO = "data/demo"
 TOKENIZER = "tokenizer/demo_hf"
@@ -292,7 +292,7 @@ def summary() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Run the z2all demo pipeline.")
+    parser = OptionParser(description="Run the z2all demo pipeline.")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--only", choices=STAGE_NAMES, help="run one stage")
     group.add_argument("--from", dest="start", choices=STAGE_NAMES,

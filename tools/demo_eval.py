@@ -11,7 +11,6 @@ prompt). Prints accuracy per task and overall, and writes them, with a few examp
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -29,6 +28,7 @@ from utils.atomic_io import atomic_write_json
 from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 from utils.precision import DTYPES, resolve_dtype
 from utils.run_ownership import is_run
 
@@ -56,7 +56,7 @@ def task_accuracy(ckpt: str | Path, tokenizer_dir: str | Path | None, tasks_file
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OptionParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", required=True, help="run dir or checkpoint dir")
     parser.add_argument("--tokenizer_dir", default=None,
                         help="default: the model's own (model/run_tokenizer.py)")

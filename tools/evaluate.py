@@ -34,9 +34,11 @@ be, hold or lie inside what is evaluated (`report_dir_of`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
+import logging
 import math
 import os
 import sys
@@ -66,6 +68,7 @@ from utils.dataset_splits import EVAL_SPLITS
 from utils.hub import snapshot_of
 from utils.log_setup import configure_logging
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 from utils.readers import ReadStats, iter_records
 from utils.run_directory import RUN_MARKER
 from utils.run_ownership import (
@@ -96,32 +99,57 @@ def pretokenized_dir(data: list[str]) -> Path | None:
 
 
 def packed_windows(files: list[Path], tokenizer: Any, seq_len: int, text_keys: list[str],
-                   progress: tqdm) -> Iterator[dict[str, np.ndarray]]:
-    """Step 1 on raw text: each file packed on its own; `progress` counts the bytes read."""
+                   progress: tqdm | None) -> Iterator[dict[str, np.ndarray]]:
+    """Step 1 on raw text: each file packed on its own; `progress` (if any) counts the bytes
+    read."""
     for path in files:
-        stats, start = ReadStats(), progress.n
+        stats, start = ReadStats(), progress.n if progress is not None else 0
         records = iter_records(path, stats=stats)
         for sample, _ in pretrain_samples(records, Position(0, 0, {}), tokenizer=tokenizer,
                                           seq_len=seq_len, text_keys=text_keys,
                                           skip_bad_records=False):
-            progress.update(start + stats.bytes_read - progress.n)
+            if progress is not None:
+                progress.update(start + stats.bytes_read - progress.n)
             yield sample
-        progress.update(start + path.stat().st_size - progress.n)
+        if progress is not None:
+            progress.update(start + path.stat().st_size - progress.n)
 
 
-def validation_windows(data_dir: Path, tokenizer: Any, seq_len: int, limit: int | None
+def window_budget(limit: int | None, max_batches: int, batch_size: int) -> int | None:
+    """At most how many windows --limit and --max_batches let through (None: all of them)."""
+    caps = [cap for cap in (limit, max_batches * batch_size) if cap]
+    return min(caps) if caps else None
+
+
+def counted(windows: Iterator[dict[str, Any]], progress: tqdm) -> Iterator[dict[str, Any]]:
+    """`windows`, each counted on `progress` as it is handed on."""
+    for window in windows:
+        progress.update(1)
+        yield window
+
+
+def validation_windows(data_dir: Path, tokenizer: Any, seq_len: int, budget: int | None
                        ) -> tuple[Iterator[dict[str, torch.Tensor]], tqdm]:
     """Step 1 on a pretokenized data dir: the windows of its validation split
     (`valid_L<seq_len>.ibin`, the trainer's), in order, and a bar that counts them."""
     split = PretokDatasetWithIndex(data_dir, seq_len, split="valid", vocab_size=len(tokenizer))
-    count = min(len(split), limit or len(split))
+    count = min(len(split), budget or len(split))
     progress = tqdm(total=count, desc=f"evaluating {split.index_path.name}", unit="window")
+    return counted((split[index] for index in range(count)), progress), progress
 
-    def counted() -> Iterator[dict[str, torch.Tensor]]:
-        for index in range(count):
-            progress.update(1)
-            yield split[index]
-    return counted(), progress
+
+def raw_text_windows(files: list[Path], tokenizer: Any, seq_len: int, text_keys: list[str],
+                     budget: int | None) -> tuple[Iterator[dict[str, np.ndarray]], tqdm]:
+    """Step 1 on raw text: the windows and a bar whose total is what will be read: the
+    files' bytes, or, under --limit / --max_batches, that many windows (the bar would
+    otherwise end at a few percent of the files)."""
+    if budget is None:
+        progress = tqdm(total=sum(path.stat().st_size for path in files), desc="evaluating",
+                        unit="B", unit_scale=True)
+        return packed_windows(files, tokenizer, seq_len, text_keys, progress), progress
+    progress = tqdm(total=budget, desc="evaluating", unit="window")
+    windows = packed_windows(files, tokenizer, seq_len, text_keys, None)
+    return counted(itertools.islice(windows, budget), progress), progress
 
 
 def batches_of(windows: Iterator[dict[str, Any]], batch_size: int
@@ -139,22 +167,21 @@ def language_model_metrics(model: torch.nn.Module, tokenizer: Any, data: list[st
                            limit: int | None = None) -> dict[str, float]:
     """loss, perplexity, bits_per_byte and tokens over `data` (Steps 1-3), over at most
     `limit` windows and `max_batches` batches."""
-    data_dir = pretokenized_dir(data)
+    data_dir, budget = pretokenized_dir(data), window_budget(limit, max_batches, batch_size)
     if data_dir is not None:
-        windows, progress = validation_windows(data_dir, tokenizer, seq_len, limit)
+        windows, progress = validation_windows(data_dir, tokenizer, seq_len, budget)
     else:
         files = find_data_files(data, splits=EVAL_SPLITS, option="--data")
         if not files:
             raise ValueError(f"--data {' '.join(data)}: no .jsonl/.json/.parquet/.txt files "
                              "there (or a pretokenized data dir)")
-        progress = tqdm(total=sum(path.stat().st_size for path in files), desc="evaluating",
-                        unit="B", unit_scale=True)
-        windows = itertools.islice(packed_windows(files, tokenizer, seq_len, text_keys,
-                                                  progress), limit)
-    batches = itertools.islice(batches_of(windows, batch_size), max_batches or None)
+        windows, progress = raw_text_windows(files, tokenizer, seq_len, text_keys, budget)
     with progress:
-        figures = evaluate_language_model(model, batches, tokenizer,
+        figures = evaluate_language_model(model, batches_of(windows, batch_size), tokenizer,
                                           DistributedEnv(0, 1, 0, 1, device))
+        if progress.n < progress.total and progress.unit == "window":  # fewer than the cap
+            progress.total = progress.n
+            progress.refresh()
     if not figures["val_tokens"]:
         raise ValueError(f"--data {' '.join(data)}: no complete window of {seq_len + 1} tokens "
                          "(files are packed separately); give more text or a smaller --seq_len")
@@ -182,8 +209,36 @@ def run_lm_eval(lm: Z2allLM, tasks: list[str], limit: int | None = None) -> dict
         raise ValueError(f"--lm_eval: unknown task(s) {', '.join(unknown)}; shipped: "
                          f"{', '.join(sorted(shipped))}, "
                          "or any installed lm-eval task with local data")
-    return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
-                           log_samples=True, bootstrap_iters=0)
+    print(f"lm-eval: {', '.join(tasks)}" + (f", at most {limit} items each" if limit else "")
+          + "; its INFO log (seeds, task list) and --metadata advice are off",
+          file=sys.stderr, flush=True)
+    with quiet_lm_eval():
+        return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                               log_samples=True, bootstrap_iters=0)
+
+
+# lm-eval's advice for its own command line, logged as a warning for every task (two lines),
+# which names options this tool does not have.
+LM_EVAL_ADVICE = ("Custom kwargs can be passed to `--metadata`",)
+
+
+def _not_advice(record: logging.LogRecord) -> bool:
+    return not any(advice in record.getMessage() for advice in LM_EVAL_ADVICE)
+
+
+@contextlib.contextmanager
+def quiet_lm_eval() -> Iterator[None]:
+    """Inside the block, lm-eval logs warnings and errors only, less its advice (restored
+    after); `run_lm_eval` says in one line what runs instead."""
+    root, task_logger = logging.getLogger("lm_eval"), logging.getLogger("lm_eval.api.task")
+    before = root.level
+    root.setLevel(logging.WARNING)
+    task_logger.addFilter(_not_advice)
+    try:
+        yield
+    finally:
+        root.setLevel(before)
+        task_logger.removeFilter(_not_advice)
 
 
 def lm_eval_scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -271,7 +326,7 @@ def run_config_value(ckpt: str, key: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OptionParser(description=__doc__.split("\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--data", nargs="+", default=None,
                         help="files/folders of .jsonl/.json/.parquet/.txt, DIR@split, "

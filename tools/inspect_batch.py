@@ -11,7 +11,6 @@ when a loss looks wrong: a label off by one, or a mask over the prompt, is visib
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
@@ -20,6 +19,7 @@ from tokenizer import load_tokenizer
 from utils.cli_errors import run_main
 from utils.labels import IGNORE_INDEX
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 
 TEXT_WIDTH = 16
 
@@ -66,7 +66,7 @@ def format_batch(tokenizer: Any, batch: dict, max_rows: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OptionParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task_type", choices=TASK_TYPES, required=True,
                         help="which dataset and collator to build, as in train_my_ddp.py")
     parser.add_argument("--data_dir", required=True, help="as given to train_my_ddp.py")

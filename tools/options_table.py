@@ -10,7 +10,6 @@ docs cannot drift from the code (torchtitan freezes its CLI the same way).
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import sys
 from dataclasses import fields
@@ -29,6 +28,7 @@ from trainer.options import (
 )
 from trainer.parallelize import OPTION_FOR_FIELD
 from utils.boolean_flags import add_boolean_flag
+from utils.option_parser import OptionParser
 
 DESIGN_DOC = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 START, END = "<!-- options-table:start -->", "<!-- options-table:end -->"
@@ -53,9 +53,11 @@ def options_table() -> str:
              "inherited.", "",
              "Each option is given as `--key value` or `--key=value`; a boolean as `--flag`, "
              "`--flag true|false` or `--no_flag` (`--no-flag`); an optional cleared with "
-             "`--key none`. A config file (`.py`, `.json`, `.yaml`/`.yml`, `.toml`; "
-             "trainer/config_formats.py) uses the same names, flat or nested under the group "
-             "column's name. Hugging Face `TrainingArguments` names are not accepted but "
+             "`--key none`; any name may be spelled with dashes (`--eval-interval 5`, as "
+             "torchrun reads them; utils/option_parser.py, in every z2all tool). A config file "
+             "(`.py`, `.json`, `.yaml`/`.yml`, `.toml`; trainer/config_formats.py), given first "
+             "or as `--config FILE`, uses the same names, flat or nested under the group "
+             "column's name. Hugging Face `TrainingArguments` and TRL names are not accepted but "
              "answered with z2all's: " + ", ".join(f"`{hf}` → `{ours}`"
                                                   for hf, (ours, _) in HF_NAMES.items()) + ".",
              "",
@@ -84,7 +86,7 @@ def with_table(document: str, table: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OptionParser(description=__doc__.splitlines()[0])
     add_boolean_flag(parser, "--write", help=f"update {DESIGN_DOC.name}")
     args = parser.parse_args(argv)
     table = options_table()

@@ -21,7 +21,6 @@ run appended to) is skipped and counted, never fatal. PNGs are written atomicall
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
@@ -37,6 +36,7 @@ from matplotlib.figure import Figure
 
 from utils.atomic_io import atomic_write_bytes
 from utils.cli_errors import run_main
+from utils.option_parser import OptionParser
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ def metrics_signature(run_dirs: list[Path]) -> list[tuple[int, int] | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.resplot",
+    parser = OptionParser(prog="python -m tools.resplot",
                                      description="Plot the metrics.jsonl of one or more runs.")
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (out/<run>)")
     parser.add_argument("--out", type=Path, default=None,

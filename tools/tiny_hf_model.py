@@ -21,7 +21,6 @@ reference for z2all's masks (tests/utils/test_chat_template.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -33,6 +32,7 @@ from tokenizers.processors import TemplateProcessing
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from utils.cli_errors import run_main
+from utils.option_parser import OptionParser
 
 _ASSISTANT = ("{% if message['role'] == 'assistant' %}{% generation %}{{ REPLY }}"
               "{% endgeneration %}{% else %}{{ REPLY }}{% endif %}")
@@ -96,7 +96,7 @@ def write_pretrained_tokenizer(base_dir: Path, out: Path, style: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OptionParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer_dir", required=True,
                         help="base tokenizer (e.g. tokenizer/demo_hf from make demo)")
     parser.add_argument("--style", choices=sorted(STYLES), default="llama3")

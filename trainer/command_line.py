@@ -6,7 +6,9 @@
 
 Every option takes its value as `--key=value` or `--key value` (as HF `TrainingArguments`,
 litgpt and torchtitan do). A boolean is `--flag` (true), `--flag true|false` or `--no_flag`
-(also spelled `--no-flag`), as in every z2all tool (utils/boolean_flags.py). An unknown name
+(also spelled `--no-flag`), as in every z2all tool (utils/boolean_flags.py); any name may be
+spelled with dashes (`--eval-interval 5`, utils/option_parser.py). The config file is the one
+positional argument, also given as `--config FILE` (as litgpt and TRL spell it). An unknown name
 suggests the closest ones; the common Hugging Face names (`--learning_rate`, `--output_dir`,
 ...) are not aliases but point at z2all's own name, so a run's saved config has one spelling
 per option.
@@ -24,6 +26,9 @@ from typing import Any, Literal
 
 from trainer.options import GROUPS, OPTION_GROUP, OPTION_TYPES, default_value
 from utils.boolean_flags import BOOL_WORDS, NEGATION_PREFIXES, parse_bool
+from utils.option_parser import underscored
+
+CONFIG_FILE_OPTION = "config"  # `--config FILE`: the positional config file, by name
 
 # Hugging Face `TrainingArguments` / TRL names -> z2all's option (and what differs).
 HF_NAMES: dict[str, tuple[str, str]] = {
@@ -53,6 +58,16 @@ HF_NAMES: dict[str, tuple[str, str]] = {
     "dataloader_num_workers": ("num_workers", ""),
     "beta": ("dpo_beta", ""),
     "lora_r": ("lora_rank", ""),
+    "lora_target_modules": ("lora_targets", ""),
+    "use_peft": ("lora_rank", "--lora_rank 8 (any rank > 0) trains LoRA adapters"),
+    "dataset_name": ("data_dir", "a Hub dataset is --data_dir hf:org/name[:config][@split]"),
+    "packing": ("pack_samples", ""),
+    "torch_dtype": ("dtype", ""),
+    "model_revision": ("revision", ""),
+    "tokenizer_name": ("tokenizer_dir", ""),
+    "tokenizer_name_or_path": ("tokenizer_dir", ""),
+    "eval_on_start": ("eval_at_start", ""),
+    "warmup_ratio": ("warmup_iters", "z2all counts warmup in optimizer steps"),
 }
 
 
@@ -158,17 +173,25 @@ def _is_a_value_not_a_file(arg: str) -> bool:
 
 def parse_command_line(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
     """`[config_file] --k=v --k v --flag --no_flag ...` -> (config file or None,
-    {option: parsed value})."""
+    {option: parsed value}). Names may be dashed (`--eval-interval`); `--config FILE` names
+    the config file."""
     config_file, overrides = None, {}
     args = list(argv)
     while args:
         arg = args.pop(0)
+        name, has_value, text = arg[2:].partition("=")
+        name = underscored(name)
+        if arg.startswith("--") and name == CONFIG_FILE_OPTION:
+            given_next = args and not args[0].startswith("--")
+            arg = text if has_value else args.pop(0) if given_next else ""
+            if not arg:
+                raise ValueError("--config needs a file: --config FILE (or the file alone, "
+                                 "as the first argument)")
         if not arg.startswith("--"):
             if config_file is not None:
                 raise ValueError(f"only one config file may be given ({config_file!r}, {arg!r})")
             config_file = arg
             continue
-        name, has_value, text = arg[2:].partition("=")
         if not has_value and name not in OPTION_GROUP and _negated_flag(name):
             overrides[_negated_flag(name)] = False
             continue
@@ -192,6 +215,8 @@ def parse_command_line(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
 def format_help() -> str:
     lines = ["usage: [torchrun ...] train_my_ddp.py [config.py|.json|.yaml|.toml] "
              "[--option value | --option=value ...]",
+             "the config file may also be given as --config FILE; any --option_name may be "
+             "spelled --option-name",
              "booleans: --flag, --flag true|false, --no_flag; optionals: --x none",
              "--print_config [yaml|toml|json|py]: print the resolved config and exit",
              "precedence: defaults < config file < command line (on --resume: the run's "

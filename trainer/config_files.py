@@ -12,8 +12,11 @@ The config file may be `.py`, `.json`, `.yaml`/`.yml` or `.toml` (trainer/config
 and `--print_config [py|json|yaml|toml]` prints the resolved options in that format and exits
 (a file you can start from). A run saves the resolved options twice: `config.json`
 (machine-readable) and `exp_config.py` (one `name = value` per line, accepted back as the
-config file). A Hub id given for `--init_from` / `--tokenizer_dir` is saved as its snapshot
-directory in the HF cache (utils/hub.py), which names the commit. Both files also
+config file). Both hold the per-invocation options (`resume`, `stop_at_iter`, `overwrite`) at
+their defaults: they describe how the run was last invoked, not the run, and a resumed run's
+`exp_config.py` reused as a new run's config must not say `resume = True`.
+A Hub id given for `--init_from` / `--tokenizer_dir` is saved as its snapshot directory in the
+HF cache (utils/hub.py), which names the commit. Both files also
 record what an `auto` option resolved to on this run (config.json's "resolved" entry, a
 comment in exp_config.py); reading the file back ignores it, so `auto` decides afresh.
 """
@@ -42,6 +45,7 @@ from trainer.options import (
 from utils.atomic_io import atomic_write_text
 from utils.hub import local_dir, snapshot_of
 from utils.option_checks import raise_problems
+from utils.option_parser import underscored
 from utils.run_ownership import foreign_dir_problem
 
 HUB_OPTIONS = ("init_from", "tokenizer_dir")  # may name a Hugging Face Hub id (utils/hub.py)
@@ -57,8 +61,11 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 def save_config(options: TrainingOptions, run_dir: str | Path,
                 resolved: dict[str, Any] | None = None) -> None:
     """Write `config.json` and `exp_config.py` (both atomic) into the run dir; `resolved`
-    (what `auto` options became on this run, e.g. the measured precision) is recorded too."""
+    (what `auto` options became on this run, e.g. the measured precision) is recorded too.
+    The per-invocation options are written at their defaults (see the module docstring)."""
     run_dir = Path(run_dir)
+    options = TrainingOptions.from_dict(
+        {**options.to_dict(), **{name: default_value(name) for name in PER_INVOCATION}})
     atomic_write_text(run_dir / "config.json", format_config(options, "json", resolved=resolved))
     atomic_write_text(run_dir / "exp_config.py", format_config(
         options, "py", "Resolved config of this run: python train_my_ddp.py exp_config.py "
@@ -165,7 +172,7 @@ def _print_config_request(argv: list[str]) -> tuple[str | None, list[str]]:
     arguments). Bare `--print_config` is YAML, as in litgpt / jsonargparse."""
     for i, arg in enumerate(argv):
         name, has_value, fmt = arg.partition("=")
-        if name != "--print_config":
+        if underscored(name) != "--print_config":
             continue
         rest = argv[:i] + argv[i + 1:]
         if not has_value:

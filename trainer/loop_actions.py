@@ -26,8 +26,8 @@ def evaluate(run: Run) -> float:
     step = run.counters.step
     if samples:
         run.log.log("samples", step, quiet=True, samples=samples)
-        for sample in samples:
-            print(f"  [sample] {sample['prompt']!r} -> {sample['completion']!r}")
+        for sample in samples:  # above the bar on a terminal, never glued onto its line
+            run.progress.write(f"  [sample] {sample['prompt']!r} -> {sample['completion']!r}")
     run.log.log("eval", step, **metrics)
     return metrics["val_loss"]
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from dataset.build import validation_note
 from dataset.train_data import TrainData, build_train_data
 from model.configuration_z2all import Z2allConfig
 from model.kernels import kernel_choices
@@ -172,6 +173,8 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
         env.rank, precision.dtype).total, env)
     if env.is_main and (warning := budget.fit_warning()):
         print(warning, file=sys.stderr, flush=True)
+    if env.is_main:  # how many validation samples, and from the data's own split or train
+        print(validation_note(data_options, len(valid_dataset)), flush=True)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
         options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir)
     forward_step = build_forward_step(data_options.task_type, options.dpo,

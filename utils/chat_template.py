@@ -41,7 +41,7 @@ from jinja2 import TemplateError, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from utils.conversation import Message, common_prefix_length
+from utils.conversation import Message, common_prefix_length, is_trained
 
 _MARKER = re.compile("\ue000([0-9]+)\ue001")
 
@@ -134,7 +134,7 @@ class ChatTemplate:
         ids, is_special = self.encode(whole)
         mask = [0] * len(ids)
         for index, message in enumerate(escaped):
-            if message["role"] != "assistant":
+            if not is_trained(message):
                 continue
             # Step 1: the two prefixes, which must be prefixes of the whole text.
             prompt = self.render(escaped[:index], add_generation_prompt=True)

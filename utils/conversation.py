@@ -20,7 +20,8 @@ Worked example (ids shortened; S = <|im_start|>, E = <|im_end|>):
     tokens  S  "user"  "\n"  "Hi"  E  "\n"  S  "assistant"  "\n"  "Hello"  "!"  E  "\n"
     mask    0  0       0     0     0  0     0  0            0     1        1    1  0
 
-The mask is 1 exactly on the assistant's content and the `<|im_end|>` that closes it: the model
+The mask is 1 exactly on the assistant's content and the `<|im_end|>` that closes it (of every
+assistant message not marked `{"trained": False}`, see TRAINED): the model
 must learn both what to say and when to stop. Not trained: system/user turns, every role header
 (the prompt supplies "assistant\n" at generation time, see `build_generation_prompt`), the
 next turn's `<|im_start|>`, and the trailing "\n" after `<|im_end|>` (generation stops at
@@ -50,6 +51,14 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
+# An assistant message with {"trained": False} is context, not a target: rendered as any turn,
+# left out of the loss mask (the earlier replies inside a TRL prompt/completion record's prompt).
+TRAINED = "trained"
+
+
+def is_trained(message: Message) -> bool:
+    """Whether the loss trains on `message`: an assistant turn not marked as context."""
+    return message["role"] == "assistant" and message.get(TRAINED, True) is not False
 
 
 def with_system_prompt(messages: Sequence[Message], system: str | None) -> list[Message]:
@@ -111,7 +120,7 @@ def render_conversations(tokenizer: Any, conversations: Sequence[Sequence[Messag
         for message in messages:
             turn = next(encoded)
             content_start = common_prefix_length(turn, header_ids[message["role"]])
-            trained = int(message["role"] == "assistant")
+            trained = int(is_trained(message))
             ids += [start_id, *turn, end_id, *newline]
             mask += ([0] * (1 + content_start) + [trained] * (len(turn) - content_start + 1)
                      + [0] * len(newline))

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from utils.dataset_splits import TRAIN_SPLITS, data_files_under, files_of_split
+from utils.dataset_splits import EVAL_SPLITS, TRAIN_SPLITS, data_files_under, files_of_split
 from utils.hub_datasets import HUB_PREFIX, hub_dataset_files, parse_hub_spec
 from utils.readers import SUPPORTED_EXTENSIONS, ReadStats, iter_texts
 
@@ -72,6 +72,33 @@ def locate_data(spec: str | Path, *, extensions: Sequence[str] = SUPPORTED_EXTEN
                                [split], folder, option)
         return DataFiles(folder_path, files, folder_path.name)
     raise FileNotFoundError(f"{option} {text}: no such file or directory")
+
+
+def validation_spec(spec: str | Path, option: str = "--data_dir") -> str | None:
+    """`<spec>@validation` (else `@test`) when the data `spec` names has that split as files of
+    its own beside those it trains on: a DatasetDict saved to disk, the datasets cache, a Hub
+    dataset, files named by split (`DIR@train` trains on them, `DIR@validation` is there).
+    None otherwise: a plain folder is one split (all of it trains), and a trainer then holds
+    out part of it (dataset/build.py).
+
+        my_dict/   {dataset_dict.json, train/, validation/}   -> "my_dict@validation"
+        hf:org/name (train-*.parquet, test-*.parquet)         -> "hf:org/name@test"
+        data/      {a.jsonl, valid.jsonl}                     -> None: both are read to train
+    """
+    text = str(spec)
+    if Path(text).is_file():
+        return None
+    base = text if Path(text).exists() else text.rpartition("@")[0] or text
+    training = set(locate_data(spec, option=option).files)
+    for split in EVAL_SPLITS:
+        candidate = f"{base}@{split}"
+        try:
+            files = locate_data(candidate, splits=(split,), option=option).files
+        except (ValueError, FileNotFoundError):  # no such split there
+            continue
+        if files and not training & set(files):
+            return candidate
+    return None
 
 
 def mix_source(spec: str | Path, name: str) -> str:

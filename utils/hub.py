@@ -35,13 +35,15 @@ def is_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
-def local_dir(spec: str, option: str, revision: str | None = None) -> str:
+def local_dir(spec: str, option: str, revision: str | None = None,
+              cache_only: bool = False) -> str:
     """`spec` itself when it exists on disk or is no Hub id; else the Hub snapshot it names
-    (one-line ValueError naming `option` when neither is there)."""
+    (one-line ValueError naming `option` when neither is there). `cache_only`: never
+    download, as with HF_HUB_OFFLINE=1 (a planner that reads only config.json)."""
     if Path(spec).exists() or not _HUB_ID.match(spec):
         return spec
     at = f"@{revision}" if revision else ""
-    return _snapshot(spec, "model", SAFE_PATTERNS, option, spec + at, revision)
+    return _snapshot(spec, "model", SAFE_PATTERNS, option, spec + at, revision, cache_only)
 
 
 def dataset_snapshot(repo_id: str, patterns: list[str], option: str, given: str) -> Path:
@@ -51,15 +53,18 @@ def dataset_snapshot(repo_id: str, patterns: list[str], option: str, given: str)
 
 
 def _snapshot(repo_id: str, repo_type: str, patterns: list[str], option: str, given: str,
-              revision: str | None = None) -> str:
+              revision: str | None = None, cache_only: bool = False) -> str:
     """snapshot_download of `patterns`; a one-line ValueError naming `option` if it fails."""
     from huggingface_hub import constants, errors, snapshot_download  # only for an id
 
     try:
         return snapshot_download(repo_id, repo_type=repo_type, revision=revision,
-                                 allow_patterns=patterns, local_files_only=is_offline())
+                                 allow_patterns=patterns,
+                                 local_files_only=cache_only or is_offline())
     except (errors.HfHubHTTPError, errors.HFValidationError, OSError) as error:
-        where = "the HF cache" + (" (HF_HUB_OFFLINE=1)" if is_offline() else " or the Hub")
+        where = "the HF cache" + (" (HF_HUB_OFFLINE=1)" if is_offline()
+                                  else " (nothing is downloaded here)" if cache_only
+                                  else " or the Hub")
         at = f"@{revision}" if revision else ""
         missing = ("no such directory, and no Hugging Face model" if repo_type == "model"
                    else "no Hugging Face dataset")

@@ -112,6 +112,26 @@ def test_the_bar_counts_input_bytes_to_a_total(tmp_path, tiny_hf_tokenizer_dir, 
     bar = capsys.readouterr().err.split("\r")[-1]
     shown = tqdm.format_sizeof(total)  # as the bar writes it, e.g. "13.1k"
     assert "100%|" in bar and f"{shown}/{shown}" in bar
+    report = json.loads((tmp_path / "out/pretokenize_report.json").read_text())
+    # the postfix counts the same work as the bar: every file's documents and tokens
+    assert f"docs={report['num_documents']}, tokens={report['num_tokens']}" in bar, bar
+
+
+def test_a_rerun_bar_counts_only_what_it_reads(tmp_path, tiny_hf_tokenizer_dir, capsys):
+    """Reused files are neither in the bar's total (bytes to read) nor in its postfix."""
+    write_corpus(tmp_path / "raw", random.Random(), docs_per_file=10)
+    argv = ["--data_dir", str(tmp_path / "raw"), "--tokenizer_dir", str(tiny_hf_tokenizer_dir),
+            "--out_dir", str(tmp_path / "out"), "--num_workers", "0"]
+    pretokenize_module.main(argv)
+    (tmp_path / "raw/d.jsonl").write_text("".join(
+        json.dumps({"text": f"new document {n}"}) + "\n" for n in range(7)))
+    capsys.readouterr()
+    pretokenize_module.main(argv)
+    bar = capsys.readouterr().err.split("\r")[-1]
+    report = json.loads((tmp_path / "out/pretokenize_report.json").read_text())
+    new = next(entry for entry in report["per_file"] if entry["source"] == "d.jsonl")
+    shown = tqdm.format_sizeof((tmp_path / "raw/d.jsonl").stat().st_size)
+    assert f"{shown}/{shown}" in bar and f"docs=7, tokens={new['num_tokens']}" in bar, bar
 
 
 def test_sigkill_midway_then_rerun_matches_uninterrupted(tmp_path, tiny_hf_tokenizer_dir):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +16,8 @@ from tests.model.model_helpers import small_model
 from tokenizer import load_tokenizer
 from tokenizer.train_tokenizer import build_tokenizer
 from utils.checkpoint import save_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -36,6 +41,23 @@ def test_plain_prompt_streams_the_greedy_continuation(run_dir, capsys):
     expected = model.generate(torch.tensor([prompt]), 12, eos_token_id=stop)
     new_ids = [i for i in expected[0, len(prompt):].tolist() if i not in stop]
     assert capsys.readouterr().out == "the cat" + tokenizer.decode(new_ids) + "\n"
+
+
+def test_the_kernel_log_line_is_not_glued_into_the_output(run_dir):
+    """The model's kernel line goes to stderr, and before the output starts: stdout and
+    stderr together (`2>&1`, a terminal) show it on its own line, and the text on its own."""
+    run, model, tokenizer = run_dir
+    merged = subprocess.run(
+        [sys.executable, "generate.py", "--ckpt", str(run), "--dtype", "fp32", "--prompt",
+         "the cat", "--temperature", "0", "--max_new_tokens", "6"], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True).stdout
+    prompt = tokenizer.encode("the cat")
+    stop = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    expected = model.generate(torch.tensor([prompt]), 6, eos_token_id=stop)
+    new_ids = [i for i in expected[0, len(prompt):].tolist() if i not in stop]
+    lines = merged.splitlines()
+    assert "the cat" + tokenizer.decode(new_ids) in lines, merged
+    assert any(line.startswith("model.modeling_z2all: model kernels on cpu") for line in lines)
 
 
 def test_chat_prompt_uses_the_template(run_dir, capsys):

@@ -100,6 +100,9 @@ def test_run_flags_are_added_exactly_once():
     assert mp.with_run_flags(own, "out/mine", resume=True) == [*own[:-1], "--resume"]
     assert mp.command_out_dir(own) == "out/mine"
     assert mp.command_out_dir(base) is None
+    dashed = [*base, "--out-dir", "out/mine", "--resume"]  # the trainer reads dashes too
+    assert mp.command_out_dir(dashed) == "out/mine"
+    assert mp.with_run_flags(dashed, "out/mine", resume=True) == dashed
 
 
 def test_remote_command_is_quoted_for_the_remote_shell():

@@ -49,6 +49,18 @@ def test_cli_trains_on_every_file_type_in_a_directory(kind, tmp_path, capsys):
     assert training["input"] == [str(tmp_path / "corpus")] and training["vocab_size"] == 640
 
 
+def test_sentencepiece_training_says_one_line_not_its_log(tmp_path, capfd):
+    """sentencepiece's trainer logs every setting and merge step (316 lines on stderr, from
+    C++: capfd sees it); what is left is one line of ours."""
+    write_mixed_corpus(tmp_path / "corpus")
+    main(["--type", "sp", "--input", str(tmp_path / "corpus"), "--vocab_size", "640",
+          "--out", str(tmp_path / "tok")])
+    err = capfd.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("sentencepiece: ")]
+    assert len(ours) == 1 and "637 base pieces from " in ours[0], err
+    assert "trainer_interface.cc" not in err and "bpe_model_trainer.cc" not in err, err[:500]
+
+
 def test_reading_is_lazy_and_bad_records_are_located(tmp_path, capsys):
     corpus = tmp_path / "docs.jsonl"
     good = multilingual_corpus(num_documents=60, seed=4)

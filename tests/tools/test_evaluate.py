@@ -6,6 +6,7 @@ evaluations.json, --limit, the progress bar's total, and its one-line refusals."
 from __future__ import annotations
 
 import json
+import logging
 import random
 
 import pyarrow as pa
@@ -144,8 +145,8 @@ def test_seq_len_beyond_the_models_positions_is_one_line(tmp_path, tiny_hf_token
     assert not (tmp_path / "report").exists()
 
 
-def test_limit_caps_the_windows_and_the_bar_has_a_total(tmp_path, tiny_hf_tokenizer_dir,
-                                                        capsys):
+def test_limit_caps_the_windows_and_the_bar_counts_what_is_read(tmp_path,
+                                                                 tiny_hf_tokenizer_dir, capsys):
     write_raw_data(tmp_path / "raw", seed=5)
     tiny_model(load_tokenizer(tiny_hf_tokenizer_dir), seed=5).save_pretrained(tmp_path / "model")
     argv = cli_argv(tmp_path / "model", tiny_hf_tokenizer_dir, tmp_path / "raw",
@@ -153,9 +154,16 @@ def test_limit_caps_the_windows_and_the_bar_has_a_total(tmp_path, tiny_hf_tokeni
     evaluate.main(argv)
     assert "100%" in capsys.readouterr().err  # a total is known (bytes), so a percentage
     evaluate.main([*argv, "--limit", "3"])
-    whole, limited = json.loads((tmp_path / "report" / "evaluations.json").read_text())
-    assert whole["scores"]["data"]["tokens"] > 3 * SEQ_LEN
+    last_bar = capsys.readouterr().err.rsplit("\r", 1)[-1]  # counts the 3 windows, not the bytes
+    assert "100%" in last_bar and "3/3" in last_bar and "window" in last_bar, last_bar
+    evaluate.main([*argv, "--max_batches", "1"])  # 1 batch of --batch_size 4
+    last_bar = capsys.readouterr().err.rsplit("\r", 1)[-1]
+    assert "100%" in last_bar and "4/4" in last_bar, last_bar
+    whole, limited, one_batch = json.loads(
+        (tmp_path / "report" / "evaluations.json").read_text())
+    assert whole["scores"]["data"]["tokens"] > 4 * SEQ_LEN
     assert limited["scores"]["data"]["tokens"] == 3 * SEQ_LEN
+    assert one_batch["scores"]["data"]["tokens"] == 4 * SEQ_LEN
     assert limited["settings"]["limit"] == 3
 
 
@@ -244,3 +252,19 @@ def test_results_go_only_into_a_run_a_new_or_empty_dir_or_earlier_results(
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert reason in error, error
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+def test_lm_eval_runs_quietly_with_one_line_of_ours(tmp_path, tiny_hf_tokenizer_dir, capsys,
+                                                    caplog):
+    """lm-eval's INFO log (seeds, task list, "Building contexts") and its advice for its own
+    command line (`--metadata`) are not shown; one line of ours says what runs."""
+    tiny_model(load_tokenizer(tiny_hf_tokenizer_dir), seed=7).save_pretrained(tmp_path / "model")
+    caplog.set_level(logging.INFO)
+    evaluate.main(["--ckpt", str(tmp_path / "model"), "--tokenizer_dir",
+                   str(tiny_hf_tokenizer_dir), "--lm_eval", "z2all_demo_choice", "--limit", "2",
+                   "--dtype", "fp32", "--device", "cpu", "--report_dir", str(tmp_path / "r")])
+    from_lm_eval = [record for record in caplog.records if record.name.startswith("lm_eval")]
+    assert not [r for r in from_lm_eval if r.levelno < logging.WARNING], from_lm_eval
+    assert not [r for r in from_lm_eval if "--metadata" in r.getMessage()], from_lm_eval
+    ours = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lm-eval:")]
+    assert ours == ["lm-eval: z2all_demo_choice, at most 2 items each; its INFO log (seeds, "
+                    "task list) and --metadata advice are off"]
+    assert not logging.getLogger("lm_eval").level  # restored

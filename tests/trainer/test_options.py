@@ -349,3 +349,52 @@ def test_a_config_file_with_a_byte_order_mark_reads_as_without(tmp_path, capsys,
         train_my_ddp.main([str(tmp_path / name), "--print_config", "json"])
     assert done.value.code == 0
     assert json.loads(capsys.readouterr().out)["lr"] == 0.00123
+def test_a_resumed_runs_exp_config_starts_a_new_run(data, tmp_path):
+    """exp_config.py is "accepted back as the config file": a resumed run's too, so it holds
+    the per-invocation options (resume, stop_at_iter, overwrite) at their defaults."""
+    run, reuse = tmp_path / "run", tmp_path / "reuse"
+    common = [*TINY_ARGS, *data_args(data, "pretrain"), "--max_iters=2", "--eval_at_start=false",
+              "--eval_interval=2", "--save_interval=1"]
+    assert train_my_ddp.main([*common, f"--out_dir={run}", "--stop_at_iter=1"]) == 0
+    assert train_my_ddp.main([*common, f"--out_dir={run}", "--resume"]) == 0
+    exp_config = (run / "exp_config.py").read_text()
+    for line in ("resume = False", "stop_at_iter = None", "overwrite = False"):
+        assert line in exp_config
+    assert cli_run_main(train_my_ddp.main, [str(run / "exp_config.py"),
+                                            f"--out_dir={reuse}"]) == 0
+    assert (reuse / "ckpt").is_dir()
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--no-eval-at-start", "--eval-interval", "5"], {"eval_at_start": False, "eval_interval": 5}),
+    (["--eval-interval=7", "--no-eval_at_start"], {"eval_at_start": False, "eval_interval": 7}),
+    (["--gradient-accumulation-steps", "3", "--activation-checkpointing"],
+     {"gradient_accumulation_steps": 3, "activation_checkpointing": True}),
+    (["--config", "CONFIG"], {"lr": 0.0042, "eval_interval": 9}),
+    (["--config=CONFIG", "--lr", "1e-3"], {"lr": 0.001, "eval_interval": 9}),
+], ids=["no-eval-at-start", "mixed", "dashed-int-and-flag", "--config FILE", "--config=FILE"])
+def test_dashed_names_and_config_by_name_as_torchrun_and_trl_spell_them(argv, expected, tmp_path,
+                                                                         capsys):
+    """Every option may be spelled with dashes (as torchrun reads --nproc-per-node), and the
+    positional config file may be named by --config."""
+    config = tmp_path / "config.yaml"
+    config.write_text("lr: 4.2e-3\neval_interval: 9\n")
+    argv = [arg.replace("CONFIG", str(config)) for arg in argv]
+    with pytest.raises(SystemExit) as stop:
+        train_my_ddp.main([*argv, "--print-config", "json"])
+    assert stop.value.code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert {name: printed[name] for name in expected} == expected
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset_name", "org/name"], r"did you mean --data_dir\?.*--data_dir hf:org/name"),
+    (["--use_peft"], r"did you mean --lora_rank\?.*--lora_rank 8"),
+    (["--lora-target-modules=q_proj"], r"did you mean --lora_targets\?"),
+    (["--packing"], r"did you mean --pack_samples\?"),
+    (["--config"], r"--config needs a file: --config FILE"),
+], ids=["dataset_name", "use_peft", "lora_target_modules", "packing", "config-without-file"])
+def test_hf_and_trl_names_point_at_z2alls_options(argv, message, capsys):
+    assert cli_run_main(train_my_ddp.main, argv) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and re.search(message, err), err

@@ -59,22 +59,26 @@ def test_the_stream_reads_a_hub_id_and_a_save_to_disk_folder_as_their_jsonl(data
 def test_online_sft_and_dpo_render_a_hub_dataset_as_its_train_files(kind, data, hub_cache,
                                                                     tmp_path):
     """The repository holds the demo's train_*.jsonl and valid.jsonl: the `train` split is the
-    former, the same samples as a folder of just those files, or of one save_to_disk folder
-    per file; the rendered cache lives in ~/.cache/z2all ($XDG_CACHE_HOME), not in the HF
-    cache."""
+    former, all of it trained on, and the `validation` split the latter, the same samples as a
+    folder of those files (where valid.jsonl is validation by its name); one save_to_disk
+    folder per train file has no validation split, and holds out part of train as a folder of
+    just those files does. The rendered cache lives in ~/.cache/z2all ($XDG_CACHE_HOME), not
+    in the HF cache."""
     datasets = pytest.importorskip("datasets")
     files = sorted(data[kind].glob("*.jsonl"))
     snapshot = put_dataset_in_hf_cache(hub_cache, f"org/{kind}",
                                        {path.name: path.read_text() for path in files})
-    local = tmp_path / "local"
-    local.mkdir()
+    train_only, with_valid = tmp_path / "local", tmp_path / "local_with_valid"
+    train_only.mkdir()
+    with_valid.mkdir()
     for path in files:
+        shutil.copy(path, with_valid)
         if path.name.startswith("train"):
-            shutil.copy(path, local)
+            shutil.copy(path, train_only)
             records = [record.data for record in iter_records(path)]
             datasets.Dataset.from_list(records).save_to_disk(tmp_path / "saved" / path.stem)
-    expected = build_datasets(kind, local, data["tokenizer"], 64, num_workers=0)
-    for source in (f"hf:org/{kind}", tmp_path / "saved"):
+    for source, local in ((f"hf:org/{kind}", with_valid), (tmp_path / "saved", train_only)):
+        expected = build_datasets(kind, local, data["tokenizer"], 64, num_workers=0)
         got = build_datasets(kind, source, data["tokenizer"], 64, num_workers=0)
         for got_split, expected_split in zip(got[:2], expected[:2]):
             assert len(got_split) == len(expected_split) > 0
@@ -90,7 +94,7 @@ def test_online_sft_trains_on_a_hub_id_as_on_its_files(data, hub_cache, tmp_path
         path.name: path.read_text() for path in data["sft"].glob("*.jsonl")})
     local = tmp_path / "local"
     local.mkdir()
-    for path in data["sft"].glob("train*.jsonl"):
+    for path in data["sft"].glob("*.jsonl"):  # valid.jsonl: validation here, as on the Hub
         shutil.copy(path, local)
     args = [*TINY_ARGS, "--task_type=sft", f"--tokenizer_dir={data['tokenizer']}",
             "--max_iters=2", "--eval_interval=2", "--eval_prompts=[]"]

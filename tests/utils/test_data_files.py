@@ -13,7 +13,7 @@ import pytest
 from data_preprocess import pretokenize_pretrain_data
 from tests.hf_cache_helpers import parquet_bytes, put_dataset_in_hf_cache, use_offline_hf_cache
 from utils.cli_errors import run_main
-from utils.data_files import iter_texts_from, locate_data, mix_source
+from utils.data_files import iter_texts_from, locate_data, mix_source, validation_spec
 from utils.dataset_splits import EVAL_SPLITS
 from utils.readers import BadRecordError
 
@@ -167,3 +167,26 @@ def test_datasets_folders_are_read_as_one_split_wherever_they_are(tmp_path, monk
     with pytest.raises(ValueError, match=r"saved: no 'validation' split \(it has test, train\); "
                                          r"name one: \S+/saved@test"):
         locate_data(f"{tmp_path / 'saved'}@validation")
+
+
+def _write(folder, names: list[str]) -> None:
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(json.dumps({"text": name}) + "\n")
+
+
+@pytest.mark.parametrize("names, spec, expected", [
+    (["train.jsonl", "validation.jsonl"], "{d}@train", "{d}@validation"),
+    (["data/train-0.jsonl", "data/test-0.jsonl"], "{d}@train", "{d}@test"),
+    (["train.jsonl", "dev.jsonl", "test.jsonl"], "{d}@train", "{d}@validation"),
+    (["train.jsonl", "valid.jsonl"], "{d}", None),  # a plain folder: all of it trains
+    (["train.jsonl"], "{d}@train", None),
+], ids=["validation", "test", "validation-before-test", "plain-folder", "no-such-split"])
+def test_the_datas_own_validation_split_is_found_beside_train(names, spec, expected, tmp_path):
+    """utils/data_files.validation_spec: the split the trainer evaluates on, or None (it then
+    holds out part of train); a DatasetDict and a Hub id: tests/trainer/
+    test_train_validation_split.py."""
+    folder = tmp_path / "data"
+    _write(folder, names)
+    found = validation_spec(spec.format(d=folder))
+    assert found == (expected.format(d=folder) if expected else None)

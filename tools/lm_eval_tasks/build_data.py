@@ -10,7 +10,6 @@ The seed differs from the demo corpus builder's, so these items are fresh draws.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 from data.demo_tasks import TASKS
 from utils.cli_errors import run_main
 from utils.option_checks import raise_problems, range_problem
+from utils.option_parser import OptionParser
 
 HERE = Path(__file__).resolve().parent
 WRONG_CHOICES = 3
@@ -53,7 +53,7 @@ def build(out_dir: Path, per_task: int, seed: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OptionParser(description=__doc__.split("\n")[0])
     parser.add_argument("--per_task", type=int, default=20, help="items per demo skill")
     parser.add_argument("--seed", type=int, default=2023)
     parser.add_argument("--out_dir", type=Path, default=HERE)
