@@ -61,6 +61,7 @@ from trainer.memory_fit import out_of_memory_explained
 from trainer.option_validation import check_init_from, check_paths
 from trainer.options import RunOptions
 from trainer.setup import Run, build_run
+from trainer.shared_filesystem import check_shared_filesystem
 from trainer.stop_signal import StopSignal
 from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, run_main
 from utils.log_setup import configure_logging
@@ -215,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         check_on_main(lambda: check_init_from(options), env)  # one line per run, not per rank
         with (exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal,
               out_of_memory_explained(env) as memory_budget):
+            check_shared_filesystem(Path(options.run.out_dir), {
+                "--data_dir": options.data.data_dir, "--tokenizer_dir": options.data.tokenizer_dir,
+                "--init_from": options.model.init_from}, env)  # several nodes: one filesystem
             run = build_run(options, env, notes + claim.notes, memory_budget)
             claim.started = True
             return train(run, stop_signal, claim)

@@ -57,6 +57,7 @@ CHECKPOINTS_DIR = "ckpt"
 METRICS_FILE = "metrics.jsonl"
 MONITOR_LOG = "monitor.log"
 SUPERVISOR_LOCK_FILE = ".monitor.lock"
+SHARED_CHECK_FILE = "shared_filesystem_check"  # trainer/shared_filesystem.py
 RUN_MARKER = "z2all_run.json"  # the marker: who owns a directory, utils/run_ownership.py
 MARKER = {"format": "z2all run directory", "version": 1}
 

@@ -51,6 +51,7 @@ from utils.run_directory import (
     METRICS_FILE,
     MONITOR_LOG,
     RUN_MARKER,
+    SHARED_CHECK_FILE,
     SUPERVISOR_LOCK_FILE,
     RunLock,
     checkpoints_dir,
@@ -79,6 +80,8 @@ RUN_FILES = {
     "wandb_run_id": "the W&B run id (utils/trackers.py)",
     MONITOR_LOG: "monitor_process.py's events (monitor/event_log.py)",
     SUPERVISOR_LOCK_FILE: "monitor_process.py's lock (monitor/supervisor_lock.py)",
+    SHARED_CHECK_FILE: "rank 0's token that every rank reads back at start "
+                       "(trainer/shared_filesystem.py)",
 }
 # The folders a run's directory may hold, who writes each, and what they hold (fnmatch
 # patterns of their entries; None: a tracker's own tree, not ours to list).

@@ -1,0 +1,109 @@
+"""Two "nodes" on loopback: two torchrun agents of one rank each, as the seed's README spells the
+multi-node commands (static --master_addr/--master_port) and with c10d rendezvous.
+
+The reference is one agent with 2 ranks (here: 2 spawned gloo ranks): the same losses at every
+step and byte-identical final weights. A node whose run directory is its own (simulated: node 1
+gets another --out_dir, as a node-local disk at the same path would be) is refused before the
+first step, in one line naming the shared-filesystem requirement.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parallel.local_ranks import find_free_port
+from tests.train_helpers import (
+    TINY_ARGS,
+    data_args,
+    final_weights,
+    run_on_two_ranks,
+    train_losses,
+)
+from utils.run_directory import SHARED_CHECK_FILE
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 2
+
+
+def trainer_args(data, run_dir: Path) -> list[str]:
+    return [*TINY_ARGS, *data_args(data, "pretrain"), f"--max_iters={STEPS}",
+            f"--save_interval={STEPS}", "--eval_interval=1000", f"--out_dir={run_dir}"]
+
+
+def rendezvous_args(kind: str, node_rank: int, port: int) -> list[str]:
+    """The two command forms of docs/design.md, "Multi-node runs"."""
+    if kind == "static":
+        return [f"--node_rank={node_rank}", "--master_addr=127.0.0.1", f"--master_port={port}"]
+    return ["--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=test_run"]
+
+
+def run_two_agents(kind: str, args_of_node: list[list[str]], log_dir: Path) -> list[str]:
+    """Start both agents, wait for both; their output, node 0's first."""
+    port = find_free_port()
+    agents, logs = [], []
+    for node_rank, args in enumerate(args_of_node):
+        logs.append(log_dir / f"node{node_rank}.txt")
+        with open(logs[-1], "w") as handle:
+            agents.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                 "--nproc_per_node=1", *rendezvous_args(kind, node_rank, port),
+                 "train_my_ddp.py", *args],
+                cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
+                env={**os.environ, "OMP_NUM_THREADS": "1"}))
+    for agent in agents:
+        agent.wait(timeout=300)
+    return [log.read_text() for log in logs]
+
+
+@pytest.fixture(scope="module")
+def one_node_run(data, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("one_node") / "run"
+    assert run_on_two_ranks(trainer_args(data, run_dir)) == [0]
+    return run_dir
+
+
+@pytest.mark.parametrize("kind", ["static", "c10d"])
+def test_two_agents_equal_one_agent_with_two_ranks(data, tmp_path, one_node_run, kind):
+    run_dir = tmp_path / "run"
+    outputs = run_two_agents(kind, [trainer_args(data, run_dir)] * 2, tmp_path)
+    assert train_losses(run_dir) == train_losses(one_node_run), outputs[0][-3000:]
+    assert final_weights(run_dir, STEPS) == final_weights(one_node_run, STEPS)
+
+
+def node_local_copy(kind: str, data, tmp_path: Path) -> tuple[list[str], str]:
+    """Node 1's own disk, as a test can make one: (its arguments that differ, the words of
+    rank 0's refusal)."""
+    node1_run = tmp_path / "node1" / "run"
+    if kind == "run dir holding an earlier run's token":  # the same path can hold one
+        node1_run.mkdir(parents=True)
+        (node1_run / SHARED_CHECK_FILE).write_text("an earlier run's token\n")
+    if kind != "data dir, one file short":
+        return [f"--out_dir={node1_run}"], "rank 1 (host"
+    node1_data = tmp_path / "node1" / "data"
+    shutil.copytree(data["pretrain"], node1_data)
+    next(node1_data.glob("*.bin")).unlink()
+    return [f"--data_dir={node1_data}"], "--data_dir="
+
+
+@pytest.mark.parametrize("kind", ["run dir holding an earlier run's token",
+                                  "data dir, one file short"])
+def test_a_node_local_directory_is_refused_before_the_first_step(data, tmp_path, kind):
+    """The content is compared, not the path: a node's own `out/run` is refused even when it
+    holds a check file of an earlier run, and so is its own copy of the data when it differs."""
+    node0_run = tmp_path / "node0" / "run"
+    node1_args, refusal = node_local_copy(kind, data, tmp_path)
+    outputs = run_two_agents("static", [trainer_args(data, node0_run),
+                                        [*trainer_args(data, node0_run), *node1_args]], tmp_path)
+    problem = [line for line in outputs[0].splitlines() if "shared filesystem" in line]
+    assert len(problem) == 1 and refusal in problem[0] and "rank 1" in problem[0], outputs[0]
+    for output in outputs:  # each rank exited 2; torchrun's own report aside, no traceback
+        assert re.search(r"exitcode\s*: 2", output)
+        assert not re.search(rf'File "{REPO}/(?!\.venv)', output)
+    assert not (node0_run / "metrics.jsonl").exists()  # no step ran (and the new dir is gone)
