@@ -59,7 +59,7 @@ from trainer.loop_actions import (
 )
 from trainer.memory_fit import out_of_memory_explained
 from trainer.option_validation import check_init_from, check_paths
-from trainer.options import RunOptions
+from trainer.options import RunOptions, TrainingOptions
 from trainer.setup import Run, build_run
 from trainer.shared_filesystem import check_shared_filesystem
 from trainer.stop_signal import StopSignal
@@ -67,7 +67,7 @@ from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, run_main
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
 from utils.run_directory import RunDirInUse, RunDirMoved, RunLock, write_heartbeat
-from utils.run_ownership import RunDirHoldsARun, claim_run_dir
+from utils.run_ownership import RunDirHoldsARun, claim_run_dir, earlier_run
 
 
 def train_step(run: Run, micro_batches: list[dict[str, torch.Tensor]]
@@ -204,8 +204,25 @@ def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[
                 shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def torchrun_restart_resumes(argv: list[str], options: TrainingOptions, notes: list[str]
+                             ) -> tuple[TrainingOptions, list[str]]:
+    """The options of a rank that torchrun restarted (`--max_restarts`: after a rank failed,
+    every agent restarts its ranks with the same command line): `--resume` added once the run
+    has a checkpoint, since that command line would start afresh over the run's own
+    checkpoints, which a fresh run refuses. Every rank reads the same run dir (a shared one:
+    trainer/shared_filesystem.py), and no rank writes a checkpoint before the start-up
+    checks, so all of them decide alike."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if not restart or options.run.resume or not earlier_run(Path(options.run.out_dir)):
+        return options, notes
+    options, notes = options_from_argv([*argv, "--resume"])
+    return options, [*notes, f"note: torchrun restart {restart}: resuming the run from its "
+                             "newest checkpoint"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    options, notes = options_from_argv(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    options, notes = torchrun_restart_resumes(argv, *options_from_argv(argv))
     check_paths(options)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
         die_with_parent(signal.SIGKILL)

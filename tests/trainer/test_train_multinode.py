@@ -23,6 +23,8 @@ from tests.train_helpers import (
     TINY_ARGS,
     data_args,
     final_weights,
+    records,
+    run_main,
     run_on_two_ranks,
     train_losses,
 )
@@ -107,3 +109,18 @@ def test_a_node_local_directory_is_refused_before_the_first_step(data, tmp_path,
         assert re.search(r"exitcode\s*: 2", output)
         assert not re.search(rf'File "{REPO}/(?!\.venv)', output)
     assert not (node0_run / "metrics.jsonl").exists()  # no step ran (and the new dir is gone)
+
+
+def test_a_rank_torchrun_restarted_resumes_from_the_newest_checkpoint(data, tmp_path,
+                                                                      monkeypatch):
+    """`torchrun --max_restarts` restarts failed ranks with their first command line (no
+    --resume): that run continues from its checkpoint and equals the uninterrupted run."""
+    args = [*TINY_ARGS, *data_args(data, "pretrain"), "--max_iters=4", "--eval_interval=1000"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert run_main([*args, f"--out_dir={full}"]) == 0
+    assert run_main([*args, f"--out_dir={cut}", "--stop_at_iter=2"]) == 0  # then it "failed"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert run_main([*args, f"--out_dir={cut}"]) == 0
+    assert [record["step"] for record in records(cut, "resume")] == [2]
+    assert train_losses(cut) == train_losses(full)
+    assert final_weights(cut, 4) == final_weights(full, 4)
