@@ -204,25 +204,30 @@ def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[
                 shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def torchrun_restart_resumes(argv: list[str], options: TrainingOptions, notes: list[str]
-                             ) -> tuple[TrainingOptions, list[str]]:
-    """The options of a rank that torchrun restarted (`--max_restarts`: after a rank failed,
-    every agent restarts its ranks with the same command line): `--resume` added once the run
-    has a checkpoint, since that command line would start afresh over the run's own
-    checkpoints, which a fresh run refuses. Every rank reads the same run dir (a shared one:
-    trainer/shared_filesystem.py), and no rank writes a checkpoint before the start-up
-    checks, so all of them decide alike."""
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if not restart or options.run.resume or not earlier_run(Path(options.run.out_dir)):
+RELAUNCH_COUNTS = {"TORCHELASTIC_RESTART_COUNT": "torchrun restart",  # --max_restarts
+                   "SLURM_RESTART_COUNT": "SLURM requeue"}                # sbatch --requeue
+
+
+def relaunch_resumes(argv: list[str], options: TrainingOptions, notes: list[str]
+                     ) -> tuple[TrainingOptions, list[str]]:
+    """The options of a command that torchrun or SLURM started again with its first command
+    line (torchrun `--max_restarts` after a rank failed; a job requeued after it lost a node):
+    `--resume` added once the run has a checkpoint, since that command line would start afresh
+    over the run's own checkpoints, which a fresh run refuses. Every rank reads the same run
+    dir (a shared one: trainer/shared_filesystem.py), and no rank writes a checkpoint before
+    the start-up checks, so all of them decide alike."""
+    relaunched = [f"{what} {os.environ[name]}" for name, what in RELAUNCH_COUNTS.items()
+                  if os.environ.get(name, "0") not in ("", "0")]
+    if not relaunched or options.run.resume or not earlier_run(Path(options.run.out_dir)):
         return options, notes
     options, notes = options_from_argv([*argv, "--resume"])
-    return options, [*notes, f"note: torchrun restart {restart}: resuming the run from its "
+    return options, [*notes, f"note: {', '.join(relaunched)}: resuming the run from its "
                              "newest checkpoint"]
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    options, notes = torchrun_restart_resumes(argv, *options_from_argv(argv))
+    options, notes = relaunch_resumes(argv, *options_from_argv(argv))
     check_paths(options)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
         die_with_parent(signal.SIGKILL)
