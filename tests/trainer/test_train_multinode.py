@@ -1,5 +1,6 @@
 """Two "nodes" on loopback: two torchrun agents of one rank each, as the seed's README spells the
-multi-node commands (static --master_addr/--master_port) and with c10d rendezvous.
+multi-node commands (static --master_addr/--master_port), and as slurm/train.sbatch starts them
+(c10d rendezvous, a fake srun and scontrol).
 
 The reference is one agent with 2 ranks (here: 2 spawned gloo ranks): the same losses at every
 step and byte-identical final weights. A node whose run directory is its own (simulated: node 1
@@ -39,15 +40,9 @@ def trainer_args(data, run_dir: Path) -> list[str]:
             f"--save_interval={STEPS}", "--eval_interval=1000", f"--out_dir={run_dir}"]
 
 
-def rendezvous_args(kind: str, node_rank: int, port: int) -> list[str]:
-    """The two command forms of docs/design.md, "Multi-node runs"."""
-    if kind == "static":
-        return [f"--node_rank={node_rank}", "--master_addr=127.0.0.1", f"--master_port={port}"]
-    return ["--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=test_run"]
-
-
-def run_two_agents(kind: str, args_of_node: list[list[str]], log_dir: Path) -> list[str]:
-    """Start both agents, wait for both; their output, node 0's first."""
+def run_two_agents(args_of_node: list[list[str]], log_dir: Path) -> list[str]:
+    """The seed's master and remote commands (static rendezvous) on 127.0.0.1: start both
+    agents, wait for both; their output, node 0's first."""
     port = find_free_port()
     agents, logs = [], []
     for node_rank, args in enumerate(args_of_node):
@@ -55,7 +50,8 @@ def run_two_agents(kind: str, args_of_node: list[list[str]], log_dir: Path) -> l
         with open(logs[-1], "w") as handle:
             agents.append(subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
-                 "--nproc_per_node=1", *rendezvous_args(kind, node_rank, port),
+                 "--nproc_per_node=1", f"--node_rank={node_rank}",
+                 "--master_addr=127.0.0.1", f"--master_port={port}",
                  "train_my_ddp.py", *args],
                 cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
                 env={**os.environ, "OMP_NUM_THREADS": "1"}))
@@ -71,10 +67,11 @@ def one_node_run(data, tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("kind", ["static", "c10d"])
-def test_two_agents_equal_one_agent_with_two_ranks(data, tmp_path, one_node_run, kind):
+def test_the_seeds_two_commands_equal_one_agent_with_two_ranks(data, tmp_path, one_node_run):
+    """Static rendezvous, master and remote on 127.0.0.1 (c10d rendezvous: the SLURM job
+    below, whose two agents meet that way)."""
     run_dir = tmp_path / "run"
-    outputs = run_two_agents(kind, [trainer_args(data, run_dir)] * 2, tmp_path)
+    outputs = run_two_agents([trainer_args(data, run_dir)] * 2, tmp_path)
     assert train_losses(run_dir) == train_losses(one_node_run), outputs[0][-3000:]
     assert final_weights(run_dir, STEPS) == final_weights(one_node_run, STEPS)
 
@@ -101,7 +98,7 @@ def test_a_node_local_directory_is_refused_before_the_first_step(data, tmp_path,
     holds a check file of an earlier run, and so is its own copy of the data when it differs."""
     node0_run = tmp_path / "node0" / "run"
     node1_args, refusal = node_local_copy(kind, data, tmp_path)
-    outputs = run_two_agents("static", [trainer_args(data, node0_run),
+    outputs = run_two_agents([trainer_args(data, node0_run),
                                         [*trainer_args(data, node0_run), *node1_args]], tmp_path)
     problem = [line for line in outputs[0].splitlines() if "shared filesystem" in line]
     assert len(problem) == 1 and refusal in problem[0] and "rank 1" in problem[0], outputs[0]
