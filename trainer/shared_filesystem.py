@@ -12,10 +12,10 @@ So before the first step, on every start (fresh or resumed), every rank checks:
    (atomically) and broadcasts it; every rank reads the file at its own `--out_dir` and
    compares the *content*. Comparing paths would not do: `out/run1` on node 1's own disk is
    the same path as on node 0, and it may even hold an older token of an earlier run;
-2. the inputs (`--data_dir`, `--tokenizer_dir`, `--init_from`): every rank lists the files it
-   would read, names and sizes (hidden entries, such as caches, aside), and rank 0 compares
-   each list with its own. Two disks holding identical copies pass; a missing or different
-   copy is named.
+2. the inputs (`--data_dir`, `--tokenizer_dir`, `--init_from`): one rank per node (local rank
+   0) lists the files it would read, names and sizes (hidden entries, such as caches, aside),
+   and rank 0 compares a digest of each list with its own. Two disks holding identical copies
+   pass; a missing or different copy is named.
 
 Any rank that does not see what rank 0 sees -> one line from rank 0 naming the first such
 rank, its host and the path, and the shared-filesystem requirement; every rank exits 2 before
@@ -24,6 +24,8 @@ the data is prepared or any step runs (docs/design.md, "Multi-node runs").
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import secrets
 import socket
@@ -76,16 +78,27 @@ def data_inventory(spec: str) -> Inventory | None:
                   for name, file in zip(located.relative_names(), located.files, strict=True))
 
 
-def seen_by_this_rank(run_dir: Path, token: str, inputs: dict[str, str]) -> dict:
-    """This rank's view: its host, whether its run dir holds rank 0's token, its inputs."""
+def inventory_digest(inventory: Inventory | None) -> str | None:
+    """A short stand-in for an inventory (None: nothing there): what the ranks exchange, so
+    that a data dir of 100k files costs each rank a few bytes to send, not megabytes."""
+    if inventory is None:
+        return None
+    return hashlib.sha256(json.dumps(inventory).encode()).hexdigest()
+
+
+def seen_by_this_rank(run_dir: Path, token: str, inputs: dict[str, str],
+                      lists_inputs: bool) -> dict:
+    """This rank's view: its host, whether its run dir holds rank 0's token, and (if
+    `lists_inputs`: one rank per node, since the ranks of a node share its filesystem) the
+    digest of each input's inventory."""
     try:
         sees_run_dir = (run_dir / SHARED_CHECK_FILE).read_text() == token
     except OSError:
         sees_run_dir = False
-    inventories = {flag: data_inventory(value) if flag == "--data_dir" else file_inventory(value)
-                   for flag, value in inputs.items()}
-    return {"host": socket.gethostname(), "sees_run_dir": sees_run_dir,
-            "inputs": inventories}
+    digests = {flag: inventory_digest(data_inventory(value) if flag == "--data_dir"
+                                      else file_inventory(value))
+               for flag, value in inputs.items()} if lists_inputs else None
+    return {"host": socket.gethostname(), "sees_run_dir": sees_run_dir, "inputs": digests}
 
 
 def first_difference(views: list[dict], run_dir: Path, inputs: dict[str, str]) -> str | None:
@@ -95,9 +108,9 @@ def first_difference(views: list[dict], run_dir: Path, inputs: dict[str, str]) -
         where = f"rank {rank} (host {view['host']})"
         if not view["sees_run_dir"]:
             return (f"--out_dir={run_dir}: {where} does not see the run directory rank 0 "
-                    f"(host {main['host']}) created (its {SHARED_CHECK_FILE} is missing or another "
-                    f"run's): {REQUIREMENT}")
-        for flag, value in inputs.items():
+                    f"(host {main['host']}) created (its {SHARED_CHECK_FILE} is missing or "
+                    f"another run's): {REQUIREMENT}")
+        for flag, value in inputs.items() if view["inputs"] is not None else ():
             if view["inputs"][flag] != main["inputs"][flag]:
                 seen = "nothing" if view["inputs"][flag] is None else "other files"
                 return (f"{flag}={value}: {where} sees {seen} there, not what rank 0 "
@@ -119,7 +132,8 @@ def check_shared_filesystem(run_dir: Path, inputs: dict[str, str | None],
         atomic_write_text(run_dir / SHARED_CHECK_FILE, token)
     token = broadcast_from_main(token, env)
     views: list[dict | None] = [None] * env.world_size
-    dist.all_gather_object(views, seen_by_this_rank(run_dir, token, inputs))
+    dist.all_gather_object(views, seen_by_this_rank(run_dir, token, inputs,
+                                                    lists_inputs=env.local_rank == 0))
     problem = first_difference(views, run_dir, inputs)
     if problem and env.is_main:
         raise ValueError(problem)
