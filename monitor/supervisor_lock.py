@@ -1,6 +1,6 @@
 """One supervisor per run directory: `monitor_process.py` holds `<run>/.monitor.lock` for life
-(with one supervisor per node of a multi-node run: one per node, `<run>/nodes/<node>.monitor.lock`,
-utils/run_directory.py `supervisor_files`).
+(a multi-node run with a supervisor on every node: one per node, holding
+`<run>/nodes/<node>.monitor.lock`; utils/run_directory.py `supervisor_files`).
 
 Why the trainer's own lock (`<run>/.lock`, utils/run_directory.py) is not enough: two supervisors
 started at the same instant both find it free and both launch a trainer. One trainer wins the
