@@ -59,6 +59,24 @@ only; no secrets are ever passed). The run dir must then be readable here at the
 (a shared filesystem) for hang detection, or pass `--heartbeat_timeout 0` to watch exit
 status only.
 
+A multi-node run gets one supervisor on every node, each supervising its own node's torchrun
+agent (docs/design.md, "Multi-node runs"):
+
+    node0$ python monitor_process.py --out_dir /shared/run1 -- torchrun --nnodes=2 \\
+               --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=node0:29500 \\
+               --rdzv_id=run1 train_my_ddp.py ...          (the same command on node1)
+
+A command with `torchrun --nnodes` above 1 (or `--node_name`) makes the supervisor a node's:
+its lock and log are `<run>/nodes/<node>.monitor.lock` and `.monitor.log` (<node>: --node_name,
+default this host's name), so the supervisors of one run do not refuse each other, while a
+second supervisor on the same node is still refused. A rank that dies on one node ends the
+collectives of all, so every agent exits; each supervisor relaunches its own with --resume,
+the agents meet again at the rendezvous, and the run continues from its newest complete
+checkpoint (all nodes read the same run dir). Every supervisor watches the one heartbeat.
+`--remote` instead drives a single command on another host from here: use it for a run on
+one remote machine; for several nodes, run one supervisor on each (or let SLURM start them:
+slurm/train_supervised.sbatch).
+
 If the supervisor itself is killed (even with SIGKILL), the run goes down with it on Linux: the
 command it starts gets `PR_SET_PDEATHSIG` = SIGKILL (utils/parent_death.py), and torchrun's
 ranks set the same for themselves, so nothing trains on unsupervised. Elsewhere the run keeps
@@ -71,8 +89,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -84,7 +104,7 @@ from monitor.supervisor_lock import only_supervisor
 from utils.cli_errors import EXIT_BAD_INPUT, run_main
 from utils.option_checks import join_problems, range_problem
 from utils.option_parser import OptionParser, underscored
-from utils.run_directory import MONITOR_LOG, lock_holder, newest_checkpoint_step
+from utils.run_directory import lock_holder, newest_checkpoint_step, supervisor_files
 from utils.run_ownership import not_a_run_dir_problem
 
 EXIT_GAVE_UP = 1
@@ -113,6 +133,10 @@ class MonitorConfig:
         "help": "user@host: run the command there over ssh (key-based auth only)"})
     remote_dir: str | None = field(default=None, metadata={
         "help": "directory to run in on the remote host (default: this one's path)"})
+    node_name: str | None = field(default=None, metadata={
+        "help": "this node's name when each node of a multi-node run has its own supervisor: "
+                "its lock and log are <run>/nodes/<name>.monitor.lock/.log (default, for a "
+                "command with torchrun --nnodes above 1: this host's name)"})
 
 
 # ---- the command line of the run ---------------------------------------------------------------
@@ -129,6 +153,20 @@ def command_out_dir(command: list[str]) -> str | None:
         if index + 1 < len(command):
             return command[index + 1]
     return None
+
+
+def torchrun_max_nodes(command: list[str]) -> int:
+    """The most nodes torchrun's `--nnodes` allows in `command` (`2`, or `1:4` for an elastic
+    range); 1 without the option or when it cannot be read (torchrun then says why)."""
+    for index, arg in enumerate(command):
+        name, equals, value = arg.partition("=")
+        if name != "--nnodes":
+            continue
+        if not equals:
+            value = command[index + 1] if index + 1 < len(command) else ""
+        maximum = value.rpartition(":")[2]
+        return int(maximum) if maximum.isdigit() else 1
+    return 1
 
 
 def with_run_flags(command: list[str], run_dir: str, resume: bool) -> list[str]:
@@ -174,7 +212,8 @@ class Supervisor:
         self.config = config
         self.command = command
         self.run_dir = run_dir
-        self.log = EventLog(run_dir / MONITOR_LOG)
+        self.lock_file, log_file = supervisor_files(config.node_name)
+        self.log = EventLog(run_dir / log_file)
         self.stop = StopSignals(self.log)
         self.attempts = AttemptWatch(run_dir, self.log, self.stop,
                                      startup_timeout=config.startup_timeout,
@@ -268,6 +307,13 @@ class Supervisor:
 
 # ---- command line ------------------------------------------------------------------------------
 
+def node_name_problem(node_name: str | None) -> str | None:
+    if node_name is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", node_name):
+        return None
+    return (f"--node_name={node_name}: use letters, digits, '.', '_' and '-' only (it names "
+            "files in the run dir)")
+
+
 def parse_args(argv: list[str]) -> tuple[MonitorConfig, list[str]]:
     """Options before `--`, the training command after it."""
     parser = OptionParser(
@@ -293,7 +339,10 @@ def parse_args(argv: list[str]) -> tuple[MonitorConfig, list[str]]:
     if config.out_dir and own_out_dir and Path(config.out_dir) != Path(own_out_dir):
         parser.error(f"--out_dir {config.out_dir} differs from the command's {own_out_dir}")
     config.out_dir = config.out_dir or own_out_dir
+    if config.node_name is None and torchrun_max_nodes(command) > 1:
+        config.node_name = socket.gethostname()
     problem = join_problems([
+        node_name_problem(config.node_name),
         range_problem("--max_restarts", config.max_restarts, 0),
         range_problem("--stuck_after", config.stuck_after, 0),
         *(range_problem(f"--{name}", getattr(config, name), 0)
@@ -310,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     problem = not_a_run_dir_problem(Path(config.out_dir), f"--out_dir={config.out_dir}")
     if problem:
         raise ValueError(problem)  # bad input: one line, exit 2, nothing written
-    with only_supervisor(config.out_dir):  # taken before anything is launched
-        return Supervisor(config, command, Path(config.out_dir)).run()
+    supervisor = Supervisor(config, command, Path(config.out_dir))
+    with only_supervisor(config.out_dir, supervisor.lock_file):  # before anything is launched
+        return supervisor.run()
 
 
 if __name__ == "__main__":

@@ -59,14 +59,15 @@ from trainer.loop_actions import (
 )
 from trainer.memory_fit import out_of_memory_explained
 from trainer.option_validation import check_init_from, check_paths
-from trainer.options import RunOptions
+from trainer.options import RunOptions, TrainingOptions
 from trainer.setup import Run, build_run
+from trainer.shared_filesystem import check_shared_filesystem
 from trainer.stop_signal import StopSignal
 from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, run_main
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
 from utils.run_directory import RunDirInUse, RunDirMoved, RunLock, write_heartbeat
-from utils.run_ownership import RunDirHoldsARun, claim_run_dir
+from utils.run_ownership import RunDirHoldsARun, claim_run_dir, earlier_run
 
 
 def train_step(run: Run, micro_batches: list[dict[str, torch.Tensor]]
@@ -203,8 +204,30 @@ def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[
                 shutil.rmtree(run_dir, ignore_errors=True)
 
 
+RELAUNCH_COUNTS = {"TORCHELASTIC_RESTART_COUNT": "torchrun restart",  # --max_restarts
+                   "SLURM_RESTART_COUNT": "SLURM requeue"}                # sbatch --requeue
+
+
+def relaunch_resumes(argv: list[str], options: TrainingOptions, notes: list[str]
+                     ) -> tuple[TrainingOptions, list[str]]:
+    """The options of a command that torchrun or SLURM started again with its first command
+    line (torchrun `--max_restarts` after a rank failed; a job requeued after it lost a node):
+    `--resume` added once the run has a checkpoint, since that command line would start afresh
+    over the run's own checkpoints, which a fresh run refuses. Every rank reads the same run
+    dir (a shared one: trainer/shared_filesystem.py), and no rank writes a checkpoint before
+    the start-up checks, so all of them decide alike."""
+    relaunched = [f"{what} {os.environ[name]}" for name, what in RELAUNCH_COUNTS.items()
+                  if os.environ.get(name, "0") not in ("", "0")]
+    if not relaunched or options.run.resume or not earlier_run(Path(options.run.out_dir)):
+        return options, notes
+    options, notes = options_from_argv([*argv, "--resume"])
+    return options, [*notes, f"note: {', '.join(relaunched)}: resuming the run from its "
+                             "newest checkpoint"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    options, notes = options_from_argv(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    options, notes = relaunch_resumes(argv, *options_from_argv(argv))
     check_paths(options)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
         die_with_parent(signal.SIGKILL)
@@ -215,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         check_on_main(lambda: check_init_from(options), env)  # one line per run, not per rank
         with (exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal,
               out_of_memory_explained(env) as memory_budget):
+            check_shared_filesystem(Path(options.run.out_dir), {
+                "--data_dir": options.data.data_dir, "--tokenizer_dir": options.data.tokenizer_dir,
+                "--init_from": options.model.init_from}, env)  # several nodes: one filesystem
             run = build_run(options, env, notes + claim.notes, memory_budget)
             claim.started = True
             return train(run, stop_signal, claim)

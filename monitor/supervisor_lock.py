@@ -1,4 +1,6 @@
-"""One supervisor per run directory: `monitor_process.py` holds `<run>/.monitor.lock` for life.
+"""One supervisor per run directory: `monitor_process.py` holds `<run>/.monitor.lock` for life
+(a multi-node run with a supervisor on every node: one per node, holding
+`<run>/nodes/<node>.monitor.lock`; utils/run_directory.py `supervisor_files`).
 
 Why the trainer's own lock (`<run>/.lock`, utils/run_directory.py) is not enough: two supervisors
 started at the same instant both find it free and both launch a trainer. One trainer wins the
@@ -23,10 +25,11 @@ class SupervisedElsewhere(ValueError):
 
 
 @contextlib.contextmanager
-def only_supervisor(run_dir: str | os.PathLike) -> Iterator[None]:
-    """Inside the block this process is the run dir's only supervisor; else one line saying
-    which process is."""
-    lock = RunLock(run_dir, SUPERVISOR_LOCK_FILE)
+def only_supervisor(run_dir: str | os.PathLike, lock_file: str = SUPERVISOR_LOCK_FILE
+                    ) -> Iterator[None]:
+    """Inside the block this process is the only supervisor holding `lock_file` (the run
+    dir's, or one node's); else one line saying which process is."""
+    lock = RunLock(run_dir, lock_file)
     try:
         lock.acquire()  # a dead supervisor's leftover record is simply taken over
     except RunDirInUse as error:

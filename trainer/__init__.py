@@ -3,7 +3,8 @@
 Reading order:
 options.py (every knob, one dataclass per group; the data group is dataset/data_config.py)
 -> option_validation.py, command_line.py, config_files.py (checks, --help, files, --resume merge)
--> distributed_env.py (ranks, device, threads) -> model_setup.py (fresh / init_from / resumed
+-> distributed_env.py (ranks, device, threads) -> shared_filesystem.py (several nodes: does
+every rank see rank 0's run dir and inputs?) -> model_setup.py (fresh / init_from / resumed
 model) -> parallelize.py (our DDP, the optimizer, the comm hook: where parallelism plans plug
 in) -> forward_steps.py (a batch -> a loss, per task) -> lr_schedule.py -> evaluation.py ->
 metrics.py, throughput.py (what the log says) -> rng_state.py, training_checkpoint.py (what a

@@ -15,6 +15,9 @@ write them through this module, and a file name or format exists once:
                                              without it is unfinished (utils/checkpoint.py)
     out/<run>/metrics.jsonl                  {"kind": "resume", "step": 1200, "checkpoint": ...}
                                              appended by the trainer when it resumes
+    out/<run>/.monitor.lock, monitor.log     the supervisor's lock and events (monitor_process.py)
+    out/<run>/nodes/<node>.monitor.lock|.log the same, per node, when each node of a multi-node
+                                             run has its own supervisor (`supervisor_files`)
 
 The module has four parts:
 1. the lock (`RunLock`, `lock_holder`): one writer per run directory;
@@ -57,6 +60,8 @@ CHECKPOINTS_DIR = "ckpt"
 METRICS_FILE = "metrics.jsonl"
 MONITOR_LOG = "monitor.log"
 SUPERVISOR_LOCK_FILE = ".monitor.lock"
+SHARED_CHECK_FILE = "shared_filesystem_check"  # trainer/shared_filesystem.py
+NODES_DIR = "nodes"  # a multi-node run's supervisors, one lock and log per node
 RUN_MARKER = "z2all_run.json"  # the marker: who owns a directory, utils/run_ownership.py
 MARKER = {"format": "z2all run directory", "version": 1}
 
@@ -105,7 +110,7 @@ class RunLock:
         self._handle: int | None = None
 
     def acquire(self) -> str | None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         previous = os.pread(handle, 4096, 0).decode(errors="replace")
         if not _try_lock(handle):
@@ -141,6 +146,14 @@ class RunLock:
             fcntl.flock(self._handle, fcntl.LOCK_UN)
             os.close(self._handle)
             self._handle = None
+
+
+def supervisor_files(node_name: str | None) -> tuple[str, str]:
+    """The supervisor's (lock, log), relative to the run dir: the run's own, or with one
+    supervisor on each node of a multi-node run, that node's (`<node>` is its --node_name)."""
+    if node_name is None:
+        return SUPERVISOR_LOCK_FILE, MONITOR_LOG
+    return f"{NODES_DIR}/{node_name}.monitor.lock", f"{NODES_DIR}/{node_name}.monitor.log"
 
 
 def lock_holder(run_dir: str | os.PathLike) -> str | None:

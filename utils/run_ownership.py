@@ -50,7 +50,9 @@ from utils.run_directory import (
     MARKER,
     METRICS_FILE,
     MONITOR_LOG,
+    NODES_DIR,
     RUN_MARKER,
+    SHARED_CHECK_FILE,
     SUPERVISOR_LOCK_FILE,
     RunLock,
     checkpoints_dir,
@@ -79,6 +81,8 @@ RUN_FILES = {
     "wandb_run_id": "the W&B run id (utils/trackers.py)",
     MONITOR_LOG: "monitor_process.py's events (monitor/event_log.py)",
     SUPERVISOR_LOCK_FILE: "monitor_process.py's lock (monitor/supervisor_lock.py)",
+    SHARED_CHECK_FILE: "rank 0's token that every rank reads back at start "
+                       "(trainer/shared_filesystem.py)",
 }
 # The folders a run's directory may hold, who writes each, and what they hold (fnmatch
 # patterns of their entries; None: a tracker's own tree, not ours to list).
@@ -91,10 +95,12 @@ RUN_FOLDERS = {
     "plots": ("python -m tools.resplot", ("*.png", ".*.tmp")),
     "tensorboard": ("--tracker tensorboard (utils/trackers.py)", ("events.out.tfevents.*",)),
     "wandb": ("--tracker wandb (utils/trackers.py)", None),
+    NODES_DIR: ("monitor_process.py on each node of a multi-node run (utils/run_directory.py "
+                "supervisor_files)", ("*.monitor.lock", "*.monitor.log")),
 }
 # What a directory may hold before a fresh run starts in it: its supervisor's files (written
 # before the first attempt, monitor_process.py) and a released lock.
-BEFORE_THE_RUN = frozenset({LOCK_FILE, SUPERVISOR_LOCK_FILE, MONITOR_LOG})
+BEFORE_THE_RUN = frozenset({LOCK_FILE, SUPERVISOR_LOCK_FILE, MONITOR_LOG, NODES_DIR})
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 

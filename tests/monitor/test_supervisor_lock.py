@@ -7,6 +7,7 @@ launches; without the supervisor lock the loser relaunched the command itself.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import monitor_process
 from monitor.supervisor_lock import only_supervisor
 from utils.cli_errors import EXIT_BAD_INPUT, run_main
+from utils.run_directory import supervisor_files
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,3 +94,30 @@ def test_a_new_empty_or_own_run_dir_is_supervised(tmp_path, layout):
         _make(run_dir, layout)
     assert run_main(monitor_process.main, monitor_command(run_dir, launches)[2:]) == 0
     assert launches.read_text() == "run\n" and (run_dir / "monitor.log").is_file()
+
+
+@pytest.mark.parametrize("held_by, node_name, expected", [
+    ("node0", "node1", 0),                 # each node of a multi-node run: its own supervisor
+    ("node0", "node0", EXIT_BAD_INPUT),    # a second supervisor on the same node: refused
+    (None, "node0", 0),                    # the run's single supervisor is another role
+])
+def test_supervisors_of_a_multi_node_run_lock_one_node_each(tmp_path, held_by, node_name,
+                                                           expected):
+    run_dir, launches = tmp_path / "run", tmp_path / "launches.txt"
+    argv = ["--node_name", node_name, *monitor_command(run_dir, launches)[2:]]
+    lock_file = supervisor_files(held_by)[0]
+    with only_supervisor(run_dir, lock_file):
+        assert run_main(monitor_process.main, argv) == expected
+    assert (run_dir / "nodes" / f"{node_name}.monitor.log").exists() == (expected == 0)
+
+
+@pytest.mark.parametrize("torchrun_args, node_name", [
+    (["--nnodes=2", "--node_rank=1"], socket.gethostname()),   # the seed's static form
+    (["--nnodes", "1:4", "--rdzv_backend=c10d"], socket.gethostname()),  # elastic range
+    (["--nnodes=1", "--nproc_per_node=8"], None),                # one node: the run's lock
+    (["--standalone"], None),
+])
+def test_a_multi_node_command_makes_the_supervisor_a_nodes(tmp_path, torchrun_args, node_name):
+    config, _ = monitor_process.parse_args(["--out_dir", str(tmp_path), "--", "torchrun",
+                                            *torchrun_args, "train_my_ddp.py"])
+    assert config.node_name == node_name

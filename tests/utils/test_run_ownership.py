@@ -37,7 +37,11 @@ def test_the_design_docs_tree_names_every_entry_of_the_list():
     ({"ckpt/step_000002/x": "", "ckpt/notes.txt": ""}, "ckpt/notes.txt"),
     ({".notes.txt": ""}, ".notes.txt"),
     ({"heartbeat/x": ""}, "heartbeat"),
-], ids=["temporaries", "hf-config", "plot-format", "ckpt-note", "hidden-file", "dir-as-file"])
+    ({"nodes/node0.monitor.lock": "", "nodes/node1.monitor.log": "",
+      "shared_filesystem_check": ""}, None),
+    ({"nodes/node0.monitor.log": "", "nodes/hostfile": ""}, "nodes/hostfile"),
+], ids=["temporaries", "hf-config", "plot-format", "ckpt-note", "hidden-file", "dir-as-file",
+        "node-supervisors", "node-note"])
 def test_foreign_entries(tmp_path, layout, foreign):
     for name, text in layout.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
