@@ -56,6 +56,7 @@ def start_node_supervisor(node: str, run_dir: Path, port: int, args: list[str]
             env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.slow  # ~45 s, mostly waiting for two rendezvous: run beside the rest
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds torchrun's ranks via /proc")
 def test_sigkill_of_a_rank_on_node_1_both_supervisors_relaunch_and_the_result_is_unchanged(
         data, tmp_path):
