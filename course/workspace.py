@@ -22,6 +22,7 @@ import textwrap
 
 from course.swap import split_target
 
+
 def _definition(tree: ast.Module, parts: list[str]) -> ast.FunctionDef:
     body: list[ast.stmt] = tree.body
     node: ast.AST | None = None
