@@ -65,7 +65,8 @@ def listing(as_json: bool) -> str:
     lines = []
     for exercise in EXERCISES:
         started = "started" if exercise.workspace.exists() else ""
-        lines.append(f"{exercise.chapter:>2}  {exercise.name:<20} {exercise.target}  {started}")
+        lines.append(f"{exercise.chapter:>2}  {exercise.name:<20} {exercise.target}  {started}"
+                     .rstrip())
     return "\n".join(lines)
 
 

@@ -7,10 +7,11 @@ apply_rotary` bound before the swap, a class attribute for a method, a registry 
 is done twice:
 
 1. In this process (`swap_everywhere`): the target's module is imported, and every module of
-   `sys.modules` whose namespace holds the original object (or a module-level dict/list holding
+   `sys.modules` whose namespace holds the original object (or a module-level dict holding
    it, a registry) gets the replacement; a method is replaced on every class whose own
    `__dict__` holds it. Imports that run later read the defining module, which already holds
-   the replacement. `restore` undoes exactly what was done.
+   the replacement. `restore` sweeps the other way, which also reaches the modules first
+   imported (binding the replacement) during the check.
 2. In child processes (the gloo ranks of `parallel.local_ranks.run_on_ranks`, forked from a
    server that imported only torch): `SPEC_ENV` names a small JSON file `{"target",
    "workspace"}`, and `course/child_site/sitecustomize.py` (on the children's PYTHONPATH)
@@ -29,7 +30,7 @@ import os
 import sys
 import types
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,50 +79,37 @@ def _unwrapped(value: Any) -> Any:
     return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
 
 
-@dataclass
+@dataclass(frozen=True)
 class Swap:
-    """One swap: the two objects, and where the replacement was put (namespace, key, old)."""
+    """The project's object (`original`, as its owner holds it) and what took its place."""
 
-    original: Any = None
-    replacement: Any = None
-    changed: list[tuple[Any, Any, Any]] = field(default_factory=list)
-
-
-def _replace_in(container: Any, key: Any, old: Any, new: Any, swap: Swap) -> None:
-    if isinstance(container, (dict, list)):
-        container[key] = new
-    else:
-        setattr(container, key, new)
-    swap.changed.append((container, key, old))
+    original: Any
+    replacement: Any
 
 
-def _sweep(old: Any, new: Any, swap: Swap) -> None:
+def _sweep(old: Any, new: Any) -> None:
     """Every module attribute, module-level dict entry and class attribute that is `old`
     (bare, or wrapped in staticmethod/classmethod on a class) becomes `new`."""
     with warnings.catch_warnings():  # reading some modules' attributes warns (deprecations)
         warnings.simplefilter("ignore")
-        _sweep_modules(old, new, swap)
-
-
-def _sweep_modules(old: Any, new: Any, swap: Swap) -> None:
-    bare_old, bare_new = _unwrapped(old), _unwrapped(new)
-    seen_classes: set[int] = set()
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for key, value in list(namespace.items()):
-            if value is bare_old or value is old:
-                _replace_in(module, key, value, bare_new, swap)
-            elif isinstance(value, dict):
-                for item_key, item in list(value.items()):
-                    if item is bare_old:
-                        _replace_in(value, item_key, item, bare_new, swap)
-            elif isinstance(value, type) and id(value) not in seen_classes:
-                seen_classes.add(id(value))
-                for attr, raw in list(vars(value).items()):
-                    if _unwrapped(raw) is bare_old:
-                        _replace_in(value, attr, raw, new, swap)
+        bare_old, bare_new = _unwrapped(old), _unwrapped(new)
+        seen_classes: set[int] = set()
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for key, value in list(namespace.items()):
+                if value is bare_old or value is old:
+                    setattr(module, key, bare_new)
+                elif isinstance(value, dict):  # a registry: {"allreduce": allreduce_hook}
+                    for item_key, item in list(value.items()):
+                        if item is bare_old:
+                            value[item_key] = bare_new
+                elif isinstance(value, type) and id(value) not in seen_classes:
+                    seen_classes.add(id(value))
+                    for attr, raw in list(vars(value).items()):
+                        if _unwrapped(raw) is bare_old:
+                            setattr(value, attr, new)
 
 
 def _original(target: str) -> Any:
@@ -133,14 +121,14 @@ def _original(target: str) -> Any:
 def swap_everywhere(target: str, replacement: Any) -> Swap:
     """Replace the target's original object by `replacement` wherever `sys.modules` holds it."""
     swap = Swap(original=_original(target), replacement=replacement)
-    _sweep(swap.original, replacement, swap)
+    _sweep(swap.original, replacement)
     return swap
 
 
 def restore(swap: Swap) -> None:
     """Put the original back: where the swap put the replacement, and wherever a module
     imported since then bound it."""
-    _sweep(swap.replacement, swap.original, Swap())
+    _sweep(swap.replacement, swap.original)
 
 
 def write_spec(spec_file: Path, target: str | None, workspace: Path | None) -> None:
