@@ -8,9 +8,11 @@ importing torch and collecting the tests once saves seconds per check).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +71,9 @@ def _spec_file() -> Path:
     """One spec file per process; children (fork servers too) are pointed at it once."""
     global _SPEC_FILE
     if _SPEC_FILE is None:
-        _SPEC_FILE = Path(tempfile.mkdtemp(prefix="z2all-course-")) / "swap.json"
+        folder = tempfile.mkdtemp(prefix="z2all-course-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _SPEC_FILE = Path(folder) / "swap.json"
         write_spec(_SPEC_FILE, None, None)
         children_swap_through(_SPEC_FILE)
     return _SPEC_FILE

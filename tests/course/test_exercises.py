@@ -109,3 +109,9 @@ def test_check_passes_the_solution_and_solution_prints_the_project_function(tmp_
         "from __future__ import annotations\n\n\n" + solution.stdout)
     done = _course("check", "sft_packing", work=tmp_path)
     assert done.returncode == 0 and done.stdout.startswith("passed"), done.stdout + done.stderr
+
+
+def test_a_workspace_that_does_not_load_fails_the_check_with_its_error(tmp_path):
+    (tmp_path / "rms_norm.py").write_text("def rms_norm(x:\n")
+    done = _course("check", "rms_norm", work=tmp_path)
+    assert done.returncode == 1 and "SyntaxError" in done.stdout, done.stdout + done.stderr
