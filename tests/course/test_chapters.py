@@ -1,12 +1,16 @@
 """The chapters name only what exists: every `path:function` (with about its stated size),
-every `pkg.module:name` and `pkg.module`, every file path and every `python -m` module; and
-every exercise is given in its chapter's Build section."""
+every `pkg.module:name` and `pkg.module`, every file path and every `python -m` module; their
+command blocks parse as the README's do (tests/test_readme_commands.py's checks: `bash -n`, and
+each command stopped right after its own parser accepted it); and every exercise is given in
+its chapter's Build section. (The chapters' commands were run by hand on the demo data; running
+them in order belongs with the README's run test.)"""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ import pytest
 from course.exercises import EXERCISES
 from course.reading import names_in, size_of
 from course.swap import REPO
+from tests.test_readme_commands import SHELL_LANGUAGES, check_command, commands_of, fenced_blocks
 
 CHAPTERS = sorted((REPO / "course" / "chapters").glob("*.md"))
 PACKAGES = {path.parent.name for path in REPO.glob("*/__init__.py")}
@@ -81,3 +86,15 @@ def test_every_exercise_is_in_its_chapters_build_section(exercise):
     chapter = next(path for path in CHAPTERS if path.name.startswith(f"{exercise.chapter:02d}"))
     build = chapter.read_text(encoding="utf-8").split("**Build")[-1]
     assert f"`{exercise.name}`" in build and f"`{exercise.target}`" in build
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda path: path.stem)
+def test_every_command_of_a_chapter_parses(chapter, monkeypatch):
+    for language, start, lines in fenced_blocks(chapter.read_text(encoding="utf-8")):
+        if language not in SHELL_LANGUAGES:
+            continue
+        syntax = subprocess.run(["bash", "-n"], input="\n".join(lines), capture_output=True,
+                                text=True)
+        assert syntax.returncode == 0, f"{chapter.name}:{start}: {syntax.stderr}"
+        for command in commands_of(lines):
+            check_command(command.argv, monkeypatch)
