@@ -90,6 +90,11 @@ EXERCISES = [
     Exercise("dpo_loss", 6, "utils.dpo:dpo_loss",
              ("tests/utils/test_dpo.py",),
              ("no_reference_model", "smoothing_swapped")),
+    Exercise("ddp_buckets", 8,
+             "parallel.distributed_data_parallel.param_and_grad_buffer:plan_layout",
+             ("tests/parallel/test_param_and_grad_buffer.py",
+              "tests/parallel/test_ddp.py::test_overlap_launches_first_bucket_during_backward"),
+             ("registration_order", "buckets_not_padded")),
     Exercise("allreduce_average", 8,
              "parallel.distributed_data_parallel.ddp_comm_hooks.default_hooks:"
              "allreduce_average_async",
@@ -115,6 +120,10 @@ EXERCISES = [
              ("tests/data_preprocess/cleaning/test_minhash.py"
               "::test_jaccard_estimate_within_expected_error_of_truth_and_datasketch",),
              ("one_hash_for_every_row",)),
+    Exercise("lsh_bands", 13, "data_preprocess.cleaning.minhash:band_keys",
+             ("tests/data_preprocess/cleaning/test_minhash.py"
+              "::test_lsh_recall_at_least_datasketch_and_no_distinct_document_removed",),
+             ("overlapping_bands",)),
     Exercise("kv_cache_append", 14, "model.kv_cache:KVCache.append",
              ("tests/model/test_generation.py"
               "::test_kv_cache_decoding_equals_full_recomputation_past_initial_capacity",
