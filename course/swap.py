@@ -65,7 +65,7 @@ def load_workspace(target: str, workspace: Path) -> Any:
     assert spec is not None and spec.loader is not None
     code = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(code)
-    function = getattr(code, name, None)
+    function = _unwrapped(getattr(code, name, None))  # written with @staticmethod, or without
     if not callable(function):
         raise ValueError(f"{workspace} defines no function {name}")
     function.__module__, function.__qualname__ = module_name, ".".join(parts)
