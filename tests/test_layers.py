@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"optimizer"},
     {"parallel_plan"},
     {"trainer"},
-    {"tools", "monitor", "server"},
+    {"tools", "monitor", "server", "course"},
     {path.stem for path in REPO.glob("*.py")},  # train_my_ddp, generate, monitor_process, ...
 ]
 LAYER_OF = {package: level for level, packages in enumerate(LAYERS) for package in packages}

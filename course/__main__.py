@@ -1,0 +1,5 @@
+import sys
+
+from course.cli import entry
+
+sys.exit(entry())
