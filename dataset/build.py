@@ -21,7 +21,7 @@ stream    (`build_stream_datasets`, --data_format=stream) raw shards tokenized o
           DataLoader workers, nothing prepared or cached (dataset/stream.py). Validation: the
           data's own split as above, else every round(1 / valid_ratio)th record held out.
 
-`validation_note(config, count)` is the start-up line that says which of these it was.
+`validation_note(config, count, scored)` is the start-up line that says which of these it was.
 
 Under torchrun, rank 0 prepares (index or cache) while the others wait on a done-file with
 their own timeout (dataset/prepare.py); then every rank memory-maps the same files.
@@ -179,12 +179,13 @@ def validation_source(data_dir: str | Path, data_mix: str = "") -> str | None:
     return validation_spec(data_dir)
 
 
-def validation_note(config: DataConfig, count: int) -> str:
-    """The start-up line saying how many validation samples there are and where from."""
+def validation_note(config: DataConfig, count: int, scored: int) -> str:
+    """The start-up line saying how many validation samples there are, where from, and how many
+    of them each evaluation scores (`scored`: the trainer's --eval_iters global batches)."""
     source = validation_source(config.data_dir, config.data_mix)
-    if source is not None:
-        return f"validation: {count} samples from the data's own split {source}"
-    return f"validation: held out from train: {count} samples"
+    where = (f"{count} samples from the data's own split {source}" if source is not None
+             else f"held out from train: {count} samples")
+    return f"validation: {where}; each evaluation scores {min(count, scored)} of them"
 
 
 def build_stream_datasets(config: DataConfig, seed: int, *, batch_size: int,

@@ -174,7 +174,7 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     if env.is_main and (warning := budget.fit_warning()):
         print(warning, file=sys.stderr, flush=True)
     if env.is_main:  # how many validation samples, and from the data's own split or train
-        print(validation_note(data_options, len(valid_dataset)), flush=True)
+        print(validation_note(data_options, len(valid_dataset), eval_samples), flush=True)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
         options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir)
     forward_step = build_forward_step(data_options.task_type, options.dpo,
