@@ -1,8 +1,9 @@
 """Every benchmark runs on a fresh clone: `python -m bench.bench_x --smoke --json` (tiny sizes,
 generated data instead of `make demo`'s corpus and tokenizers) must exit 0 and print exactly one
 JSON object of its figures on stdout (its report on stderr), and so must each mode that plain
---smoke does not reach (EXTRA_MODES, e.g. `bench_parallel --context`). The benches run side by
-side, one thread each, so the whole check costs about as long as the slowest one (~10-20 s).
+--smoke does not reach (bench/table.py's EXTRA_MODES, e.g. `bench_parallel --context`). The
+benches run side by side, one thread each, so the whole check costs about as long as the
+slowest one (~10-20 s).
 Every bench also takes `--quick` (`make bench BENCH_FLAGS=--quick`, README), which is too slow to
 run here: its parser is checked instead, in this process."""
 
@@ -16,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.table import bench_commands
 from tests.test_readme_commands import run_until_parsed
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHES = sorted(REPO.glob("bench/bench_*.py"))
-# Modes of a bench that its plain --smoke does not reach: {name: (module, extra flags)}.
-EXTRA_MODES = {"bench_parallel --context": ("bench_parallel", ["--context"])}
 
 
 def smoke_run_problem(name: str, returncode: int, stdout: str, stderr: str) -> str | None:
@@ -48,7 +48,8 @@ def smoke_run_problem(name: str, returncode: int, stdout: str, stderr: str) -> s
 def test_every_bench_runs_its_smoke_mode_and_prints_json():
     assert len(BENCHES) >= 5
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    commands = {**{path.stem: (path.stem, []) for path in BENCHES}, **EXTRA_MODES}
+    commands = bench_commands()  # every bench_*.py, and the modes plain runs do not reach
+    assert len(commands) > len(BENCHES)
     running = {name: subprocess.Popen([sys.executable, "-m", f"bench.{module}", *flags,
                                        "--smoke", "--json"],
                                       cwd=REPO, env=env, stdout=subprocess.PIPE,
