@@ -115,8 +115,10 @@ def main() -> None:
     full = {row["model"]: row for row in rows if row["variant"] == "full"}
     for row in rows:
         if row["variant"] != "full":
-            for key, unit in (("step_s", "s"), ("optim_bytes", "bytes"), ("grad_bytes", "bytes")):
-                figures.record(f"{row['model']} {row['variant']}: {key}", row[key],
+            for key, label, unit in (("step_s", "step time", "s"),
+                                     ("optim_bytes", "optimizer state", "bytes"),
+                                     ("grad_bytes", "gradient buffer", "bytes")):
+                figures.record(f"{row['model']} {row['variant']}: {label}", row[key],
                                full[row["model"]][key], unit, "full fine-tuning",
                                higher_is_better=False)
     figures.finish()
