@@ -92,11 +92,11 @@ def _value(value: float, unit: str) -> str:
 
 def render(reports: list[dict[str, Any]], machine: str, date: str) -> str:
     """The markdown that goes between the markers: a header, then one table per bench."""
-    modes = sorted({report["mode"] for report in reports})
-    lines = [f"Measured {date} on {machine}, `--{'/--'.join(modes)}` modes (`full`: no size "
-             "flag). Every ratio is ours against the reference measured side by side in the "
-             "same run, so it holds on another machine better than either speed; > 1 means "
-             "ours is better (for times and memory: the reference's / ours).", ""]
+    modes = ", ".join(sorted({report["mode"] for report in reports}))
+    lines = [f"Measured {date} on {machine} (size mode: {modes}). Every ratio is ours against "
+             "the reference measured side by side in the same run, so it carries to another "
+             "machine better than either speed; > 1 means ours is better (for times and "
+             "memory: the reference's / ours).", ""]
     for report in reports:
         lines += [f"### {report['bench']}", ""]
         if report["figures"]:

@@ -36,7 +36,7 @@ PAGE = f"# Benchmarks\n\nOur words.\n\n{table.BEGIN}\nstale table\n{table.END}\n
     "SentencePieceProcessor.encode(list)) | 0.59x | ≥ 0.90 **not met** |",
     "| ZeRO-1: peak memory | 3 MiB | 6 MiB (ZeRO-0) | 2.00x |  |",
     "### bench_gpu\n\n- skipped: no CUDA device visible",
-    "Measured 2026-11-29 on Test CPU, 2 cores, `--quick` modes",
+    "Measured 2026-11-29 on Test CPU, 2 cores (size mode: quick).",
 ])
 def test_render_shows_every_figure(expected_row):
     assert expected_row in table.render(REPORTS, "Test CPU, 2 cores", "2026-11-29")
