@@ -155,7 +155,7 @@ def main() -> None:
                           smoke="seconds: tiny sizes, generated data; proves the bench runs")
     args = parser.parse_args()
     figures.start(args)
-    limit, repeats = (1, 1) if args.smoke else (100, 3) if args.quick else (500, 5)
+    limit, repeats = (1, 1) if args.smoke else (100, 5) if args.quick else (500, 7)
     texts, source = load_documents(limit, use_demo=not args.smoke)
     print(f"{len(texts)} documents, {sum(map(len, texts)) / 1e6:.2f} M characters, from {source}")
     with tempfile.TemporaryDirectory() as scratch:
