@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import figures
 from bench.size_flags import bench_parser
 from data.dirty_corpus import junk, near_copy, shakespeare_scenes
 from data_preprocess.clean_pretrain_data import build_parser, clean_pretrain_data
@@ -58,6 +59,7 @@ def write_corpus(texts: list[str], folder: Path) -> int:
 
 def end_to_end(texts: list[str], scratch: Path, workers: list[int]) -> None:
     size = write_corpus(texts, scratch / "raw")
+    rates = {}
     for count in workers:
         started = time.perf_counter()
         clean_pretrain_data(build_parser().parse_args(
@@ -66,6 +68,10 @@ def end_to_end(texts: list[str], scratch: Path, workers: list[int]) -> None:
         seconds = time.perf_counter() - started
         print(f"  {count} worker(s): {len(texts) / seconds:,.0f} documents/s, "
               f"{size / seconds / 1e6:.2f} MB/s ({seconds:.2f}s)")
+        rates[count] = size / seconds / 1e6
+    if len(rates) == 2:
+        figures.record("clean stage, 2 workers vs 1", rates[2], rates[1], "MB/s", "1 worker",
+                       target=1.7)
 
 
 def rule_costs(texts: list[str]) -> None:
@@ -106,8 +112,11 @@ def side_by_side(texts: list[str]) -> None:
                                 for d in documents])
         print(f"  datatrove:  filters {len(texts) / theirs:,.0f} docs/s "
               f"(ours {theirs / ours:.2f}x theirs)")
+        figures.record("Gopher quality + repetition filters", len(texts) / ours,
+                       len(texts) / theirs, "documents/s", "datatrove")
     except ImportError as error:
         print(f"  datatrove not importable ({error}); our side only")
+        figures.note(f"datatrove not importable: {error}")
     try:
         from datasketch import MinHash, MinHashLSH
         lsh = MinHashLSH(num_perm=128, params=(bands, rows))
@@ -120,8 +129,11 @@ def side_by_side(texts: list[str]) -> None:
         seconds = timed(theirs_minhash)
         print(f"  datasketch: MinHash+LSH insert {len(texts) / seconds:,.0f} docs/s "
               f"(ours {seconds / ours_minhash:.2f}x theirs)")
+        figures.record("MinHash + LSH bands", len(texts) / ours_minhash, len(texts) / seconds,
+                       "documents/s", "datasketch MinHash + MinHashLSH.insert", target=2.0)
     except ImportError as error:
         print(f"  datasketch not importable ({error}); our side only")
+        figures.note(f"datasketch not importable: {error}")
 
 
 def peak_rss_mb() -> float:
@@ -205,6 +217,7 @@ def main() -> None:
     parser = bench_parser(__doc__.split("\n\n")[0], quick="a smaller corpus",
                           smoke="tiny: checks that it runs")
     args = parser.parse_args()
+    figures.start(args)
     documents = 30 if args.smoke else 600 if args.quick else 3000
     texts = corpus(documents)
     print(f"corpus: {len(texts):,} documents, {sum(map(len, texts)) / 1e6:.1f} M characters")
@@ -223,6 +236,7 @@ def main() -> None:
                       if args.quick else [250_000, 500_000, 1_000_000, 2_000_000])
         band_pass_memory(band_sizes, 1_000 if args.smoke else 65_536, Path(scratch))
     print(f"(this process's peak RSS: {peak_rss_mb():.0f} MB)")
+    figures.finish()
 
 
 if __name__ == "__main__":

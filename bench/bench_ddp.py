@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench import figures
 from bench.size_flags import bench_parser
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
@@ -129,6 +130,7 @@ def main() -> None:
         args.hidden, args.layers, args.steps = 384, 4, 10
     if args.smoke:
         args.hidden, args.layers, args.steps, args.warmup = 32, 2, 2, 1
+    figures.start(args)
 
     report = run_on_ranks(bench_rank, args, world_size=args.world_size, timeout=600)[0]
 
@@ -140,10 +142,16 @@ def main() -> None:
     ratio = report["ours"] / report["torch"]
     print(f"step time  ours {report['ours'] * 1e3:7.1f} ms   torch DDP "
           f"{report['torch'] * 1e3:7.1f} ms   ratio ours/torch {ratio:.3f}  (target <= 1.05)")
+    figures.record("DDP step time", report["ours"], report["torch"], "s", "torch DDP",
+                   higher_is_better=False, target=round(1 / 1.05, 2))
     full_bytes = report["hooks"]["allreduce fp32"][1]
     print(f"{'comm hook':<18} {'step ms':>8} {'bytes/step/rank':>16} {'vs fp32':>8}")
     for name, (seconds, bytes_sent) in report["hooks"].items():
         print(f"{name:<18} {seconds * 1e3:8.1f} {bytes_sent:16,} {bytes_sent / full_bytes:8.4f}")
+        if bytes_sent != full_bytes:
+            figures.record(f"bytes sent, {name} hook", bytes_sent, full_bytes, "bytes/step/rank",
+                           "allreduce fp32", higher_is_better=False)
+    figures.finish()
 
 
 if __name__ == "__main__":

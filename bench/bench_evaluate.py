@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import default_collate
 
+from bench import figures
 from bench.bench_preprocess import corpus_texts, tokenizer_dir
 from bench.size_flags import bench_parser
 from data_preprocess.build_pretrain_sample_index_map import build_sample_index
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq_len", type=int, default=256)
     parser.add_argument("--batch_size", type=int, default=8)
     args = parser.parse_args(argv)
+    figures.start(args, "bench_evaluate")
     if args.smoke:
         args.seq_len = min(args.seq_len, 64)
     torch.set_num_threads(1)
@@ -86,6 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"trainer eval  {trainer_rate:10.0f} tokens/s   loss {trainer['val_loss']:.6f}")
     print(f"evaluator     {evaluator_rate:10.0f} tokens/s   loss {evaluator['loss']:.6f}")
     print(f"evaluator / trainer = {evaluator_rate / trainer_rate:.2f}")
+    figures.record("evaluator (tokenizes on the fly)", evaluator_rate, trainer_rate, "tokens/s",
+                   "the trainer's eval on pretokenized data")
+    figures.finish()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from bench import figures
 from bench.bench_model import BENCH_MODELS, build_pair, make_step
 from bench.size_flags import bench_parser
 from model.configuration_z2all import PRESETS
@@ -98,9 +99,12 @@ def main() -> int:
     parser = bench_parser(__doc__.split("\n\n")[0], quick="the 0.1B model only, 3 rounds",
                           smoke="seconds: the tiny model on any device, one round")
     args = parser.parse_args()
+    figures.start(args)
     if not (torch.cuda.is_available() or args.smoke):  # `make bench` on a CPU machine
         print("bench_gpu: skipped, no CUDA device visible (run it on a GPU node, README "
               "'GPU notes'; --smoke runs it on the CPU)")
+        figures.note("skipped: no CUDA device visible")
+        figures.finish()
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     names = (["tiny 1x64"] if args.smoke else ["0.1B 16x1024"] if args.quick
@@ -123,9 +127,13 @@ def main() -> int:
             print(f"{name:<14} {'compiled' if compiled else 'eager':<9} "
                   f"{tokens / seconds['ours']:>11.0f} {tokens / seconds['hf']:>10.0f} "
                   f"{seconds['hf'] / seconds['ours']:>7.2f}x {mfu:>9.1%}")
+            figures.record(f"{name} {'compiled' if compiled else 'eager'} training step",
+                           tokens / seconds["ours"], tokens / seconds["hf"], "tokens/s",
+                           "HF transformers LlamaForCausalLM")
             del step_by_impl, ours, input_ids
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    figures.finish()
     return 0
 
 

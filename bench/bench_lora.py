@@ -20,6 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from bench import figures
 from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.lora import LoraConfig, apply_lora
@@ -94,6 +95,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    figures.start(args)
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}",
                             rank=0, world_size=1)
@@ -110,6 +112,16 @@ def main() -> None:
         print(f"{row['model']:<10} {row['variant']:<10} {row['trainable']:>12,} "
               f"{row['trainable'] / row['total']:>8.2%} {row['grad_bytes'] / 2**20:>10.2f} "
               f"{row['optim_bytes'] / 2**20:>10.2f} {row['step_s'] * 1000:>8.1f}")
+    full = {row["model"]: row for row in rows if row["variant"] == "full"}
+    for row in rows:
+        if row["variant"] != "full":
+            for key, label, unit in (("step_s", "step time", "s"),
+                                     ("optim_bytes", "optimizer state", "bytes"),
+                                     ("grad_bytes", "gradient buffer", "bytes")):
+                figures.record(f"{row['model']} {row['variant']}: {label}", row[key],
+                               full[row["model"]][key], unit, "full fine-tuning",
+                               higher_is_better=False)
+    figures.finish()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from bench import figures
 from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.convert_to_hf import export_hf
@@ -198,6 +199,7 @@ def main() -> None:
     add_boolean_flag(parser, "--profile",
                      help="print where the time goes (torch.profiler) for each run")
     args = parser.parse_args()
+    figures.start(args)
     torch.set_num_threads(args.threads)
     names = THROUGHPUT_MODELS[:1 if args.smoke else 2 if args.quick else 3]
     steps, rounds = (1, 1) if args.smoke else (1, 3) if args.quick else (1, 4)
@@ -217,6 +219,8 @@ def main() -> None:
         print(f"{row['model']:<11} {row['precision']:<14} {row['ours_tps']:>11.0f} "
               f"{row['hf_tps']:>10.0f} {row['ours_tps'] / row['hf_tps']:>12.2f}x "
               f"{row['cpu_ratio']:>11.2f}x {row['peak'] / 1e9:>13.1f} {row['mfu']:>8.1%}")
+        figures.record(f"{row['model']} {row['precision']} training step", row["ours_tps"],
+                       row["hf_tps"], "tokens/s", "HF transformers LlamaForCausalLM")
     if names[1:]:
         print("\ngreedy decoding, KV cache, 32-token prompts, 64 new tokens (CPU-time medians)")
         print(f"{'model':<11} {'batch':>5} {'ours tok/s':>11} {'HF tok/s':>10} {'ours/HF':>8}")
@@ -224,9 +228,12 @@ def main() -> None:
         row = bench_decode(name, rounds)
         print(f"{name:<11} {BENCH_MODELS[name][1]:>5} {row['ours_tps']:>11.0f} "
               f"{row['hf_tps']:>10.0f} {row['ours_tps'] / row['hf_tps']:>7.2f}x")
+        figures.record(f"{name} greedy decoding", row["ours_tps"], row["hf_tps"], "tokens/s",
+                       "HF transformers generate")
     print_compile_table(names[1:], steps, rounds)
     if not (args.quick or args.smoke) and Path("/proc/self/clear_refs").exists():
         print_memory_table(["25M 2x256", "25M/32k-vocab 2x512"])
+    figures.finish()
 
 
 def bench_decode(name: str, rounds: int, prompt_len: int = 32, new_tokens: int = 64) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from bench import figures
 from bench.size_flags import bench_parser
 from optimizer import OptimizerConfig, get_optimizer
 from parallel.distributed_data_parallel import (
@@ -131,6 +132,7 @@ def main() -> None:
     parser = bench_parser(__doc__.split("\n")[0], quick="small model, few steps",
                           smoke="seconds: tiny sizes, generated data; proves the bench runs")
     args = parser.parse_args()
+    figures.start(args)
     width, depth, steps = ((32, 2, 1) if args.smoke else (256, 4, 5) if args.quick
                            else (1024, 8, 10))
     num_params = sum(p.numel() for p in build_model(width, depth).parameters())
@@ -153,9 +155,16 @@ def main() -> None:
               f"{times['iteration_s'] * 1e3:8.1f} "
               f"{times['iteration_s'] / slowest[reference]['iteration_s']:6.2f} "
               f"{times['step_s'] * 1e3:8.1f} {times['step_s'] / slowest[reference]['step_s']:6.2f}")
+        if name != reference:
+            figures.record(f"{name}: state per rank", per_rank[0][name]["state_bytes"],
+                           ref_bytes, "bytes", reference, higher_is_better=False)
+            figures.record(f"{name}: iteration time", times["iteration_s"],
+                           slowest[reference]["iteration_s"], "s", reference,
+                           higher_is_better=False)
     print("\nbf16 params (state = fp32 main params + Adam moments), bytes per parameter per rank:")
     for name, size in per_rank[0]["bf16_state_bytes"].items():
         print(f"  {name:30s} {size / num_params:6.2f}")
+    figures.finish()
 
 
 if __name__ == "__main__":

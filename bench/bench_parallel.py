@@ -45,6 +45,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from bench import figures
 from bench.bench_zero import at_rest_and_peak, planned_at_rest, sample_peak
 from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
@@ -195,12 +196,17 @@ def bench_context(args: argparse.Namespace) -> None:
     print(f"{'seq_len':>7} {'layout':<6} {'peak RSS MiB':>12} {'steps added MiB':>15} "
           f"{'step s':>8}")
     for seq_len in lengths:
+        worst_by_layout = {}
         for context_parallel in (1, 2):
             ranks = run_on_ranks(bench_context_rank, seq_len, args,
                                  world_size=context_parallel, timeout=600)
             worst = {key: max(rank[key] for rank in ranks) for key in ranks[0]}
+            worst_by_layout[context_parallel] = worst
             print(f"{seq_len:>7} {f'CP{context_parallel}':<6} {worst['peak_rss_mib']:>12.0f} "
                   f"{worst['rise_mib']:>15.0f} {worst['step_s']:>8.3f}", flush=True)
+        figures.record(f"CP2 at {seq_len} tokens: memory added by the steps",
+                       worst_by_layout[2]["rise_mib"], worst_by_layout[1]["rise_mib"], "MiB",
+                       "CP1", higher_is_better=False)
 
 
 def main() -> None:
@@ -217,12 +223,14 @@ def main() -> None:
     add_boolean_flag(parser, "--context",
                      help="context parallelism instead: CP1 vs CP2 over sequence lengths")
     args = parser.parse_args()
+    figures.start(args, "bench_parallel --context" if args.context else "bench_parallel")
     if args.context:
         if args.smoke:
             args.hidden, args.layers, args.seq_len, args.steps, args.warmup = 32, 2, 64, 1, 0
         if args.quick:
             args.steps = 2
         bench_context(args)
+        figures.finish()
         return
     if args.smoke:
         args.world_size, args.hidden, args.layers, args.seq_len = 2, 32, 2, 16
@@ -240,13 +248,19 @@ def main() -> None:
           f"{args.micro_batch_size}x{args.seq_len}; the most of any rank:")
     print(f"{'grid':<12} {'ZeRO':>4} {'at rest MiB':>11} {'planned MiB':>11} {'peak MiB':>9} "
           f"{'step s':>7} {'bubble':>7} {'(P-1)/(M+P-1)':>13}")
+    reference = None  # the first row, plain data parallelism without ZeRO
     for index, row in enumerate(rows(args.world_size)):
         worst = {key: max(ranks[index][key] for ranks in per_rank) for key in per_rank[0][0]}
+        reference = reference or (f"{row.name} ZeRO-{row.zero_stage}", worst)
+        if index:
+            figures.record(f"{row.name} ZeRO-{row.zero_stage}: peak memory", worst["peak"],
+                           reference[1]["peak"], "bytes", reference[0], higher_is_better=False)
         mib = {key: worst[key] / 2**20 for key in ("at_rest", "planned", "peak")}
         bubbles = (f"{worst['bubble']:>7.2f} {worst['bubble_theory']:>13.2f}"
                    if row.pipeline_parallel > 1 else f"{'-':>7} {'-':>13}")
         print(f"{row.name:<12} {row.zero_stage:>4} {mib['at_rest']:>11.2f} "
               f"{mib['planned']:>11.2f} {mib['peak']:>9.2f} {worst['step_s']:>7.3f} {bubbles}")
+    figures.finish()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import figures
 from bench.size_flags import bench_parser
 from data.toy_corpus import multilingual_corpus
 from data_preprocess import worker_pool
@@ -101,6 +102,8 @@ def run(args: argparse.Namespace, scratch: Path) -> None:
     print(f"raw encode_batch      {raw_rate:>12,.0f} tokens/s")
     print(f"end to end (r->t->w)  {pipeline_rate:>12,.0f} tokens/s   "
           f"ratio {pipeline_rate / raw_rate:.2f} (target >= 0.85)")
+    figures.record("pretokenize end to end", pipeline_rate, raw_rate, "tokens/s",
+                   f"raw encode_batch in {args.num_workers} workers", target=0.85)
 
     # Imported only here: the raw workers above import this script to find `count_tokens`, and
     # must not pay for torch when the pipeline's workers do not.
@@ -120,6 +123,9 @@ def run(args: argparse.Namespace, scratch: Path) -> None:
           f"({samples_per_s * args.max_seq_len:,.0f} tokens/s)")
     print(f"training consumes     {needed:>12,.0f} samples/s (assumed "
           f"{ASSUMED_TRAIN_TOKENS_PER_S:,} tokens/s)   headroom x{samples_per_s / needed:.1f}")
+    figures.record("random access reads", samples_per_s, needed, "samples/s",
+                   f"training's consumption (assumed {ASSUMED_TRAIN_TOKENS_PER_S:,} tokens/s)",
+                   target=1.0)
 
 
 def main() -> None:
@@ -132,8 +138,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="runs of each (best kept)")
     args = parser.parse_args()
     args.repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
+    figures.start(args)
     with tempfile.TemporaryDirectory(prefix="bench_preprocess_") as scratch:
         run(args, Path(scratch))
+    figures.finish()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from bench import figures
 from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
@@ -85,6 +86,7 @@ def main() -> None:
         args.requests, args.repeats = 8, 1
     if args.smoke:
         args.requests, args.repeats, args.max_batch_size = 2, 1, 2
+    figures.start(args)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = Z2allForCausalLM(Z2allConfig.from_preset(args.preset)).eval()
@@ -106,6 +108,9 @@ def main() -> None:
         label = "one at a time (reference)" if size == 1 else f"continuous batching, {size} rows"
         print(f"  {label:<34s} {rate:9.1f} generated tokens/s")
     print(f"  ratio batched / one at a time: {rates[args.max_batch_size] / rates[1]:.2f}x")
+    figures.record(f"continuous batching, {args.max_batch_size} rows", rates[args.max_batch_size],
+                   rates[1], "generated tokens/s", "one generation at a time")
+    figures.finish()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, default_collate
 
+from bench import figures
 from bench.bench_preprocess import corpus_texts, tokenizer_dir
 from bench.size_flags import bench_parser
 from data_preprocess.build_pretrain_sample_index_map import build_sample_index
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--num_batches", type=int, default=None)
     args = parser.parse_args(argv)
+    figures.start(args, "bench_stream")
     if args.smoke:
         args.seq_len = min(args.seq_len, 64)
     args.num_batches = args.num_batches or (10 if args.smoke else 100 if args.quick else 400)
@@ -130,7 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     for preset, consumed in training.items():
         print(f"train {preset:>4} consumes {consumed:9.1f} samples/s   headroom stream/train "
               f"= {stream / consumed:.1f}x")
+        figures.record(f"stream vs training {preset}", stream, consumed, "samples/s",
+                       f"what training the {preset} preset consumes", target=1.0)
     print(f"stream / pretok = {stream / pretok:.2f}")
+    figures.record("stream vs pretokenized", stream, pretok, "samples/s",
+                   "pretokenized .bin reads")
+    figures.finish()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from bench import figures
 from bench.size_flags import bench_parser
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
@@ -148,6 +149,7 @@ def main() -> None:
         args.hidden, args.layers, args.vocab, args.seq_len, args.steps = 64, 2, 256, 16, 1
     if args.quick:
         args.layers, args.steps = 2, 2
+    figures.start(args)
     report = run_on_ranks(bench_rank, args, world_size=args.world_size, timeout=900)[0]
     params = Z2allForCausalLM(model_config(args)).num_parameters()
     print(f"z2all {args.layers} layers x hidden {args.hidden}, vocab {args.vocab}: "
@@ -159,6 +161,14 @@ def main() -> None:
             return "-" if value is None else f"{value / 2**20:.2f}"
         print(f"{name:<12} {mb(row['at_rest']):>11} {mb(row['planned']):>11} "
               f"{mb(row['peak']):>9} {row['step']:8.3f}")
+    (reference, first), *others = report.items()
+    for name, row in others:
+        if row["peak"] is not None and first["peak"] is not None:
+            figures.record(f"{name}: peak memory", row["peak"], first["peak"], "bytes",
+                           reference, higher_is_better=False)
+        figures.record(f"{name}: step time", row["step"], first["step"], "s", reference,
+                       higher_is_better=False)
+    figures.finish()
 
 
 if __name__ == "__main__":

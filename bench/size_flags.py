@@ -5,6 +5,9 @@ reaches each script the same way:
               worth reading, noisier
     --smoke   seconds, tiny sizes: proves the script runs (tests/test_bench_smoke.py); its
               figures mean nothing
+
+and `--json`: print one JSON object of the figures on stdout, all else on stderr
+(bench/figures.py).
 """
 
 from __future__ import annotations
@@ -23,4 +26,6 @@ def bench_parser(description: str, quick: str,
     size = parser.add_mutually_exclusive_group()
     add_boolean_flag(size, "--quick", help=quick)
     add_boolean_flag(size, "--smoke", help=smoke)
+    add_boolean_flag(parser, "--json", help="print only one JSON object of the figures on "
+                     "stdout (the report goes to stderr): bench/figures.py, bench/table.py")
     return parser

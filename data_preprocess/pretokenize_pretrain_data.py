@@ -37,11 +37,12 @@ DEFAULT_BATCH_SIZE = 512  # texts per task: large enough to amortise inter-proce
 def encode_documents(texts: list[str]) -> tuple[np.ndarray, list[int]]:
     """In a worker: texts -> (their ids, each followed by EOS, as one flat array; lengths)."""
     tokenizer = worker_state()["tokenizer"]
+    eos = tokenizer.eos_token_id  # a lookup by name in transformers: once, not per document
     flat: list[int] = []
     lengths = []
     for ids in tokenizer.encode_batch(texts):
         flat.extend(ids)
-        flat.append(tokenizer.eos_token_id)
+        flat.append(eos)
         lengths.append(len(ids) + 1)
     return np.array(flat, dtype=worker_state()["dtype"]), lengths
 

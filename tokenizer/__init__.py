@@ -13,7 +13,8 @@ Files, in reading order:
 - pretrained_tokenizer.py: a pretrained model's own tokenizer and chat template (any
   tokenizer.json + tokenizer_config.json without our record).
 
-`load_tokenizer(dir)` reads a directory's two JSON files; it never imports anything from it.
+`load_tokenizer(dir)` reads a directory's two JSON files (and the sentencepiece kind's own model,
+when present); it never imports anything from it.
 To use a tokenizer in worker processes, pass them the directory and load it there.
 """
 
@@ -24,7 +25,7 @@ import os
 from pathlib import Path
 
 from .pretrained_tokenizer import PretrainedTokenizer, load_pretrained_tokenizer
-from .z2all_tokenizer import CONFIG_FILE, TOKENIZER_FILE, Z2allTokenizer
+from .z2all_tokenizer import CONFIG_FILE, SENTENCEPIECE_FILE, TOKENIZER_FILE, Z2allTokenizer
 
 
 def load_tokenizer(directory: str | os.PathLike) -> Z2allTokenizer | PretrainedTokenizer:
@@ -44,5 +45,7 @@ def load_tokenizer(directory: str | os.PathLike) -> Z2allTokenizer | PretrainedT
         return load_pretrained_tokenizer(directory)
     if not isinstance(record, dict):
         raise ValueError(f"{config_file}: the \"z2all\" record must be an object")
+    model_file = directory / SENTENCEPIECE_FILE  # absent from dirs saved by save_pretrained
     return Z2allTokenizer(tokenizer_file=str(tokenizer_file), name_or_path=str(directory),
-                          z2all=record)
+                          z2all=record, sentencepiece_model=(model_file.read_bytes()
+                                                             if model_file.is_file() else None))

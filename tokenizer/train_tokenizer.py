@@ -7,7 +7,8 @@
    `DIR@split`, Hub datasets `hf:org/name`: utils/data_files.py), never holding the corpus in
    memory;
 2. train the raw library model (byte-level BPE or sentencepiece BPE) with V-3 base pieces, as a
-   `tokenizers` model (sentencepiece's is converted; its own model file is kept beside it);
+   `tokenizers` model (sentencepiece's is converted; its own model file is kept beside it, and
+   `encode_batch` runs it: tokenizer/z2all_tokenizer.py);
 3. add the 3 special tokens at ids V-3, V-2, V-1 (tokenizer/z2all_tokenizer.py);
 4. save tokenizer.json + tokenizer_config.json into a temporary dir next to --out, load that
    back and check it gives the same ids (and, for sentencepiece, the library's ids), then rename
@@ -52,6 +53,7 @@ from .sentencepiece_bpe import sentencepiece_to_tokenizers, train_sentencepiece_
 from .z2all_tokenizer import (
     CONFIG_FILE,
     FORMAT_NAME,
+    SENTENCEPIECE_FILE,
     SPECIAL_TOKENS,
     TOKENIZER_FILE,
     Z2allTokenizer,
@@ -59,7 +61,6 @@ from .z2all_tokenizer import (
 )
 
 KINDS = {"hf": "byte_level_bpe", "sp": "sentencepiece_bpe"}
-SENTENCEPIECE_FILE = "sentencepiece.model"  # sp only: what sentencepiece trained, for reference
 # Checked after saving: the reloaded tokenizer must encode this exactly like the trained one.
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    SENTENCEPIECE_FILE}
@@ -175,7 +176,8 @@ def build_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, out: str |
     raw, sentencepiece_model = train_raw_model(kind, texts, base_vocab_size, seed,
                                                sp_max_sentences, show_progress)
     tokenizer = Z2allTokenizer(tokenizer_object=with_special_tokens(raw),
-                               z2all={"kind": KINDS[kind], "training": training})
+                               z2all={"kind": KINDS[kind], "training": training},
+                               sentencepiece_model=sentencepiece_model)
     out = Path(out).resolve()  # through a symlink: its target is replaced, the link kept
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))

@@ -12,6 +12,13 @@ loads it into `Z2allTokenizer` below, which lives in z2all: nothing in a tokeniz
 imported or run. Both kinds share this format: the byte-level BPE is a `tokenizers` model already;
 the sentencepiece BPE is converted to one (tokenizer/sentencepiece_bpe.py, same ids).
 
+The sentencepiece kind also keeps the library's own model, `sentencepiece.model`, beside them.
+HF's BPE runs that model at about a third of sentencepiece's speed, so when the file is there
+`encode_batch` (the bulk path: pretokenizing) calls `SentencePieceProcessor.encode` on it. The
+file is used only if converting it again gives this very tokenizer.json (same fingerprint), so
+both paths give the same ids; a damaged or foreign one is refused. A directory without it
+(saved by `save_pretrained`, or copied without it) encodes through tokenizer.json, as before.
+
 Vocabulary layout (docs/design.md §2.2), worked example V = 512:
 
     ids 0 .. 508   base vocabulary (bytes, merges; never a special token)
@@ -35,11 +42,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import sentencepiece
 import tokenizers
 
 from utils.atomic_io import atomic_write_bytes
 from utils.conversation import CHAT_TEMPLATE
 
+from .sentencepiece_bpe import sentencepiece_to_tokenizers
 from .text_only import TextOnlyTokenizerFast
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -47,6 +56,7 @@ ENDOFTEXT = SPECIAL_TOKENS[0]
 KINDS = ("byte_level_bpe", "sentencepiece_bpe")
 FORMAT_NAME, FORMAT_VERSION = "z2all-tokenizer", 2
 TOKENIZER_FILE, CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
+SENTENCEPIECE_FILE = "sentencepiece.model"  # sentencepiece kind only: the library's own model
 # The parts of tokenizer.json that decide ids and decoded text (not padding/truncation state).
 FINGERPRINTED_PARTS = ("added_tokens", "normalizer", "pre_tokenizer", "model", "decoder")
 
@@ -78,12 +88,14 @@ class Z2allTokenizer(TextOnlyTokenizerFast):
     vocabulary layout checked.
 
     Extras beyond transformers': `encode_batch(texts)`, `fingerprint`, `special_token_ids`
-    ({token: id}), `kind` and `z2all_record` (what tokenizer_config.json holds under "z2all").
+    ({token: id}), `kind`, `z2all_record` (what tokenizer_config.json holds under "z2all") and
+    `native_sentencepiece` (the sentencepiece kind's own processor, or None).
     Build one with `Z2allTokenizer(tokenizer_object=with_special_tokens(raw), z2all={"kind":
-    ...})`, or load a saved one with `tokenizer.load_tokenizer(dir)`.
+    ...}, sentencepiece_model=...)`, or load a saved one with `tokenizer.load_tokenizer(dir)`.
     """
 
-    def __init__(self, *args: Any, z2all: dict, **kwargs: Any):
+    def __init__(self, *args: Any, z2all: dict, sentencepiece_model: bytes | None = None,
+                 **kwargs: Any):
         for fixed in ("split_special_tokens", "eos_token", "pad_token", "bos_token",
                       "chat_template", "clean_up_tokenization_spaces"):
             kwargs.pop(fixed, None)
@@ -105,6 +117,36 @@ class Z2allTokenizer(TextOnlyTokenizerFast):
             "bos_token_id": None, "fingerprint": self.fingerprint,
             "training": z2all.get("training")}
         self._check_saved_record(z2all, source)
+        self.native_sentencepiece = (None if sentencepiece_model is None else
+                                     self._matching_sentencepiece(sentencepiece_model, source))
+
+    def _matching_sentencepiece(self, model: bytes, source: str
+                                ) -> sentencepiece.SentencePieceProcessor:
+        """sentencepiece's processor on `model`, which must be the very model this
+        tokenizer.json was converted from: converting it again gives the same fingerprint."""
+        where = f"{source}: {SENTENCEPIECE_FILE}"
+        if self.kind != "sentencepiece_bpe":
+            raise ValueError(f"{where} found beside a {self.kind} tokenizer: remove it")
+        try:
+            processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+            converted = with_special_tokens(sentencepiece_to_tokenizers(model))
+        except (RuntimeError, ValueError, OSError) as error:
+            raise ValueError(f"{where} cannot be read ({' '.join(str(error).split())}): "
+                             "delete it (tokenizer.json alone encodes the same ids, slower) "
+                             "or retrain with python -m tokenizer.train_tokenizer") from None
+        if fingerprint_of(converted) != self.fingerprint:
+            raise ValueError(f"{where} is not the model {TOKENIZER_FILE} was converted from: "
+                             "the directory is inconsistent; delete it or retrain with "
+                             "python -m tokenizer.train_tokenizer")
+        return processor
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, as ordinary text. The sentencepiece kind runs the library
+        itself when its model is loaded (`native_sentencepiece`): the same ids (checked at
+        load, and by tests/tokenizer/test_native_sentencepiece.py), at sentencepiece's speed."""
+        if self.native_sentencepiece is None or isinstance(texts, str):
+            return super().encode_batch(texts)
+        return self.native_sentencepiece.encode(list(texts))
 
     def _check_layout(self, source: str) -> dict[str, int]:
         """The 3 specials sit right after the base vocabulary, and nothing else was added."""
