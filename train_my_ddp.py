@@ -206,7 +206,7 @@ def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[
 def main(argv: list[str] | None = None) -> int:
     options, notes = options_from_argv(argv)
     check_paths(options)
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: docs/guarantees.md
         die_with_parent(signal.SIGKILL)
     env = init_distributed(options.system.device, options.system.num_threads,
                            timeout_s=60 * options.parallel.dist_timeout)

@@ -99,8 +99,8 @@ def main() -> int:
                           smoke="seconds: the tiny model on any device, one round")
     args = parser.parse_args()
     if not (torch.cuda.is_available() or args.smoke):  # `make bench` on a CPU machine
-        print("bench_gpu: skipped, no CUDA device visible (run it on a GPU node, README "
-              "'GPU notes'; --smoke runs it on the CPU)")
+        print("bench_gpu: skipped, no CUDA device visible (run it on a GPU node, docs/gpu.md; "
+              "--smoke runs it on the CPU)")
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     names = (["tiny 1x64"] if args.smoke else ["0.1B 16x1024"] if args.quick

@@ -2,8 +2,9 @@
 generated data instead of `make demo`'s corpus and tokenizers) must exit 0, and so must each
 mode that plain --smoke does not reach (EXTRA_MODES, e.g. `bench_parallel --context`). The benches
 run side by side, one thread each, so the whole check costs about as long as the slowest one
-(~10-20 s). Every bench also takes `--quick` (`make bench BENCH_FLAGS=--quick`, README), which
-is too slow to run here: its parser is checked instead, in this process."""
+(~10-20 s). Every bench also takes `--quick` (`make bench BENCH_FLAGS=--quick`,
+docs/benchmarks.md), which is too slow to run here: its parser is checked instead, in this
+process."""
 
 from __future__ import annotations
 
