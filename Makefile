@@ -30,7 +30,7 @@ test: venv
 	cat "$$slow_log"; rm -f "$$slow_log"; \
 	exit $$(( main_rc || slow_rc ))
 
-# The real CUDA kernels and NCCL (README "GPU notes": what it proves). Runs in $(GPU_VENV) when
+# The real CUDA kernels and NCCL (docs/gpu.md: what it proves). Runs in $(GPU_VENV) when
 # it exists (`make gpu-venv`), else in .venv; fails, never skips, without a CUDA device. The
 # emulated flash-attn/apex tests run in `make test` everywhere; the `cuda` tests skip there.
 GPU_VENV ?= .venv-gpu

@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     options, notes = relaunch_resumes(argv, *options_from_argv(argv))
     check_paths(options)
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: see the README's Guarantees
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun: docs/guarantees.md
         die_with_parent(signal.SIGKILL)
     env = init_distributed(options.system.device, options.system.num_threads,
                            timeout_s=60 * options.parallel.dist_timeout)

@@ -101,8 +101,8 @@ def main() -> int:
     args = parser.parse_args()
     figures.start(args)
     if not (torch.cuda.is_available() or args.smoke):  # `make bench` on a CPU machine
-        print("bench_gpu: skipped, no CUDA device visible (run it on a GPU node, README "
-              "'GPU notes'; --smoke runs it on the CPU)")
+        print("bench_gpu: skipped, no CUDA device visible (run it on a GPU node, docs/gpu.md; "
+              "--smoke runs it on the CPU)")
         figures.note("skipped: no CUDA device visible")
         figures.finish()
         return 0

@@ -12,7 +12,7 @@ Measured on this machine, one after another, all with L = seq_len:
    this machine's CPU, batch_size sequences per step: the samples/s training consumes.
 Printed: each rate and the headroom ratios stream / training (> 1: the stream keeps up) and
 stream / pretok. A GPU trains far faster than this CPU; scale the training figures by the
-device's measured step time to judge there (README "Which data path").
+device's measured step time to judge there (docs/training.md, "Which data path").
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ JSON object of its figures on stdout (its report on stderr), and so must each mo
 --smoke does not reach (bench/table.py's EXTRA_MODES, e.g. `bench_parallel --context`). The
 benches run side by side, one thread each, so the whole check costs about as long as the
 slowest one (~10-20 s).
-Every bench also takes `--quick` (`make bench BENCH_FLAGS=--quick`, README), which is too slow to
+Every bench also takes `--quick` (`make bench BENCH_FLAGS=--quick`,
+docs/benchmarks.md), which is too slow to
 run here: its parser is checked instead, in this process."""
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
-"""The README's command blocks run as pasted: every command parses, and they run in order.
+"""The command blocks of the README and docs/ run as pasted: every command parses, and they
+run in order.
 
-A fenced ```bash block is either runnable (after `source .venv/bin/activate`, from the repo
-root, as the README says once at the top) or a template, marked by a first line
+The pages are README.md, then every docs/*.md in name order (PAGES): the README is the guide
+whose blocks build everything from nothing, and a docs page's blocks may use what the README's
+made, never what another docs page made. A fenced ```bash block is either runnable (after
+`source .venv/bin/activate`, from the repo root, as the README says once at the top) or a
+template, marked by a first line
 `# template: ...`, whose placeholders are for the reader to replace: templates are neither
 parsed nor run. Two checks of the runnable blocks:
 
@@ -19,11 +23,12 @@ comments dropped) the check is the real parser of what it calls:
 
 Every block also passes `bash -n`, and has no usage syntax (`[--flag]`, `...`) outside comments.
 
-2. The blocks run, in README order, in a scratch copy of the working tree (tracked and
+2. The blocks run, in page order, in a scratch copy of the working tree (tracked and
 untracked files, no `.venv`, no data or runs), with the venv's bin first on PATH and HOME in
 the scratch folder, offline (HF_HUB_OFFLINE=1, WANDB_MODE=offline): the demo corpus,
 tokenizers and pretokenized data are built by the README's own commands (~30 s), and every
-later command uses what the earlier ones made, as a reader's would. One change, the size
+later command uses what the earlier ones made, as a reader's would (the README's blocks first,
+then each docs page's). One change, the size
 override the README states where the blocks begin: a command that starts a fresh training run
 (`train_my_ddp.py` directly, under torchrun or under the monitor, without `--resume`) gets
 SIZE_OVERRIDES appended, which win over the README's numbers because the last value of an
@@ -60,6 +65,8 @@ from trainer.options import TrainingOptions
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+# README first (it builds everything from nothing), then the reference pages in name order.
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 TEMPLATE_MARK = "# template:"
 BY_HAND_MARK = "# by hand:"
 SHELL_LANGUAGES = ("bash", "sh", "shell")
@@ -72,7 +79,7 @@ class ParsedOptions(BaseException):  # not an Exception: no entry point's handle
     """Raised by argparse right after it accepted a command line: stop before any work."""
 
 
-def fenced_blocks(text: str) -> list[tuple[str, int, list[str]]]:
+def fenced_blocks(text: str, page: str) -> list[tuple[str, int, list[str]]]:
     """(language, line number of the opening fence, the block's lines) of every fenced block."""
     blocks, language, start, lines = [], None, 0, []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -84,15 +91,21 @@ def fenced_blocks(text: str) -> list[tuple[str, int, list[str]]]:
             language = None
         elif language is not None:
             lines.append(line)
-    assert language is None, f"README.md:{start}: unclosed code fence"
+    assert language is None, f"{page}:{start}: unclosed code fence"
     return blocks
 
 
-def runnable_blocks() -> list[tuple[int, list[str]]]:
-    blocks = [(start, lines) for language, start, lines in fenced_blocks(README.read_text())
-              if language in SHELL_LANGUAGES]
-    return [(start, lines) for start, lines in blocks
-            if not (lines and lines[0].startswith(TEMPLATE_MARK))]
+@dataclass(frozen=True)
+class Block:
+    where: str  # "page:line of the opening fence", as failures name it
+    lines: list[str]
+
+
+def runnable_blocks(page: Path) -> list[Block]:
+    name = str(page.relative_to(REPO))
+    return [Block(f"{name}:{start}", lines)
+            for language, start, lines in fenced_blocks(page.read_text(encoding="utf-8"), name)
+            if language in SHELL_LANGUAGES and not (lines and lines[0].startswith(TEMPLATE_MARK))]
 
 
 @dataclass(frozen=True)
@@ -173,23 +186,28 @@ def check_command(argv: list[str], monkeypatch) -> None:
         raise AssertionError(f"no check for {program!r}: add one to this test")
 
 
-BLOCKS = runnable_blocks()
+BLOCKS = [block for page in PAGES for block in runnable_blocks(page)]
 
 
 def test_the_readme_has_command_blocks_and_says_to_activate_the_venv():
-    assert len(BLOCKS) >= 6
+    assert len(runnable_blocks(README)) >= 6
     assert "source .venv/bin/activate" in README.read_text()
 
 
-@pytest.mark.parametrize("start, lines", BLOCKS, ids=[f"README.md:{start}" for start, _ in BLOCKS])
-def test_every_command_of_a_runnable_block_parses(start, lines, monkeypatch):
-    script = "\n".join(lines)
+def test_the_docs_pages_are_read_too():
+    """The reference pages' blocks are checked as the README's are (a moved block still runs)."""
+    assert len({block.where.split(":")[0] for block in BLOCKS}) >= 3
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[block.where for block in BLOCKS])
+def test_every_command_of_a_runnable_block_parses(block, monkeypatch):
+    script = "\n".join(block.lines)
     syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
-    for command in commands_of(lines):
+    for command in commands_of(block.lines):
         argv = command.argv
         usage_syntax = [arg for arg in argv if arg == "..." or re.match(r"^\[-", arg)]
-        assert not usage_syntax, f"README.md:{start}: {usage_syntax} in {shlex.join(argv)}"
+        assert not usage_syntax, f"{block.where}: {usage_syntax} in {shlex.join(argv)}"
         check_command(argv, monkeypatch)
 
 
@@ -247,8 +265,8 @@ def test_the_runnable_blocks_run_in_order_in_a_scratch_copy(tmp_path):
     repo = scratch_copy(tmp_path / "repo")
     (tmp_path / "home").mkdir()
     environment = readme_environment(tmp_path / "home")
-    for start, lines in BLOCKS:
-        for command in commands_of(lines):
+    for block in BLOCKS:
+        for command in commands_of(block.lines):
             if command.by_hand:
                 continue
             argv = with_size_overrides(command.argv)
@@ -256,5 +274,5 @@ def test_the_runnable_blocks_run_in_order_in_a_scratch_copy(tmp_path):
                                     text=True, timeout=COMMAND_TIMEOUT_S)
             output = (result.stdout + result.stderr)[-3000:]
             assert result.returncode == 0, (
-                f"the block at README.md:{start}: `{shlex.join(argv)}` exited "
+                f"the block at {block.where}: `{shlex.join(argv)}` exited "
                 f"{result.returncode}:\n{output}")

@@ -86,7 +86,7 @@ prompts alone: 2% at step 400, 76% at step 600), but in the mixture of six skill
 late or not at all, and *when* it arrived moved with every random detail: seeds 1337 / 1 / 2
 ended at 33% / 37% / 46%, and the bf16 path, one more perturbation of the same knife-edge, at
 52%. At 1e-3 every run measured copies by step 2000 (copy 94-98% on 3 seeds), so the
-result no longer depends on luck (the README's "Accuracy across seeds and precisions" lists
+result no longer depends on luck (docs/demo.md, "Accuracy across seeds and precisions", lists
 both paths and 3 seeds), and 3000 steps suffice where 6000 did not. Things that did not help
 at 3e-3: more draws of the hard skills in the SFT mixture (21% at step 2000), and copying
 games mixed into the pretraining text (5% at step 1000).

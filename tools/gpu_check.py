@@ -22,8 +22,8 @@ HEAD_DIM = 64  # a llama head size; flash-attn serves every head_dim up to 256
 
 def no_cuda_message() -> str:
     return (f"gpu-check: no CUDA device visible (torch {torch.__version__}, CUDA build: "
-            f"{torch.version.cuda or 'none'}); run it on a GPU node in the venv of README "
-            f"'GPU notes' (make gpu-venv)")
+            f"{torch.version.cuda or 'none'}); run it on a GPU node in the venv of "
+            f"docs/gpu.md (make gpu-venv)")
 
 
 def kernel_line(device: torch.device) -> str:

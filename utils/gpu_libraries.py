@@ -37,7 +37,7 @@ FLASH_ATTN_MIN_VERSION = (2, 1)        # bottom-right causal alignment (see modu
 FLASH_ATTN_MIN_CAPABILITY = (8, 0)     # Ampere
 FLASH_ATTN_MAX_HEAD_DIM = 256          # flash-attn 2 kernels exist for head dims up to 256
 FLASH_ATTN_DTYPES = (torch.float16, torch.bfloat16)
-APEX_INSTALL_HINT = "reinstall apex with its CUDA extensions (README, GPU notes)"
+APEX_INSTALL_HINT = "reinstall apex with its CUDA extensions (docs/gpu.md)"
 
 
 @dataclass(frozen=True)

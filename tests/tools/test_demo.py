@@ -19,7 +19,7 @@ from utils.readers import iter_texts
 
 REPO = Path(__file__).resolve().parents[2]
 # sha256 over (name, bytes) of every data/demo/pretrain/*.jsonl as `make demo` wrote it before
-# the clean stage existed (seed 0): the corpus the README's accuracy figures were measured on.
+# the clean stage existed (seed 0): the corpus docs/demo.md's accuracy figures were measured on.
 MEASURED_CORPUS = "0795ce77911a15298c8d0db521eb8f32212ad58afbf0e939129689006bd73c3c"
 
 TRAIN_STAGES = {name: argv for name, argv in demo.stages() if "train_my_ddp.py" in argv}
