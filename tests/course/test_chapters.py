@@ -90,7 +90,7 @@ def test_every_exercise_is_in_its_chapters_build_section(exercise):
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda path: path.stem)
 def test_every_command_of_a_chapter_parses(chapter, monkeypatch):
-    for language, start, lines in fenced_blocks(chapter.read_text(encoding="utf-8")):
+    for language, start, lines in fenced_blocks(chapter.read_text(encoding="utf-8"), chapter.name):
         if language not in SHELL_LANGUAGES:
             continue
         syntax = subprocess.run(["bash", "-n"], input="\n".join(lines), capture_output=True,
