@@ -84,7 +84,7 @@ def claim_index_files(data_dir: str | Path, max_seq_len: int) -> None:
             raise ValueError(f"--data_dir {data_dir}: {path} is not a sample index this tool "
                              f"wrote (no {INDEX_FORMAT} sidecar), and the index is written "
                              "under that name; move it away")
-    if ledger is not None:
+    if ledger is not None or OutputLedger.read_all(data_dir):  # array tasks' ledgers only: too
         OutputLedger.record(data_dir, names, TOOL)
 
 

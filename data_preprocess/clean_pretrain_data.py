@@ -22,6 +22,13 @@ per kept document, in source order. Three passes:
    dropped documents go to DIR/<rule>.jsonl (cleaning/dropped.py). Last,
    `clean_report.json/.md`, each rule's threshold and datatrove's name beside its count.
 On a terminal, passes 1 and 3 show a bar with an ETA.
+
+Pass 1, the costly one, runs as independent array tasks (`--num_tasks N --task_index I`, by
+default from the SLURM array: utils/array_tasks.py): task I analyses its share of the sorted
+input files into the shared `CLEAN/.clean/` and stops (`analyse_share`). The same command
+without the task options, run after every task has finished, is the merge: it reuses every
+analysis, deduplicates over the whole corpus and writes the shards and reports, byte for byte
+what one run would (docs/design.md, "Data stages as array tasks").
 The output depends only on the input and the options, never on --num_workers or
 --minhash_sort_records. CLEAN must be new, empty or an earlier CLEAN, apart from RAW; a rerun
 deletes the shards of inputs that are gone (`owned_outputs`, docs/design.md §2.4a).
@@ -48,6 +55,7 @@ from data_preprocess.cleaning.decontaminate import build_eval_index
 from data_preprocess.cleaning.report import CleanReport, write_reports
 from data_preprocess.cleaning.text import UNICODE_FORMS, normalise_unicode
 from data_preprocess.worker_pool import batched, ordered_map, start_pool
+from utils.array_tasks import TaskShare, add_task_arguments, task_share
 from utils.atomic_io import atomic_open, atomic_write_json
 from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
@@ -94,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--decontaminate_min_words", type=int, default=8, help="shorter eval items are ignored")
     add("--write_dropped", metavar="DIR", default=None, help="also write every dropped document "
         "to DIR/<rule>.jsonl (new, empty or its own earlier output; cleaning/dropped.py)")
+    add_task_arguments(parser)
     group = parser.add_argument_group("filter thresholds (Gopher's values by default)")
     for name, value_type, default, help_text in filters.option_fields():
         group.add_argument(f"--{name}", type=value_type, default=default, help=help_text)
@@ -343,12 +352,35 @@ def owned_outputs(jobs: list[pipeline.FileJob]) -> list[str]:
             "clean_report.md", f"{STATE_DIR}/"]
 
 
+def analyse_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
+                  settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
+    """An array task: pass 1 for its share of the files, into the shared CLEAN/.clean/ (one
+    file per input, so tasks never write the same file), under its own ledger."""
+    state = f"{STATE_DIR}/"
+    pipeline.claim_out_dir("clean_pretrain_data", out_dir, [state], share,
+                           [name for name in owned_outputs(jobs) if name != state])
+    mine = share.take(jobs)
+    fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
+    analyse_all(mine, out_dir, settings, fingerprint, args)
+    print(f"{share.label}: analysed its {len(mine)} of {len(jobs)} files; when every task is "
+          "done, run the same command without --num_tasks/--task_index to deduplicate and "
+          "write the shards")
+    return {"task": share.label, "files": [job.relative for job in mine]}
+
+
 def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
-    """All three passes; returns the report (also written as clean_report.json/.md)."""
+    """All three passes; returns the report (also written as clean_report.json/.md). As one
+    of several array tasks, pass 1 of its share only (`analyse_share`)."""
+    share = task_share(args.num_tasks, args.task_index)
+    if not share.alone and args.write_dropped:
+        raise ValueError("--write_dropped belongs to the merging run (the same command without "
+                         "--num_tasks/--task_index): an array task only analyses; drop it here")
     settings = settings_from(args)
     out_dir = Path(args.out_dir)
     jobs = pipeline.plan_file_jobs(args.data_dir, out_dir,
                                    [("--decontaminate", path) for path in args.decontaminate])
+    if not share.alone:
+        return analyse_share(jobs, share, out_dir, settings, args)
     pipeline.claim_out_dir("clean_pretrain_data", out_dir, owned_outputs(jobs))
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "

@@ -12,6 +12,12 @@ The life of one input file `D/sub/a.jsonl` with `--out_dir O`:
    process, sent in batches to the workers, and the results are written *in submission
    order* (so the output never depends on the number of workers).
 4. The `.bin`/`.idx` files appear atomically; the sidecar is written last, as the commit mark.
+
+As N array tasks (`--num_tasks N --task_index I`, utils/array_tasks.py) every task plans all
+files, works on its share only, and writes its own ledger and report
+(`pretokenize_report.task-I-of-N.json`); a file's outputs are the same bytes whichever task
+makes them. The same command without the task options afterwards is the merge: it reuses
+every finished file and writes the one ledger and `pretokenize_report.json`.
 """
 
 from __future__ import annotations
@@ -34,10 +40,11 @@ from tqdm import tqdm
 from data_preprocess.indexed_dataset import IndexedDatasetWriter, prefix_paths, token_dtype
 from data_preprocess.worker_pool import batched, make_worker_pool, ordered_map
 from tokenizer import load_tokenizer
+from utils.array_tasks import THE_ONLY_TASK, TaskShare, add_task_arguments, task_share
 from utils.atomic_io import atomic_write_json
 from utils.boolean_flags import add_boolean_flag
 from utils.data_files import is_data_spec, locate_data
-from utils.data_output_dir import OutputLedger, check_apart
+from utils.data_output_dir import LEDGER, OutputLedger, check_apart, task_ledger_name
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import ReadStats
 
@@ -61,14 +68,17 @@ def add_common_arguments(parser: argparse.ArgumentParser, inputs: str, batch_siz
                      help="skip and count malformed records instead of stopping at the first")
     parser.add_argument("--batch_size", type=int, default=batch_size,
                         help=f"{batch_unit} per worker task")
+    add_task_arguments(parser)
 
 
-def check_options(num_workers: int, batch_size: int, max_seq_len: int | None = None) -> None:
+def check_options(num_workers: int, batch_size: int, max_seq_len: int | None = None,
+                  num_tasks: int | None = None, task_index: int | None = None) -> TaskShare:
     """The shared options' ranges, checked before any work (a `--batch_size 0` would read
-    nothing and still mark every file done)."""
+    nothing and still mark every file done); returns this task's share of the files."""
     raise_problems([range_problem("--num_workers", num_workers, 0),
                     range_problem("--batch_size", batch_size, 1),
                     range_problem("--max_seq_len", max_seq_len, 2)])
+    return task_share(num_tasks, task_index)
 
 
 @dataclass(frozen=True)
@@ -108,17 +118,20 @@ def plan_file_jobs(data_dir: str | Path, out_dir: Path,
     return jobs
 
 
-def claim_out_dir(tool: str, out_dir: Path, planned: list[str]) -> None:
+def claim_out_dir(tool: str, out_dir: Path, planned: list[str],
+                  share: TaskShare = THE_ONLY_TASK, others: Sequence[str] = ()) -> None:
     """Before any output is written: refuse an out_dir that is not `tool`'s own (new, empty or
     its earlier output), then delete its earlier outputs that this run does not write again,
     those of sources that are gone (utils/data_output_dir.py). `planned`: every name (relative
-    to out_dir) this run writes."""
-    twice = sorted(name for name, count in collections.Counter(planned).items() if count > 1)
+    to out_dir) this task writes; `others`: what the other array tasks write (kept)."""
+    twice = sorted(name for name, count in collections.Counter([*planned, *others]).items()
+                   if count > 1)
     if twice:
         raise ValueError(f"{out_dir / twice[0]} would be written twice (an input's output and "
                          "another's, or a report); rename that input")
-    ledger = OutputLedger.claim(out_dir, tool)
-    if removed := ledger.begin(planned):
+    ledger = OutputLedger.claim(out_dir, tool,
+                                name=LEDGER if share.alone else task_ledger_name(share.label))
+    if removed := ledger.begin(planned, keep=others):
         shown = ", ".join(removed[:3]) + (", ..." if len(removed) > 3 else "")
         print(f"removed {len(removed)} earlier outputs of inputs that are gone from {out_dir}: "
               f"{shown}")
@@ -233,10 +246,17 @@ def tokenizer_settings(sidecar_format: str, tokenizer_dir: str | Path) -> tuple[
                    "tokenizer": tokenizer.fingerprint, "dtype": np.dtype(dtype).name}
 
 
+def report_name(share: TaskShare) -> str:
+    """`pretokenize_report.json`, or an array task's own `pretokenize_report.task-I-of-N.json`."""
+    return REPORT_FILE if share.alone else REPORT_FILE.replace(".json", f".{share.label}.json")
+
+
 def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | Path | None,
                     tokenizer_dir: str | Path, num_workers: int, batch_size: int,
-                    worker_settings: dict[str, Any]) -> dict[str, Any]:
-    """Every file under data_dir -> out_dir (reusing finished ones); returns the run report.
+                    worker_settings: dict[str, Any],
+                    share: TaskShare = THE_ONLY_TASK) -> dict[str, Any]:
+    """Every file under data_dir (of `share`, this array task's) -> out_dir (reusing finished
+    ones); returns the run report.
 
     out_dir defaults to `<data_dir>_pretok`, next to the data dir (never inside it); data
     named by id or split (`hf:org/name`, `DIR@test`) needs an explicit one.
@@ -247,10 +267,14 @@ def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | 
             raise ValueError(f"--data_dir {data_dir} names data by id or split: give --out_dir "
                              "(the default, <data_dir>_pretok, is for a folder)")
         out_dir = Path(data_dir).with_name(Path(data_dir).name + "_pretok")
-    jobs = plan_file_jobs(data_dir, Path(out_dir), [("--tokenizer_dir", tokenizer_dir)])
+    all_jobs = plan_file_jobs(data_dir, Path(out_dir), [("--tokenizer_dir", tokenizer_dir)])
+    jobs = share.take(all_jobs)
+    names_of = {job: [f"{job.output_stem}{name}" for name in task.output_names()]
+                for job in all_jobs}
+    others = set(all_jobs) - set(jobs)
     claim_out_dir(f"pretokenize_{task.kind}_data", Path(out_dir),
-                  [*(f"{job.output_stem}{name}" for job in jobs for name in task.output_names()),
-                   REPORT_FILE])
+                  [*(name for job in jobs for name in names_of[job]), report_name(share)],
+                  share, [name for job in all_jobs if job in others for name in names_of[job]])
     per_file, todo = [], []
     for job in jobs:
         done = finished_sidecar(job, {**task.settings, **source_identity(job.source)})
@@ -279,8 +303,8 @@ def run_pretokenize(task: PretokenizeTask, data_dir: str | Path, out_dir: str | 
     report = {"format": f"z2all-{task.kind}-report", "version": 1,
               "tokenizer": task.settings["tokenizer"], **totals_of(per_file),
               "seconds": round(time.perf_counter() - started, 3), "per_file": per_file}
-    atomic_write_json(Path(out_dir) / REPORT_FILE, report)
-    print_summary(report, task.not_bad_reasons, Path(out_dir) / REPORT_FILE)
+    atomic_write_json(Path(out_dir) / report_name(share), report)
+    print_summary(report, task.not_bad_reasons, Path(out_dir) / report_name(share))
     return report
 
 

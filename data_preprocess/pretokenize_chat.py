@@ -128,9 +128,12 @@ def pretokenize_chat_data(kind: str, data_dir: str | Path, tokenizer_dir: str | 
                           system_prompt: str | None = None,
                           num_workers: int = pipeline.DEFAULT_WORKERS,
                           skip_bad_records: bool = False,
-                          batch_size: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
-    """Render every SFT/DPO file under data_dir into out_dir; return the run's report."""
-    pipeline.check_options(num_workers, batch_size, max_seq_len)
+                          batch_size: int = DEFAULT_BATCH_SIZE,
+                          num_tasks: int | None = None,
+                          task_index: int | None = None) -> dict[str, Any]:
+    """Render every SFT/DPO file under data_dir (this array task's share of them: pipeline.py)
+    into out_dir; return the run's report."""
+    share = pipeline.check_options(num_workers, batch_size, max_seq_len, num_tasks, task_index)
     dtype, settings = pipeline.tokenizer_settings(f"z2all-{kind}", tokenizer_dir)
     settings.update(max_seq_len=max_seq_len, system_prompt=system_prompt)
     task = pipeline.PretokenizeTask(
@@ -142,7 +145,7 @@ def pretokenize_chat_data(kind: str, data_dir: str | Path, tokenizer_dir: str | 
     worker_settings = {"kind": kind, "max_seq_len": max_seq_len, "system_prompt": system_prompt,
                        "dtype": np.dtype(dtype).name}
     return pipeline.run_pretokenize(task, data_dir, out_dir, tokenizer_dir, num_workers,
-                                    batch_size, worker_settings)
+                                    batch_size, worker_settings, share)
 
 
 def main(kind: str, argv: list[str] | None = None) -> None:
@@ -157,4 +160,5 @@ def main(kind: str, argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     pretokenize_chat_data(kind, args.data_dir, args.tokenizer_dir, args.max_seq_len,
                           args.out_dir, args.system_prompt, args.num_workers,
-                          args.skip_bad_records, args.batch_size)
+                          args.skip_bad_records, args.batch_size, args.num_tasks,
+                          args.task_index)

@@ -72,9 +72,12 @@ def pretokenize_pretrain_data(data_dir: str | Path, tokenizer_dir: str | Path,
                               text_key: Sequence[str] = ("text",),
                               num_workers: int = pipeline.DEFAULT_WORKERS,
                               skip_bad_records: bool = False,
-                              batch_size: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
-    """Tokenize every data file under `data_dir` into `out_dir`; return the run's report."""
-    pipeline.check_options(num_workers, batch_size)
+                              batch_size: int = DEFAULT_BATCH_SIZE,
+                              num_tasks: int | None = None,
+                              task_index: int | None = None) -> dict[str, Any]:
+    """Tokenize every data file under `data_dir` (this array task's share of them: pipeline.py)
+    into `out_dir`; return the run's report."""
+    share = pipeline.check_options(num_workers, batch_size, None, num_tasks, task_index)
     dtype, settings = pipeline.tokenizer_settings("z2all-pretok", tokenizer_dir)
     settings["text_key"] = list(text_key)
     task = pipeline.PretokenizeTask(
@@ -83,7 +86,7 @@ def pretokenize_pretrain_data(data_dir: str | Path, tokenizer_dir: str | Path,
                                skip_bad_records=skip_bad_records),
         work=encode_documents, write=write_documents)
     return pipeline.run_pretokenize(task, data_dir, out_dir, tokenizer_dir, num_workers,
-                                    batch_size, {"dtype": np.dtype(dtype).name})
+                                    batch_size, {"dtype": np.dtype(dtype).name}, share)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="record key(s) holding the text, tried in order")
     args = parser.parse_args(argv)
     pretokenize_pretrain_data(args.data_dir, args.tokenizer_dir, args.out_dir, args.text_key,
-                              args.num_workers, args.skip_bad_records, args.batch_size)
+                              args.num_workers, args.skip_bad_records, args.batch_size,
+                              args.num_tasks, args.task_index)
 
 
 if __name__ == "__main__":
