@@ -1,13 +1,14 @@
-"""The command blocks of the README and docs/ run as pasted: every command parses, and they
-run in order.
+"""The command blocks of the README, docs/ and the course run as pasted: every command parses,
+and they run in order.
 
-The pages are README.md, then every docs/*.md in name order (PAGES): the README is the guide
-whose blocks build everything from nothing, and a docs page's blocks may use what the README's
-made, never what another docs page made. A fenced ```bash block is either runnable (after
-`source .venv/bin/activate`, from the repo root, as the README says once at the top) or a
-template, marked by a first line
-`# template: ...`, whose placeholders are for the reader to replace: templates are neither
-parsed nor run. Two checks of the runnable blocks:
+The pages are README.md, then every docs/*.md in name order, then the course's chapters in
+their order (PAGES): the README is the guide whose blocks build everything from nothing, and a
+docs page's blocks may use what the README's made, never what another docs page made; a
+chapter's may also use what earlier chapters made (chapter 7 resumes chapter 4's run). A
+fenced ```bash block is either runnable (after `source .venv/bin/activate`, from the repo root,
+as the README says once at the top) or a template, marked by a first line `# template: ...`,
+whose placeholders are for the reader to replace: templates are neither parsed nor run. Two
+checks of the runnable blocks:
 
 1. Every command parses (fast, no work done). For each command (continuation lines joined,
 comments dropped) the check is the real parser of what it calls:
@@ -36,9 +37,9 @@ option counts; a `--resume` reads its run's saved config, so it needs none. Not 
 parsed: a command whose comment starts `# by hand: <why>`, or every command of a block whose
 first line is such a comment. They are `make demo` (11 minutes) and `make test` (this suite),
 servers (`serve.py`, `tensorboard`, `resplot --watch`), `curl` to a server, and `wandb sync`
-(an upload). It takes about 4 minutes (180 CPU-s) on 2 cores shared with other jobs, most of
-it the 11 short training runs, and is marked `slow`: `make test` and CI run it,
-`pytest -m "not slow"` leaves it out while iterating.
+(an upload). It takes about 7 minutes (290 CPU-s) on 2 cores shared with other jobs, most of
+it the short training runs and the chapters' smoke benches, and is marked `slow`: `make test`
+and CI run it, `pytest -m "not slow"` leaves it out while iterating.
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ from trainer.options import TrainingOptions
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-# README first (it builds everything from nothing), then the reference pages in name order.
-PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+# README first (it builds everything from nothing), then the reference pages in name order,
+# then the course's chapters (numbered, so in reading order).
+PAGES = [README, *sorted((REPO / "docs").glob("*.md")),
+         *sorted((REPO / "course" / "chapters").glob("*.md"))]
 TEMPLATE_MARK = "# template:"
 BY_HAND_MARK = "# by hand:"
 SHELL_LANGUAGES = ("bash", "sh", "shell")
@@ -194,9 +197,11 @@ def test_the_readme_has_command_blocks_and_says_to_activate_the_venv():
     assert "source .venv/bin/activate" in README.read_text()
 
 
-def test_the_docs_pages_are_read_too():
-    """The reference pages' blocks are checked as the README's are (a moved block still runs)."""
-    assert len({block.where.split(":")[0] for block in BLOCKS}) >= 3
+def test_the_docs_pages_and_chapters_are_read_too():
+    """The reference pages' and the chapters' blocks are checked as the README's are (a moved
+    block still runs)."""
+    pages = {block.where.split(":")[0] for block in BLOCKS}
+    assert len(pages) >= 3 and "course/chapters/00_demo.md" in pages, pages
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.where for block in BLOCKS])
