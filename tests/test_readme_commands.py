@@ -33,7 +33,9 @@ then each docs page's). One change, the size
 override the README states where the blocks begin: a command that starts a fresh training run
 (`train_my_ddp.py` directly, under torchrun or under the monitor, without `--resume`) gets
 SIZE_OVERRIDES appended, which win over the README's numbers because the last value of an
-option counts; a `--resume` reads its run's saved config, so it needs none. Not run, only
+option counts; a `--resume` reads its run's saved config, so it needs none. A block whose first
+line starts `# together:` (the master and the remote node of a multi-node run) runs its
+commands at the same time and waits for all of them. Not run, only
 parsed: a command whose comment starts `# by hand: <why>`, or every command of a block whose
 first line is such a comment. They are `make demo` (11 minutes) and `make test` (this suite),
 servers (`serve.py`, `tensorboard`, `resplot --watch`), `curl` to a server, and `wandb sync`
@@ -71,6 +73,7 @@ README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md")),
          *sorted((REPO / "course" / "chapters").glob("*.md"))]
 TEMPLATE_MARK = "# template:"
+TOGETHER_MARK = "# together:"  # a block whose commands run at the same time (the nodes of a run)
 BY_HAND_MARK = "# by hand:"
 SHELL_LANGUAGES = ("bash", "sh", "shell")
 # Appended to every command that starts a fresh training run (module docstring; README top).
@@ -271,13 +274,16 @@ def test_the_runnable_blocks_run_in_order_in_a_scratch_copy(tmp_path):
     (tmp_path / "home").mkdir()
     environment = readme_environment(tmp_path / "home")
     for block in BLOCKS:
-        for command in commands_of(block.lines):
-            if command.by_hand:
-                continue
-            argv = with_size_overrides(command.argv)
-            result = subprocess.run(argv, cwd=repo, env=environment, capture_output=True,
-                                    text=True, timeout=COMMAND_TIMEOUT_S)
-            output = (result.stdout + result.stderr)[-3000:]
-            assert result.returncode == 0, (
-                f"the block at {block.where}: `{shlex.join(argv)}` exited "
-                f"{result.returncode}:\n{output}")
+        commands = [with_size_overrides(command.argv) for command in commands_of(block.lines)
+                    if not command.by_hand]
+        together = bool(block.lines) and block.lines[0].startswith(TOGETHER_MARK)
+        for group in [commands] if together else [[argv] for argv in commands]:
+            logs = [tmp_path / f"command_{index}.log" for index in range(len(group))]
+            running = [subprocess.Popen(argv, cwd=repo, env=environment,  # (files: no pipe
+                                        stdout=log.open("w"), stderr=subprocess.STDOUT)  # fills)
+                       for argv, log in zip(group, logs)]
+            for argv, process, log in zip(group, running, logs):
+                process.wait(timeout=COMMAND_TIMEOUT_S)
+                assert process.returncode == 0, (
+                    f"the block at {block.where}: `{shlex.join(argv)}` exited "
+                    f"{process.returncode}:\n{log.read_text()[-3000:]}")
