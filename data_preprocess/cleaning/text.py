@@ -39,6 +39,11 @@ def is_symbol_only(word: str) -> bool:
     return not any(char.isalnum() for char in word)
 
 
+def has_letter(word: str) -> bool:
+    """Whether a word holds a letter (digits do not count): "x86" yes, "1999" and "--" no."""
+    return any(char.isalpha() for char in word)
+
+
 def split_lines(text: str) -> list[str]:
     return LINE_BREAKS.split(text)
 
