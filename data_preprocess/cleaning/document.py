@@ -104,13 +104,20 @@ class Document:
 
     def ngrams(self, n: int) -> NgramIndex:
         """The n-gram index, built from the (n-1)-gram one (see the module docstring); kept,
-        since the rules ask for n = 2..10 in turn."""
+        since the rules ask for n = 2..10 in turn. Once no (n-1)-gram repeats, no longer
+        n-gram can: every one is new, and no sort is needed (most prose stops repeating by
+        n = 6 or 7)."""
         if n not in self._ngrams:
-            kinds = max(len(self.vocabulary), 1)
             count = max(len(self.words) - n + 1, 0)
-            shorter = (self.ngrams(n - 1).ids if n > 1 and count
-                       else np.zeros(count, dtype=np.int64))
-            self._ngrams[n] = number_pairs(shorter[:count], self.word_ids[n - 1:], kinds)
+            shorter = self.ngrams(n - 1) if n > 1 else None
+            if shorter is not None and len(shorter.counts) == len(shorter.ids):
+                every_one_new = np.arange(count)
+                self._ngrams[n] = NgramIndex(every_one_new, every_one_new,
+                                             np.ones(count, dtype=np.int64))
+            else:
+                left = shorter.ids[:count] if shorter else np.zeros(count, dtype=np.int64)
+                self._ngrams[n] = number_pairs(left, self.word_ids[n - 1:],
+                                               max(len(self.vocabulary), 1))
         return self._ngrams[n]
 
     @functools.cached_property

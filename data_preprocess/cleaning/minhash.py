@@ -78,29 +78,31 @@ class Permutations:
         return len(self.a)
 
 
-def reduce_mod_mersenne(values: np.ndarray) -> None:
-    """values mod p, in place, for p = 2^61 - 1 and any uint64, without a division (numpy's %
+def fold_mod_mersenne(values: np.ndarray) -> np.ndarray:
+    """values reduced mod p = 2^61 - 1 *up to one p*, in place, without a division (numpy's %
     is a slow integer division): write x = hi * 2^61 + lo; since 2^61 = p + 1,
-    x = hi + lo (mod p), and hi + lo < 2^61 + 8 needs at most one subtraction of p.
-    In place, so a chunk costs two (k, shingles) arrays, not one per step."""
+    x = hi + lo (mod p), and hi + lo < 2^61 + 8 is x mod p, or x mod p + p when it is >= p."""
     high = values >> np.uint64(61)
     values &= np.uint64(MERSENNE_PRIME)
     values += high
-    np.subtract(values, np.uint64(MERSENNE_PRIME), out=values,
-                where=values >= np.uint64(MERSENNE_PRIME))
+    return values
 
 
 def signature(hashes: np.ndarray, perms: Permutations) -> np.ndarray:
     """The k minimums over all shingles: a (k,) uint32 array (all MAX_HASH if no shingles).
     One (k, shingles) product: every permutation applied to every shingle at once. The
-    arithmetic wraps modulo 2^64 as datasketch's does, so its own (a, b) give its values."""
+    arithmetic wraps modulo 2^64 as datasketch's does, so its own (a, b) give its values.
+    Folded values >= p (a chance of about 8 in 2^61 each) still need their last subtraction;
+    one max over the block says whether any do, cheaper than a masked subtraction."""
     if hashes.size == 0:
         return np.full(perms.num_perm, MAX_HASH, dtype=np.uint32)
     permuted = perms.a * hashes[None, :]
     permuted += perms.b
-    reduce_mod_mersenne(permuted)
-    permuted &= np.uint64(MAX_HASH)
-    return permuted.min(axis=1).astype(np.uint32)
+    fold_mod_mersenne(permuted)
+    if permuted.max() >= MERSENNE_PRIME:
+        np.subtract(permuted, np.uint64(MERSENNE_PRIME), out=permuted,
+                    where=permuted >= np.uint64(MERSENNE_PRIME))
+    return permuted.astype(np.uint32).min(axis=1)  # the cast keeps the low 32 bits (& MAX_HASH)
 
 
 def chunk_hashes(words: Sequence[str], n: int, start: int, stop: int) -> np.ndarray:

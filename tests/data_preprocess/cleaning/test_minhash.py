@@ -85,6 +85,20 @@ def test_signatures_and_estimates_equal_datasketch_given_its_permutations(shingl
             assert minhash.estimate_jaccard(ours[i], ours[j]) == sketches[i].jaccard(sketches[j])
 
 
+@pytest.mark.parametrize("b", [minhash.MERSENNE_PRIME - 3, minhash.MERSENNE_PRIME,
+                               2 ** 64 - 9, 12345])
+def test_signature_is_the_plain_formula_even_where_folding_lands_on_or_past_p(b):
+    """(a h + b) mod p, & 2^32 - 1, min: computed with Python integers, wrapped at 2^64 as
+    numpy's uint64 is. With a = 1 these b put a h + b on p, just past it, or around 2^64,
+    where the division-free reduction needs its rare last subtraction."""
+    hashes = np.arange(8, dtype=np.uint64)
+    perms = minhash.Permutations(np.array([[1], [3]], dtype=np.uint64),
+                                 np.array([[b], [b]], dtype=np.uint64))
+    expected = [min((((a * h + b) % 2**64) % minhash.MERSENNE_PRIME) & minhash.MAX_HASH
+                    for h in range(8)) for a in (1, 3)]
+    assert minhash.signature(hashes, perms).tolist() == expected
+
+
 def test_s_curve_matches_simulated_banding():
     """P(candidate) from the formula vs the fraction of simulated signature pairs that share
     a band, at the bands/rows chosen for threshold 0.7 (the midpoint printed for the reader)."""
