@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from data_preprocess.indexed_dataset import IndexedDatasetWriter, prefix_paths, token_dtype
 from data_preprocess.worker_pool import batched, make_worker_pool, ordered_map
+from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
 from utils.boolean_flags import add_boolean_flag
 from utils.data_files import is_data_spec, locate_data
@@ -226,7 +227,6 @@ def process_file(task: PretokenizeTask, job: FileJob, pool: ProcessPoolExecutor 
 
 def tokenizer_settings(sidecar_format: str, tokenizer_dir: str | Path) -> tuple[type, dict]:
     """The token dtype for this vocabulary, and the sidecar fields that name format + tokenizer."""
-    from tokenizer import load_tokenizer  # not at the top: see worker_pool.init_worker
     tokenizer = load_tokenizer(tokenizer_dir)
     dtype = token_dtype(len(tokenizer))
     return dtype, {"format": sidecar_format, "version": SIDECAR_VERSION,

@@ -19,6 +19,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from tokenizer import load_tokenizer
 from utils.parent_death import die_with_parent
 
 
@@ -35,9 +36,6 @@ def init_worker(tokenizer_dir: str, settings: dict[str, Any]) -> None:
     """Runs once in each worker: load the tokenizer there (one per process, never per batch)."""
     # One thread per worker: the worker count is the parallelism knob, not Rust's thread pool.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    # Imported here, not at the top: the clean stage's workers share this module and need no
-    # tokenizer, and importing one (transformers) costs each process ~0.7 s at start.
-    from tokenizer import load_tokenizer
     _WORKER.update(settings, tokenizer=load_tokenizer(tokenizer_dir))
 
 
