@@ -58,6 +58,16 @@ def write_corpus(texts: list[str], folder: Path) -> int:
 
 
 def end_to_end(texts: list[str], scratch: Path, workers: list[int]) -> None:
+    """MB/s per worker count. A first run on 3 documents starts the forkserver (once per
+    program: it imports the pipeline, tokenizer included, ~1-2 s), so that cost is shown
+    on its own line instead of being charged to whichever worker count runs first."""
+    write_corpus(texts[:3], scratch / "warm_up")
+    started = time.perf_counter()
+    clean_pretrain_data(build_parser().parse_args(
+        ["--data_dir", str(scratch / "warm_up"), "--out_dir", str(scratch / "warm_up_out"),
+         "--num_workers", str(max(workers))]))
+    print(f"  start-up (forkserver and {max(workers)} worker(s), 3 documents): "
+          f"{time.perf_counter() - started:.2f}s")
     size = write_corpus(texts, scratch / "raw")
     for count in workers:
         started = time.perf_counter()
