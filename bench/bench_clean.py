@@ -66,7 +66,7 @@ def end_to_end(texts: list[str], scratch: Path, workers: list[int]) -> None:
     clean_pretrain_data(build_parser().parse_args(
         ["--data_dir", str(scratch / "warm_up"), "--out_dir", str(scratch / "warm_up_out"),
          "--num_workers", str(max(workers))]))
-    print(f"  start-up (forkserver and {max(workers)} worker(s), 3 documents): "
+    print(f"  start-up (a first run: 3 documents, {max(workers)} worker(s)): "
           f"{time.perf_counter() - started:.2f}s")
     size = write_corpus(texts, scratch / "raw")
     for count in workers:
