@@ -11,7 +11,8 @@ near copy (1% of words changed) and an exact copy, plus generated junk, repeated
    the cost of cutting words/lines is included in every rule that uses them).
 3. Side by side, one process, same documents: our Gopher quality + repetition rules vs
    datatrove's GopherQualityFilter + GopherRepetitionFilter (target: ours >= 1.0x theirs);
-   our MinHash signature + band keys vs datasketch's MinHash + MinHashLSH.insert.
+   our MinHash signature + band keys vs datasketch's MinHash + MinHashLSH.insert, both from
+   the same word lists (shingling included on both sides, as the clean stage does it).
 4. Peak resident memory of a single-process run at two corpus sizes.
 5. The MinHash band pass alone (cleaning/dedup.near_duplicates) on synthetic band keys of
    growing corpora, each in a fresh process: how far it raises the peak RSS, with every band
@@ -58,13 +59,23 @@ def write_corpus(texts: list[str], folder: Path) -> int:
 
 
 def end_to_end(texts: list[str], scratch: Path, workers: list[int]) -> None:
+    """MB/s per worker count. A first run on 3 documents starts the forkserver (once per
+    program: it imports the pipeline, tokenizer included, ~1-2 s), so that cost is shown
+    on its own line instead of being charged to whichever worker count runs first."""
+    write_corpus(texts[:3], scratch / "warm_up")
+    started = time.perf_counter()
+    clean_pretrain_data(build_parser().parse_args(
+        ["--data_dir", str(scratch / "warm_up"), "--out_dir", str(scratch / "warm_up_out"),
+         "--num_workers", str(max(workers))]))
+    print(f"  start-up (a first run: 3 documents, {max(workers)} worker(s)): "
+          f"{time.perf_counter() - started:.2f}s")
     size = write_corpus(texts, scratch / "raw")
     rates = {}
     for count in workers:
         started = time.perf_counter()
-        clean_pretrain_data(build_parser().parse_args(
+        clean_pretrain_data(build_parser().parse_args(  # batches of 64: the quick corpus is
             ["--data_dir", str(scratch / "raw"), "--out_dir", str(scratch / f"out{count}"),
-             "--num_workers", str(count)]))
+             "--num_workers", str(count), "--batch_size", "64"]))  # 10, not 3 uneven tasks
         seconds = time.perf_counter() - started
         print(f"  {count} worker(s): {len(texts) / seconds:,.0f} documents/s, "
               f"{size / seconds / 1e6:.2f} MB/s ({seconds:.2f}s)")
@@ -97,9 +108,9 @@ def side_by_side(texts: list[str]) -> None:
     ours = timed(lambda: [filters.first_failure(t, groups, options) for t in texts])
     perms = minhash.Permutations.make(128, 0)
     bands, rows = minhash.choose_bands(0.7, 128)
-    shingle_sets = [minhash.shingles(normal_words(t), 5) for t in texts]
-    ours_minhash = timed(lambda: [minhash.band_keys(minhash.signature(
-        minhash.shingle_hashes(s), perms), bands, rows) for s in shingle_sets])
+    word_lists = [normal_words(t) for t in texts]  # both sides start from the same words
+    ours_minhash = timed(lambda: [minhash.band_keys(minhash.document_signature(
+        words, 5, perms), bands, rows) for words in word_lists])
     print(f"  ours:       filters {len(texts) / ours:,.0f} docs/s, "
           f"MinHash+bands {len(texts) / ours_minhash:,.0f} docs/s")
     try:
@@ -122,9 +133,9 @@ def side_by_side(texts: list[str]) -> None:
         lsh = MinHashLSH(num_perm=128, params=(bands, rows))
 
         def theirs_minhash() -> None:
-            for i, shingle_set in enumerate(shingle_sets):
+            for i, words in enumerate(word_lists):
                 sketch = MinHash(num_perm=128)
-                sketch.update_batch([s.encode() for s in shingle_set])
+                sketch.update_batch([s.encode() for s in minhash.shingles(words, 5)])
                 lsh.insert(i, sketch)
         seconds = timed(theirs_minhash)
         print(f"  datasketch: MinHash+LSH insert {len(texts) / seconds:,.0f} docs/s "

@@ -2,6 +2,7 @@
 
 One concept per file, in the order a document meets them:
     text.py           Unicode normalisation and how text is cut into words, lines, paragraphs
+    document.py       one document cut once for every rule: numbered words and n-gram ids
     filters.py        Gopher quality and repetition rules (C4's line rules are not built yet)
     decontaminate.py  drop documents sharing a 13-word n-gram with an evaluation item
     minhash.py        MinHash signatures and LSH banding (bands x rows from a Jaccard threshold)

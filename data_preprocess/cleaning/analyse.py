@@ -68,7 +68,7 @@ def verdict(number: int, raw_text: str) -> Verdict:
     if "minhash" in settings.dedup:
         signature = minhash.document_signature(words, settings.shingle_words, _STATE["perms"])
         keys = minhash.band_keys(signature, settings.bands, settings.rows)
-    return Verdict(number, size, None, exact_key(text) if "exact" in settings.dedup else None,
+    return Verdict(number, size, None, exact_key(words) if "exact" in settings.dedup else None,
                    keys)
 
 

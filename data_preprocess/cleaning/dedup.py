@@ -32,15 +32,14 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from data_preprocess.cleaning.external_sort import ExternalSorter
-from data_preprocess.cleaning.text import normal_words
 
 ROWS_PER_READ = 8192  # band-key rows read from a file at a time (8192 x 9 bands x 8 B = 590 KB)
 
 
-def exact_key(text: str) -> str:
-    """What two exact copies share: the hash of their words, case and punctuation ignored."""
-    return hashlib.blake2b(" ".join(normal_words(text)).encode("utf-8"),
-                           digest_size=16).hexdigest()
+def exact_key(words: list[str]) -> str:
+    """What two exact copies share: the hash of their words (text.normal_words: case and
+    punctuation ignored). Takes the words, not the text: MinHash shingles the same list."""
+    return hashlib.blake2b(" ".join(words).encode("utf-8"), digest_size=16).hexdigest()
 
 
 def exact_duplicates(keys: Iterable[tuple[int, str]]) -> dict[int, int]:

@@ -20,13 +20,14 @@ duplicate_line_chars = 3/11 = 0.27 (> 0.20: would be dropped too).
 
 from __future__ import annotations
 
-import collections
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
-from data_preprocess.cleaning.text import is_symbol_only, split_lines, split_paragraphs, split_words
+import numpy as np
+
+from data_preprocess.cleaning.document import Document
+from data_preprocess.cleaning.text import has_letter
 from utils.option_checks import join_problems, option, range_problem
 
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
@@ -120,29 +121,6 @@ def threshold_problems(options: FilterOptions) -> list[str | None]:
     return problems
 
 
-class Document:
-    """One text and its units, each cut once and only when a rule first asks for it."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    @functools.cached_property
-    def words(self) -> list[str]:
-        return split_words(self.text)
-
-    @functools.cached_property
-    def content_words(self) -> list[str]:
-        return [word for word in self.words if not is_symbol_only(word)]
-
-    @functools.cached_property
-    def lines(self) -> list[str]:
-        return split_lines(self.text)
-
-    @functools.cached_property
-    def paragraphs(self) -> list[str]:
-        return split_paragraphs(self.text)
-
-
 Measure = float | int | None  # None: the document passes; a number: the value that failed
 Rule = Callable[[Document, FilterOptions], Measure]
 
@@ -151,21 +129,22 @@ Rule = Callable[[Document, FilterOptions], Measure]
 
 def too_few_words(doc: Document, o: FilterOptions) -> Measure:
     """Very short pages are navigation, error pages or stubs, not language to learn from."""
-    n = len(doc.content_words)
+    n = int(doc.content_mask.sum())
     return n if n < o.min_doc_words else None
 
 
 def too_many_words(doc: Document, o: FilterOptions) -> Measure:
     """Gigantic single documents are mostly logs and dumps, and dominate a batch."""
-    n = len(doc.content_words)
+    n = int(doc.content_mask.sum())
     return n if n > o.max_doc_words else None
 
 
 def mean_word_length_out_of_range(doc: Document, o: FilterOptions) -> Measure:
     """Mean word length outside 3..10 characters marks gibberish, hashes or run-together text."""
-    if not doc.content_words:
+    content = int(doc.content_mask.sum())
+    if not content:
         return 0.0
-    mean = sum(map(len, doc.content_words)) / len(doc.content_words)
+    mean = int(doc.word_lengths[doc.content_mask].sum()) / content
     return mean if not o.min_mean_word_length <= mean <= o.max_mean_word_length else None
 
 
@@ -183,75 +162,66 @@ def too_many_ellipses(doc: Document, o: FilterOptions) -> Measure:
 
 def mostly_bullet_lines(doc: Document, o: FilterOptions) -> Measure:
     """A page that is >90% bullet lines is a menu or a list of links."""
-    lines = doc.text.splitlines() or [""]
+    lines = doc.physical_lines
     share = sum(line.lstrip().startswith(("•", "-")) for line in lines) / len(lines)
     return share if share > o.max_bullet_lines else None
 
 
 def mostly_ellipsis_lines(doc: Document, o: FilterOptions) -> Measure:
     """Lines cut off with '...' (>30% of them) are excerpts of text found elsewhere."""
-    lines = doc.text.splitlines() or [""]
+    lines = doc.physical_lines
     share = sum(line.rstrip().endswith(("...", "…")) for line in lines) / len(lines)
     return share if share > o.max_ellipsis_lines else None
 
 
 def too_few_alpha_words(doc: Document, o: FilterOptions) -> Measure:
     """Under 80% of words with a letter: tables of numbers, code, symbol soup."""
-    share = sum(any(char.isalpha() for char in word) for word in doc.words) / max(len(doc.words), 1)
+    share = int(doc.per_word(has_letter).sum()) / max(len(doc.words), 1)
     return share if share < o.min_alpha_words else None
 
 
 def too_few_stop_words(doc: Document, o: FilterOptions) -> Measure:
     """Real English sentences use "the", "of", "and"...: text with <2 of them is not prose."""
-    present = len(set(STOP_WORDS).intersection(doc.words))
+    present = len(set(STOP_WORDS).intersection(doc.vocabulary))
     return present if present < o.min_stop_words else None
 
 
 # --- Gopher repetition: repeated content is boilerplate, and models learn to loop from it ---
 
-def repeated(items: list[str]) -> tuple[int, int]:
-    """(how many items repeat an earlier one, how many characters those repeats hold)."""
-    seen: set[str] = set()
-    count = chars = 0
-    for item in items:
-        if item in seen:
-            count, chars = count + 1, chars + len(item)
-        seen.add(item)
-    return count, chars
-
-
 def duplicate_paragraphs(doc: Document, o: FilterOptions) -> Measure:
     """Repeated paragraphs (>30%) are templates: headers, footers, cookie notices."""
-    share = repeated(doc.paragraphs)[0] / len(doc.paragraphs)
+    share = doc.repeated_paragraphs[0] / len(doc.paragraphs)
     return share if share > o.max_duplicate_paragraphs else None
 
 
 def duplicate_paragraph_chars(doc: Document, o: FilterOptions) -> Measure:
     """...also by characters, so a few long repeated paragraphs count (>20%)."""
-    share = repeated(doc.paragraphs)[1] / max(len(doc.text), 1)
+    share = doc.repeated_paragraphs[1] / max(len(doc.text), 1)
     return share if share > o.max_duplicate_paragraph_chars else None
 
 
 def duplicate_lines(doc: Document, o: FilterOptions) -> Measure:
     """Repeated lines (>30%): menus, timestamps, "Reply" buttons."""
-    share = repeated(doc.lines)[0] / len(doc.lines)
+    share = doc.repeated_lines[0] / len(doc.lines)
     return share if share > o.max_duplicate_lines else None
 
 
 def duplicate_line_chars(doc: Document, o: FilterOptions) -> Measure:
     """...and the characters in them (>20%)."""
-    share = repeated(doc.lines)[1] / max(len(doc.text), 1)
+    share = doc.repeated_lines[1] / max(len(doc.text), 1)
     return share if share > o.max_duplicate_line_chars else None
 
 
 def top_ngram_chars(doc: Document, n: int) -> float:
     """Characters of the most frequent word n-gram times its count, over the text's length
     (ties: the n-gram seen first). "ha ha ha ha" has top 2-gram "ha ha" x3 -> 15/11."""
-    grams = [" ".join(doc.words[i:i + n]) for i in range(len(doc.words) - n + 1)]
-    if not grams:
+    index = doc.ngrams(n)
+    if not len(index.ids):
         return 0.0
-    gram, count = collections.Counter(grams).most_common(1)[0]
-    return len(gram) * count / max(len(doc.text), 1)
+    top = int(index.counts.max())
+    at = int(np.argmax(index.counts[index.ids] == top))  # first position of a top n-gram
+    chars = int(doc.length_prefix[at + n] - doc.length_prefix[at]) + n - 1  # + the spaces
+    return chars * top / max(len(doc.text), 1)
 
 
 def make_top_ngram_rule(n: int, field_name: str) -> Rule:
@@ -265,17 +235,30 @@ def make_top_ngram_rule(n: int, field_name: str) -> Rule:
 
 def duplicate_ngram_chars(doc: Document, n: int) -> float:
     """Share of the text's characters (words only, no spaces) in n-grams that repeat an
-    earlier n-gram; after a repeat the scan jumps past it so overlapping repeats count once."""
-    seen: set[tuple[str, ...]] = set()
-    chars, i, words = 0, 0, doc.words
-    while i <= len(words) - n:
-        gram = tuple(words[i:i + n])
-        if gram in seen:
-            chars += sum(map(len, gram))
-            i += n
+    earlier n-gram; after a repeat the scan jumps past it so overlapping repeats count once.
+
+    The scan visits positions 0, 1, 2, ... and remembers the n-grams it visited; a jump
+    skips n - 1 positions, whose n-grams it never remembers. Only repeats (positions whose
+    n-gram occurred before, `first[i] < i`) can be counted or cause a jump, so the loop walks
+    those alone: a repeat at i counts if its first occurrence was visited (not skipped) or
+    if a visited repeat already had the same n-gram."""
+    index = doc.ngrams(n)
+    positions = len(index.ids)
+    repeats = np.flatnonzero(index.first < np.arange(positions))
+    skipped = np.zeros(positions + n, dtype=bool)
+    visited_repeats: set[int] = set()  # n-gram ids seen at a visited repeat
+    chars, resume = 0, 0
+    for i, gram, first in zip(repeats.tolist(), index.ids[repeats].tolist(),
+                              index.first[repeats].tolist()):
+        if i < resume:  # inside the last counted repeat: skipped
+            continue
+        if not skipped[first] or gram in visited_repeats:
+            chars += int(doc.length_prefix[i + n] - doc.length_prefix[i])
+            skipped[i + 1:i + n] = True
+            resume = i + n
         else:
-            seen.add(gram)
-            i += 1
+            visited_repeats.add(gram)
+            resume = i + 1
     return chars / max(len(doc.text), 1)
 
 

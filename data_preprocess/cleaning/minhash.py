@@ -24,7 +24,7 @@ import collections
 import hashlib
 import itertools
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,15 +78,42 @@ class Permutations:
         return len(self.a)
 
 
+def fold_mod_mersenne(values: np.ndarray) -> np.ndarray:
+    """values reduced mod p = 2^61 - 1 *up to one p*, in place, without a division (numpy's %
+    is a slow integer division): write x = hi * 2^61 + lo; since 2^61 = p + 1,
+    x = hi + lo (mod p), and hi + lo < 2^61 + 8 is x mod p, or x mod p + p when it is >= p."""
+    high = values >> np.uint64(61)
+    values &= np.uint64(MERSENNE_PRIME)
+    values += high
+    return values
+
+
 def signature(hashes: np.ndarray, perms: Permutations) -> np.ndarray:
-    """The k minimums over all shingles: a (k,) uint32 array (all MAX_HASH if no shingles)."""
+    """The k minimums over all shingles: a (k,) uint32 array (all MAX_HASH if no shingles).
+    One (k, shingles) product: every permutation applied to every shingle at once. The
+    arithmetic wraps modulo 2^64 as datasketch's does, so its own (a, b) give its values.
+    Folded values >= p (a chance of about 8 in 2^61 each) still need their last subtraction;
+    one max over the block says whether any do, cheaper than a masked subtraction."""
     if hashes.size == 0:
         return np.full(perms.num_perm, MAX_HASH, dtype=np.uint32)
-    permuted = (perms.a * hashes[None, :] + perms.b) % np.uint64(MERSENNE_PRIME)
-    return (permuted & np.uint64(MAX_HASH)).min(axis=1).astype(np.uint32)
+    permuted = perms.a * hashes[None, :]
+    permuted += perms.b
+    fold_mod_mersenne(permuted)
+    if permuted.max() >= MERSENNE_PRIME:
+        np.subtract(permuted, np.uint64(MERSENNE_PRIME), out=permuted,
+                    where=permuted >= np.uint64(MERSENNE_PRIME))
+    return permuted.astype(np.uint32).min(axis=1)  # the cast keeps the low 32 bits (& MAX_HASH)
 
 
-def document_signature(words: Iterable[str], n: int, perms: Permutations,
+def chunk_hashes(words: Sequence[str], n: int, start: int, stop: int) -> np.ndarray:
+    """The CRC-32 (as `shingle_hashes`) of the shingles starting at words start .. stop-1,
+    repeats included (they cannot change a minimum), in one C-level map over the chunk."""
+    shingle_texts = [" ".join(words[i:i + n]).encode("utf-8") for i in range(start, stop)]
+    return np.fromiter(map(zlib.crc32, shingle_texts), dtype=np.uint64,
+                       count=len(shingle_texts))
+
+
+def document_signature(words: Sequence[str], n: int, perms: Permutations,
                        shingles_per_chunk: int = SHINGLES_PER_CHUNK) -> np.ndarray:
     """`signature` of the document's shingles, taken `shingles_per_chunk` at a time.
 
@@ -95,9 +122,10 @@ def document_signature(words: Iterable[str], n: int, perms: Permutations,
     while holding one chunk: permuting every shingle at once needs k x 8 bytes per shingle
     (a 50 MB document asked for 8 GiB)."""
     result = np.full(perms.num_perm, MAX_HASH, dtype=np.uint32)
-    stream = iter_shingles(words, n)
-    while chunk := list(itertools.islice(stream, shingles_per_chunk)):
-        np.minimum(result, signature(shingle_hashes(chunk), perms), out=result)
+    count = max(len(words) - n + 1, 1)  # at most n words: one shingle of all of them
+    for start in range(0, count, shingles_per_chunk):
+        hashes = chunk_hashes(words, n, start, min(start + shingles_per_chunk, count))
+        np.minimum(result, signature(hashes, perms), out=result)
     return result
 
 

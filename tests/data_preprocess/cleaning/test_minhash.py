@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
 
 import numpy as np
 import pytest
@@ -55,6 +56,47 @@ def test_jaccard_estimate_within_expected_error_of_truth_and_datasketch():
     assert abs(np.mean(errors_ours)) < 0.5 and 0.6 < np.sqrt(np.mean(np.square(errors_ours))) < 1.4
     assert abs(np.sqrt(np.mean(np.square(errors_ours))) -
                np.sqrt(np.mean(np.square(errors_theirs)))) < 0.4
+
+
+@pytest.mark.parametrize("shingles_per_chunk", [7, minhash.SHINGLES_PER_CHUNK])
+def test_signatures_and_estimates_equal_datasketch_given_its_permutations(shingles_per_chunk):
+    """Same shingle hash (CRC-32), same seed, same permutations (datasketch's "legacy" scheme,
+    (a h + b) mod p with its own (a, b), whose products overflow 64 bits: our arithmetic must
+    wrap as theirs does): every signature entry equals datasketch's, so every Jaccard estimate
+    does too. Our own permutations keep a < 2^32 (no overflow); the formula is the same."""
+    def sketch(words: list[str]):
+        theirs = datasketch.MinHash(num_perm=NUM_PERM, seed=3, hashfunc=zlib.crc32,
+                                     scheme="legacy")
+        theirs.update_batch([s.encode("utf-8") for s in minhash.shingles(words, 5)])
+        return theirs
+
+    rng = random.Random(2)
+    scenes = distinct_documents(rng, 4)
+    texts = [*scenes, near_copy(scenes[0], rng, 0.05), near_copy(scenes[1], rng, 0.3), "a b"]
+    sketches = [sketch(normal_words(text)) for text in texts]
+    a, b = sketches[0].permutations
+    perms = minhash.Permutations(a[:, None], b[:, None])
+    ours = [minhash.document_signature(normal_words(text), 5, perms, shingles_per_chunk)
+            for text in texts]
+    for sig, theirs in zip(ours, sketches):
+        assert np.array_equal(sig, theirs.hashvalues)
+    for i in range(len(texts)):
+        for j in range(len(texts)):
+            assert minhash.estimate_jaccard(ours[i], ours[j]) == sketches[i].jaccard(sketches[j])
+
+
+@pytest.mark.parametrize("b", [minhash.MERSENNE_PRIME - 3, minhash.MERSENNE_PRIME,
+                               2 ** 64 - 9, 12345])
+def test_signature_is_the_plain_formula_even_where_folding_lands_on_or_past_p(b):
+    """(a h + b) mod p, & 2^32 - 1, min: computed with Python integers, wrapped at 2^64 as
+    numpy's uint64 is. With a = 1 these b put a h + b on p, just past it, or around 2^64,
+    where the division-free reduction needs its rare last subtraction."""
+    hashes = np.arange(8, dtype=np.uint64)
+    perms = minhash.Permutations(np.array([[1], [3]], dtype=np.uint64),
+                                 np.array([[b], [b]], dtype=np.uint64))
+    expected = [min((((a * h + b) % 2**64) % minhash.MERSENNE_PRIME) & minhash.MAX_HASH
+                    for h in range(8)) for a in (1, 3)]
+    assert minhash.signature(hashes, perms).tolist() == expected
 
 
 def test_s_curve_matches_simulated_banding():
@@ -108,7 +150,7 @@ def test_lsh_recall_at_least_datasketch_and_no_distinct_document_removed(tmp_pat
 
 
 def test_exact_duplicates_ignore_case_spacing_punctuation():
-    keys = [(i, dedup.exact_key(text)) for i, text in
+    keys = [(i, dedup.exact_key(normal_words(text))) for i, text in
             enumerate(["The king, he is dead.", "a different one", "the KING he is   dead!"])]
     assert dedup.exact_duplicates(keys) == {2: 0}
 
