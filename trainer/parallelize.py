@@ -58,8 +58,9 @@ from parallel.pipeline_parallel.schedules import PipelineStepStats
 from parallel_plan.llama_shapes import check_parallel_shapes
 from parallel_plan.llama_units import zero_units
 from trainer.forward_steps import Batch, CausalLM, ForwardStep
-from trainer.model_parallel import GridRun, parallelize_grid, shard_sequences
+from trainer.model_parallel import GridRun, parallelize_grid
 from trainer.options import OptimizationOptions, ParallelOptions, SystemOptions
+from trainer.sequence_sharding import shard_sequences
 
 # component field -> the trainer option that sets it, where the names differ.
 OPTION_FOR_FIELD = {

@@ -50,13 +50,13 @@ from optimizer.optimizer import DataParallelModel
 from parallel.context_parallel.flash_blocks import ring_kernel
 from parallel_plan.memory_plan import MemoryPlan, plan_memory
 from trainer.config_files import save_config
+from trainer.data_share import DataShare, data_share, saved_data_leader_ranks
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
 from trainer.evaluation import Evaluator, eval_loader
 from trainer.forward_steps import ForwardStep, build_forward_step
 from trainer.lr_schedule import LRSchedule
 from trainer.memory_fit import MemoryBudget
 from trainer.metrics import MetricsLogger
-from trainer.model_parallel import DataShare, data_share, saved_data_leader_ranks
 from trainer.model_setup import build_model, planned_model_config, run_tokenizer
 from trainer.options import TrainingOptions
 from trainer.parallelize import (
