@@ -117,7 +117,8 @@ class ParallelOptions:
                                                   "--gradient_accumulation_steps)")
     use_distributed_optimizer: bool = option(
         component_default(DistributedDataParallelConfig, "use_distributed_optimizer"),
-        "ZeRO-1: shard optimizer states over ranks")
+        "an alias of --zero_stage 1 (Megatron-LM's name for ZeRO-1: the optimizer state "
+        "sharded over ranks)")
     comm_hook: Literal["allreduce", "bf16", "powersgd", "overlap_optim"] = option(
         "allreduce", "how gradients are communicated")
     bucket_size: int | None = option(
