@@ -104,7 +104,7 @@ class GridRun:
             yield whole
 
     def split_like_policy(self, reference: Z2allForCausalLM) -> PipelinedEval:
-        reference.model.context_parallel = self.context
+        reference.use_sequence_shard(self.context)
         return split_reference(reference, self.schedule)
 
     @property

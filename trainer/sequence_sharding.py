@@ -18,5 +18,5 @@ def shard_sequences(model: Z2allForCausalLM, dims: ParallelDims) -> ContextShard
     if dims.context_parallel == 1:
         return None
     context = ContextShard.of(dims.cp_group)
-    model.model.context_parallel = context
+    model.use_sequence_shard(context)
     return context
