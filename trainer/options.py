@@ -6,7 +6,7 @@ group is handed, typed, to the code it configures (`options.data` to the data bu
 they are flat (`--lr=3e-4`), since every name is unique.
 
 The data options are the dataset layer's own `dataset.data_config.DataConfig`, the tracking
-options `utils.trackers.TrackerOptions`. Where an
+options `trainer.trackers.TrackerOptions`. Where an
 option sets a field of a component with its own config (our DDP's
 `DistributedDataParallelConfig`, `OptimizerConfig`, `PowerSGDState`), the default is read from
 that component (`component_default`): a default exists once, and
@@ -29,8 +29,8 @@ from model.lora import LoraConfig
 from optimizer import OptimizerConfig
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+from trainer.trackers import TrackerOptions
 from utils.option_checks import option
-from utils.trackers import TrackerOptions
 
 
 def component_default(component: type, name: str) -> Any:

@@ -64,14 +64,14 @@ from trainer.parallelize import (
     effective_zero_stage,
     parallelize,
 )
+from trainer.progress import TrainingProgress
 from trainer.rng_state import seed_everything
 from trainer.throughput import ThroughputMeter
+from trainer.trackers import Trackers
 from trainer.training_checkpoint import restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
 from utils.hub import snapshot_of
 from utils.precision import DTYPES, PrecisionChoice, resolve_dtype
-from utils.progress import TrainingProgress
-from utils.trackers import Trackers
 
 
 @dataclass
