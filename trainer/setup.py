@@ -72,6 +72,7 @@ from trainer.training_checkpoint import restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
 from utils.hub import snapshot_of
 from utils.precision import DTYPES, PrecisionChoice, resolve_dtype
+from utils.tokenizer_protocol import Tokenizer
 
 
 @dataclass
@@ -93,7 +94,7 @@ class Run:
     env: DistributedEnv
     run_dir: Path
     precision: PrecisionChoice
-    tokenizer: Any
+    tokenizer: Tokenizer
     model: Z2allForCausalLM
     parallel: ParallelRun
     schedule: LRSchedule
@@ -296,7 +297,7 @@ def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, 
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
-                            tokenizer: Any, data: TrainData,
+                            tokenizer: Tokenizer, data: TrainData,
                             resume_candidates: Iterator[Path], resume_dir: Path | None
                             ) -> tuple[tuple[Z2allForCausalLM, dict[str, str] | None],
                                        ParallelRun, dict | None, Path | None]:
