@@ -60,9 +60,10 @@ from trainer.loop_actions import (
 from trainer.memory_fit import out_of_memory_explained
 from trainer.option_validation import check_init_from, check_paths
 from trainer.options import RunOptions, TrainingOptions
-from trainer.setup import Run, build_run
+from trainer.setup import Run, RunPlace, Stepping, build_run
 from trainer.shared_filesystem import check_shared_filesystem
 from trainer.stop_signal import StopSignal
+from trainer.throughput import ThroughputMeter
 from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, run_main
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
@@ -70,72 +71,75 @@ from utils.run_directory import RunDirInUse, RunDirMoved, RunLock, write_heartbe
 from utils.run_ownership import RunDirHoldsARun, claim_run_dir, earlier_run
 
 
-def train_step(run: Run, micro_batches: list[dict[str, torch.Tensor]]
+def train_step(steps: Stepping, meter: ThroughputMeter, env: DistributedEnv,
+               micro_batches: list[dict[str, torch.Tensor]]
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward and backward of every micro-batch, gradients accumulated
     (trainer/parallelize.py: a micro-batch loop, or the pipeline's schedule); returns the
     summed loss and task extras: this replica's shares of the global batch's, which the
     caller averages over the replicas. Each loss term is divided by its count over the whole
     global batch, so every split of it is one objective (trainer/global_batch.py)."""
-    micro_batches = [to_device(batch, run.env.device) for batch in micro_batches]
+    micro_batches = [to_device(batch, env.device) for batch in micro_batches]
     for batch in micro_batches:
-        if run.share.counts_tokens:  # ranks that share a batch count it once
-            run.meter.count_batch(batch)
-    totals = global_counts(micro_batches, run.share.counts_tokens, run.env)
-    attach_per_replica(micro_batches, totals, replicas=run.share.world_size)
-    return run.parallel.forward_backward(run.forward_step, micro_batches)
+        if steps.share.counts_tokens:  # ranks that share a batch count it once
+            meter.count_batch(batch)
+    totals = global_counts(micro_batches, steps.share.counts_tokens, env)
+    attach_per_replica(micro_batches, totals, replicas=steps.share.world_size)
+    return steps.parallel.forward_backward(steps.forward_step, micro_batches)
 
 
 def train(run: Run, stop_signal: StopSignal, claim: RunDirClaim) -> int:
     """The loop: step, log, evaluate, checkpoint, until --max_iters, --stop_at_iter or a stop
     signal. Returns the exit code. Stops (`RunDirMoved`) before writing anything once the run
     dir has been moved: it writes by path, and the path may now name another run."""
-    options, counters = run.options, run.counters
+    place, steps, report = run.place, run.steps, run.report
+    options, env, counters = place.options, place.env, steps.counters
     accumulation = options.optimization.gradient_accumulation_steps
-    batches = iter(run.data)
-    if options.eval.eval_at_start and run.resumed_from is None:
-        evaluate(run)  # the untrained baseline (about ln(vocab))
+    batches = iter(steps.data)
+    if options.eval.eval_at_start and place.resumed_from is None:
+        evaluate(steps, report)  # the untrained baseline (about ln(vocab))
     stop_requested = False
-    run.model.train()
-    if run.env.is_main:
-        write_heartbeat(run.run_dir, counters.step)
-    while counters.step < run.stop_step and not stop_requested:
-        run.meter.start_step()
-        lr = run.schedule(counters.step)
-        run.optimizer.set_lr(lr)
-        run.optimizer.zero_grad()
-        loss_sum, extra_sums = train_step(run, [next(batches) for _ in range(accumulation)])
-        run.ddp.finish_grad_sync()
-        stepped, grad_norm = run.optimizer.step()
+    steps.model.train()
+    if env.is_main:
+        write_heartbeat(place.run_dir, counters.step)
+    while counters.step < report.stop_step and not stop_requested:
+        report.meter.start_step()
+        lr = steps.schedule(counters.step)
+        steps.optimizer.set_lr(lr)
+        steps.optimizer.zero_grad()
+        micro_batches = [next(batches) for _ in range(accumulation)]
+        loss_sum, extra_sums = train_step(steps, report.meter, env, micro_batches)
+        steps.ddp.finish_grad_sync()
+        stepped, grad_norm = steps.optimizer.step()
         counters.step += 1
-        counters.consumed_samples += run.global_batch
+        counters.consumed_samples += steps.global_batch
         # One small all-reduce per step: did any rank get a stop signal or a non-finite loss,
         # was the run dir moved, and the step's tokens.
         stop_votes, nonfinite_votes, moved_votes, step_tokens = all_reduce_sum(
             [float(stop_signal.received is not None), float(not torch.isfinite(loss_sum)),
-             float(claim.moved()), run.meter.local_step_tokens], run.env)
+             float(claim.moved()), report.meter.local_step_tokens], env)
         if moved_votes:
-            raise run_dir_moved(run, counters.step)
+            raise run_dir_moved(place.run_dir, counters.step)
         stop_requested = stop_votes > 0
-        diverged = is_diverged(run, nonfinite_votes, grad_norm)
+        diverged = is_diverged(place.precision, nonfinite_votes, grad_norm)
         counters.tokens_seen += int(step_tokens)
-        run.meter.end_step(step_tokens, run.ddp.comm_bytes_last_step)
-        if run.env.is_main:
-            write_heartbeat(run.run_dir, counters.step)
+        report.meter.end_step(step_tokens, steps.ddp.comm_bytes_last_step)
+        if env.is_main:
+            write_heartbeat(place.run_dir, counters.step)
 
-        finished = counters.step == run.stop_step or stop_requested
+        finished = counters.step == report.stop_step or stop_requested
         if counters.step % options.run.log_interval == 0 or finished or diverged:
             log_training(run, lr, grad_norm, stepped, loss_sum, extra_sums)
         if diverged:
             stop_diverged(run, f"the loss or gradient norm is not finite (grad_norm={grad_norm})")
         val_loss = None
         if counters.step % options.eval.eval_interval == 0 or finished:
-            val_loss = evaluate(run)
+            val_loss = evaluate(steps, report)
         if counters.step % options.run.save_interval == 0 or finished:
-            with stop_if_moved_meanwhile(run, claim):
+            with stop_if_moved_meanwhile(place, counters.step, claim):
                 save_checkpoint(run, val_loss)
 
-    finish(run)
+    finish(place, report)
     if stop_requested:
         print(f"stopped by {stop_signal.name()} at step {counters.step} (checkpoint saved)",
               flush=True)
@@ -143,14 +147,14 @@ def train(run: Run, stop_signal: StopSignal, claim: RunDirClaim) -> int:
     return 0
 
 
-def run_dir_moved(run: Run, step: int) -> RunDirMoved:
-    return RunDirMoved(f"run dir {run.run_dir} was moved or replaced during step {step}: "
+def run_dir_moved(run_dir: Path, step: int) -> RunDirMoved:
+    return RunDirMoved(f"run dir {run_dir} was moved or replaced during step {step}: "
                        "stopped without writing into what now has its name; continue the run "
                        "with --resume where it was moved")
 
 
 @contextlib.contextmanager
-def stop_if_moved_meanwhile(run: Run, claim: RunDirClaim) -> Iterator[None]:
+def stop_if_moved_meanwhile(place: RunPlace, step: int, claim: RunDirClaim) -> Iterator[None]:
     """A write that failed because the run dir was moved, replaced or deleted while it ran (a
     checkpoint save) ends the run as the per-step check does (`RunDirMoved`, exit 1, said by
     rank 0), not as a missing path (exit 2 naming a temp file). Collective: a save fails on
@@ -158,11 +162,11 @@ def stop_if_moved_meanwhile(run: Run, claim: RunDirClaim) -> Iterator[None]:
     try:
         yield
     except Exception:  # an OSError, or CheckpointError: files missing from the temp dir
-        (moved_votes,) = all_reduce_sum([float(claim.moved())], run.env)
+        (moved_votes,) = all_reduce_sum([float(claim.moved())], place.env)
         if not moved_votes:
             raise
-        if run.env.is_main:
-            raise run_dir_moved(run, run.counters.step) from None
+        if place.env.is_main:
+            raise run_dir_moved(place.run_dir, step) from None
         raise ReportedElsewhere(EXIT_RUNTIME_FAILURE) from None
 
 

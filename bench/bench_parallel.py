@@ -60,7 +60,8 @@ from parallel.local_ranks import run_on_ranks
 from parallel.parallel_dims import ParallelDims
 from parallel_plan.llama_shapes import check_parallel_shapes
 from parallel_plan.memory_plan import plan_memory
-from trainer.model_parallel import parallelize_grid, shard_sequences
+from trainer.model_parallel import parallelize_grid
+from trainer.sequence_sharding import shard_sequences
 from utils.boolean_flags import add_boolean_flag
 
 

@@ -6,7 +6,7 @@
 
 Each side is rendered like an SFT sample (utils/conversation.py): labels are shifted and -100
 everywhere except the reply and its `<|im_end|>`, so summing the model's `token_log_probs`
-over a side gives log p(reply | prompt), the quantity the DPO loss compares (utils/dpo.py).
+over a side gives log p(reply | prompt), the quantity the DPO loss compares (trainer/dpo_loss.py).
 In the store a pair is one document of two sequences: (prompt + chosen, prompt + rejected).
 """
 

@@ -65,6 +65,7 @@ from dataset.stream_shards import (
 )
 from tokenizer import load_tokenizer
 from utils.readers import BadRecordError, Record
+from utils.tokenizer_protocol import Tokenizer
 from utils.worker_signals import init_loader_worker
 
 STATE_FORMAT, STATE_VERSION = "z2all-stream", 1
@@ -117,7 +118,7 @@ class StreamDataset(IterableDataset):
         self.first_worker = 0  # the logical worker that DataLoader's worker 0 plays
         total = sum(source.weight for source in sources)
         self.cumulative_weights = np.cumsum([source.weight / total for source in sources])
-        self._tokenizer: Any = None
+        self._tokenizer: Tokenizer | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_tokenizer": None}  # each worker loads its own

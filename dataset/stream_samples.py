@@ -38,6 +38,7 @@ from data_preprocess.pretokenize_chat import conversations_of, fit_to_length
 from dataset.dataset_sft import chat_item
 from utils.conversation import render_conversations
 from utils.readers import BadRecordError, Record, text_of
+from utils.tokenizer_protocol import Tokenizer
 
 # Reasons in `skipped` that are policy, not bad input, and the metric each is reported as.
 # ("truncated" is taken: readers use it for a file cut mid-record.)
@@ -79,7 +80,7 @@ def good_records(items: Iterator[Record | BadRecordError], skip_bad_records: boo
             yield item
 
 
-def shard_documents(records: Iterator[Record], text_keys: list[str], tokenizer: Any,
+def shard_documents(records: Iterator[Record], text_keys: list[str], tokenizer: Tokenizer,
                     skip_bad_records: bool, skipped: collections.Counter[str]
                     ) -> Iterator[Document]:
     """Encoded documents in record order; empty/whitespace-only texts are skipped and
@@ -140,7 +141,7 @@ def pack_windows(documents: Iterator[Document], seq_len: int, start: Position
 
 
 def pretrain_samples(records: Iterator[Record | BadRecordError], start: Position, *,
-                     tokenizer: Any, seq_len: int, text_keys: list[str],
+                     tokenizer: Tokenizer, seq_len: int, text_keys: list[str],
                      skip_bad_records: bool) -> ShardSamples:
     """Items shaped like PretokDatasetWithIndex's: input = first L tokens, labels = last L.
     (numpy, not torch: DataLoader sends torch tensors through one shared-memory file each.)"""
@@ -153,7 +154,7 @@ def pretrain_samples(records: Iterator[Record | BadRecordError], start: Position
 
 
 def chat_samples(records: Iterator[Record | BadRecordError], start: Position, *, kind: str,
-                 tokenizer: Any, seq_len: int, system_prompt: str | None,
+                 tokenizer: Tokenizer, seq_len: int, system_prompt: str | None,
                  skip_bad_records: bool) -> ShardSamples:
     """SFT/DPO items shaped like SupervisedDataset's / DPODataset's; `too_long` ones dropped."""
     skipped = collections.Counter(start.skipped)

@@ -11,9 +11,11 @@ fp32, bf16 or fp16; norms, softmax and the loss always run in fp32 inside.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -118,10 +120,11 @@ class Z2allModel(nn.Module):
     `norm`, so that a pipeline or tensor-parallel stage composes the very same code from the
     parts it holds (parallel_plan/llama_pipeline.py) instead of a copy.
 
-    Context parallelism is one attribute, `context_parallel` (a `SequenceShard`, set by the
-    plan; None: off): the inputs stay whole [B, S], and `embed`, `block_inputs` and the head
-    (`Z2allForCausalLM.head_loss`) then compute this rank's share of every sequence
-    (parallel/context_parallel/context_shard.py's steps 1-4)."""
+    Context parallelism is one attribute, `sequence_shard` (a `SequenceShard`; None: off),
+    switched only through `Z2allForCausalLM.use_sequence_shard` and `whole_sequences` (the
+    trainer turns it on in trainer/sequence_sharding.py): the inputs stay whole [B, S], and
+    `embed`, `block_inputs` and the head (`Z2allForCausalLM.head_loss`) then compute this
+    rank's share of every sequence (parallel/context_parallel/context_shard.py's steps 1-4)."""
 
     def __init__(self, config: Z2allConfig) -> None:
         super().__init__()
@@ -130,7 +133,7 @@ class Z2allModel(nn.Module):
         self.layers = nn.ModuleList(DecoderBlock(config, i)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.context_parallel: SequenceShard | None = None
+        self.sequence_shard: SequenceShard | None = None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 kv_cache: KVCache | None = None) -> torch.Tensor:
@@ -146,8 +149,8 @@ class Z2allModel(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of the tokens this rank computes: all of them, or under context
         parallelism its share of each sequence."""
-        if self.context_parallel is not None:
-            input_ids = self.context_parallel.shard(input_ids)
+        if self.sequence_shard is not None:
+            input_ids = self.sequence_shard.shard(input_ids)
         return self.embed_tokens(input_ids)
 
     def block_inputs(self, attention_mask: torch.Tensor | None, query_len: int, past_len: int,
@@ -162,8 +165,8 @@ class Z2allModel(nn.Module):
         _log_kernels_once(device, dtype, config.head_dim)
         key_padding_mask = _key_padding_mask(attention_mask)
         position_ids = position_ids_for(key_padding_mask, query_len, past_len, device)
-        if self.context_parallel is not None:
-            position_ids, layout = context_parallel_layout(self.context_parallel, position_ids,
+        if self.sequence_shard is not None:
+            position_ids, layout = context_parallel_layout(self.sequence_shard, position_ids,
                                                            key_padding_mask, past_len)
         else:
             use_flash = not kernels.why_not_flash_attention(device, dtype, config.head_dim)
@@ -220,6 +223,24 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
                 nn.init.normal_(getattr(module, residual_out).weight, mean=0.0,
                                 std=std / (2 * self.config.num_hidden_layers) ** 0.5)
 
+    # ---- context parallelism: this rank's share of every sequence ----------------------------
+    def use_sequence_shard(self, shard: SequenceShard | None) -> None:
+        """From now on compute this rank's share of every sequence it is given (`shard`: the
+        trainer's ring, trainer/sequence_sharding.py), or with None whole sequences. The
+        inputs stay whole either way; only what the model computes of them changes."""
+        self.model.sequence_shard = shard
+
+    @contextlib.contextmanager
+    def whole_sequences(self) -> Iterator[None]:
+        """Context parallelism off inside, restored after: for one rank alone generating or
+        saving (the other ranks of its ring are not calling the model then)."""
+        shard = self.model.sequence_shard
+        self.use_sequence_shard(None)
+        try:
+            yield
+        finally:
+            self.use_sequence_shard(shard)
+
     # ---- training and scoring ---------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> CausalLMOutput:
@@ -245,7 +266,7 @@ class Z2allForCausalLM(GenerationMixin, nn.Module):
         returns. The part of the forward a pipeline's last stage runs after its blocks.
         Under context parallelism `hidden` holds this rank's share of each sequence and
         `labels` are whole: the result is the whole sequence's, on every rank of the group."""
-        context = self.model.context_parallel
+        context = self.model.sequence_shard
         if context is not None:
             labels = context.shard(labels)
         flat = self.lm_head(hidden.flatten(0, 1), labels.flatten(), per_token=per_token)

@@ -31,6 +31,7 @@ from model.configuration_z2all import Z2allConfig
 from tokenizer import load_tokenizer
 from utils.run_directory import RUN_MARKER
 from utils.run_ownership import RUN_TOKENIZER_DIR, foreign_entry
+from utils.tokenizer_protocol import Tokenizer
 
 RUN_CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -106,7 +107,7 @@ def default_tokenizer_dir(ckpt: str | os.PathLike, model_dir: Path) -> Path | No
     return None
 
 
-def check_tokenizer_matches(config: Z2allConfig, tokenizer: Any, model_source: str,
+def check_tokenizer_matches(config: Z2allConfig, tokenizer: Tokenizer, model_source: str,
                             expected_fingerprint: str | None = None) -> None:
     """Refuse (ValueError, one line) a tokenizer that is not the model's: more ids than
     embedding rows, or a fingerprint other than the recorded (else `expected_fingerprint`)."""

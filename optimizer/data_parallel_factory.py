@@ -8,7 +8,7 @@
 
 Every wrapper offers the loop the same calls (`no_sync()`, `finish_grad_sync()`, `module`,
 `process_group`) and every optimizer the `TrainingOptimizer` protocol, so the training loop does
-not branch on the stage. `--comm_hook` (see trainer/optimizer_setup.py for the choices) only
+not branch on the stage. `--comm_hook` (the choices: `COMM_HOOKS` below) only
 applies to our DDP: ZeRO-2/3 reduce-scatter unit by unit themselves.
 """
 

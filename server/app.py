@@ -47,6 +47,7 @@ from server.schema import (
     parse_request,
 )
 from utils.conversation import build_generation_prompt, stop_ids
+from utils.tokenizer_protocol import Tokenizer
 
 CHAT_PAGE = Path(__file__).parent / "static" / "chat.html"
 
@@ -65,7 +66,7 @@ def error_response(status: int, message: str, error_type: str = "invalid_request
 class ServedModel:
     """What the routes need to know about the model besides the engine."""
     name: str
-    tokenizer: Any
+    tokenizer: Tokenizer
     context_length: int
 
     def chat_prompt_ids(self, request: ChatCompletionRequest) -> list[int]:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from server.engine import Engine, Event, Finished, GenerationRequest, SamplingParams
 from server.text_stream import TextStream
+from utils.tokenizer_protocol import Tokenizer
 
 
 class GenerationFailed(Exception):
@@ -30,8 +30,9 @@ class Piece:
 
 
 class Generation:
-    def __init__(self, engine: Engine, tokenizer: Any, prompt_ids: list[int], stop_ids: list[int],
-                 max_new_tokens: int, sampling: SamplingParams, stop_strings: list[str]) -> None:
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, prompt_ids: list[int],
+                 stop_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+                 stop_strings: list[str]) -> None:
         self.engine, self.stop_ids = engine, stop_ids
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0

@@ -12,11 +12,11 @@ Example, stop = ["END"]:  tokens "Hi", " E", "ND", ...  ->  deltas "Hi", "", " "
 
 from __future__ import annotations
 
-from typing import Any
+from utils.tokenizer_protocol import Tokenizer
 
 
 class TextStream:
-    def __init__(self, tokenizer: Any, stop_strings: list[str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop_strings: list[str]) -> None:
         self.tokenizer = tokenizer
         self.stop_strings = stop_strings
         self.token_ids: list[int] = []

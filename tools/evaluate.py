@@ -78,6 +78,7 @@ from utils.run_ownership import (
     is_run,
     overlap_problem,
 )
+from utils.tokenizer_protocol import Tokenizer
 
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 SHIPPED_PREFIX = "z2all_"  # names of the tasks in TASKS_DIR
@@ -98,7 +99,7 @@ def pretokenized_dir(data: list[str]) -> Path | None:
     return folders[0] if folders else None
 
 
-def packed_windows(files: list[Path], tokenizer: Any, seq_len: int, text_keys: list[str],
+def packed_windows(files: list[Path], tokenizer: Tokenizer, seq_len: int, text_keys: list[str],
                    progress: tqdm | None) -> Iterator[dict[str, np.ndarray]]:
     """Step 1 on raw text: each file packed on its own; `progress` (if any) counts the bytes
     read."""
@@ -128,7 +129,7 @@ def counted(windows: Iterator[dict[str, Any]], progress: tqdm) -> Iterator[dict[
         yield window
 
 
-def validation_windows(data_dir: Path, tokenizer: Any, seq_len: int, budget: int | None
+def validation_windows(data_dir: Path, tokenizer: Tokenizer, seq_len: int, budget: int | None
                        ) -> tuple[Iterator[dict[str, torch.Tensor]], tqdm]:
     """Step 1 on a pretokenized data dir: the windows of its validation split
     (`valid_L<seq_len>.ibin`, the trainer's), in order, and a bar that counts them."""
@@ -138,7 +139,7 @@ def validation_windows(data_dir: Path, tokenizer: Any, seq_len: int, budget: int
     return counted((split[index] for index in range(count)), progress), progress
 
 
-def raw_text_windows(files: list[Path], tokenizer: Any, seq_len: int, text_keys: list[str],
+def raw_text_windows(files: list[Path], tokenizer: Tokenizer, seq_len: int, text_keys: list[str],
                      budget: int | None) -> tuple[Iterator[dict[str, np.ndarray]], tqdm]:
     """Step 1 on raw text: the windows and a bar whose total is what will be read: the
     files' bytes, or, under --limit / --max_batches, that many windows (the bar would
@@ -161,7 +162,7 @@ def batches_of(windows: Iterator[dict[str, Any]], batch_size: int
                for key in ("input_ids", "labels")}
 
 
-def language_model_metrics(model: torch.nn.Module, tokenizer: Any, data: list[str],
+def language_model_metrics(model: torch.nn.Module, tokenizer: Tokenizer, data: list[str],
                            seq_len: int, batch_size: int, text_keys: list[str],
                            device: torch.device, max_batches: int = 0,
                            limit: int | None = None) -> dict[str, float]:

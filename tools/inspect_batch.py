@@ -12,7 +12,6 @@ when a loss looks wrong: a label off by one, or a mask over the prompt, is visib
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from dataset.build import TASK_TYPES, build_datasets
 from tokenizer import load_tokenizer
@@ -20,11 +19,12 @@ from utils.cli_errors import run_main
 from utils.labels import IGNORE_INDEX
 from utils.option_checks import raise_problems, range_problem
 from utils.option_parser import OptionParser
+from utils.tokenizer_protocol import Tokenizer
 
 TEXT_WIDTH = 16
 
 
-def token_text(tokenizer: Any, token_id: int) -> str:
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     """A token as a short printable string: newlines and tabs escaped, long text clipped."""
     if token_id == IGNORE_INDEX:
         return ""
@@ -32,7 +32,8 @@ def token_text(tokenizer: Any, token_id: int) -> str:
     return text if len(text) <= TEXT_WIDTH else text[: TEXT_WIDTH - 1] + "…"
 
 
-def side_columns(tokenizer: Any, batch: dict, row: int, t: int, prefix: str = "") -> list[str]:
+def side_columns(tokenizer: Tokenizer, batch: dict, row: int, t: int, prefix: str = ""
+                 ) -> list[str]:
     input_id = int(batch[prefix + "input_ids"][row, t])
     label = int(batch[prefix + "labels"][row, t])
     attention = batch.get(prefix + "attention_mask")
@@ -42,7 +43,7 @@ def side_columns(tokenizer: Any, batch: dict, row: int, t: int, prefix: str = ""
             "pad".rjust(4) if padding else str(int(label != IGNORE_INDEX)).rjust(4)]
 
 
-def format_batch(tokenizer: Any, batch: dict, max_rows: int) -> str:
+def format_batch(tokenizer: Tokenizer, batch: dict, max_rows: int) -> str:
     """The table for every row of a collated batch (first `max_rows` positions of each)."""
     sides = ["chosen_", "rejected_"] if "chosen_input_ids" in batch else [""]
     one_side = ["id".rjust(6), "input".ljust(TEXT_WIDTH), "label".rjust(6),

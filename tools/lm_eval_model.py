@@ -27,10 +27,11 @@ from tqdm import tqdm
 
 from trainer.evaluation import generate_samples
 from utils.conversation import build_generation_prompt
+from utils.tokenizer_protocol import Tokenizer
 
 
 class Z2allLM(LM):
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, chat: bool, max_length: int,
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, chat: bool, max_length: int,
                  batch_size: int = 16, device: torch.device | str = "cpu") -> None:
         super().__init__()
         self.model, self.tokenizer, self.chat = model, tokenizer, chat

@@ -28,6 +28,7 @@ from trainer.global_batch import attach_per_replica, global_counts
 from trainer.options import EvalOptions
 from utils.conversation import build_generation_prompt, stop_ids
 from utils.labels import IGNORE_INDEX
+from utils.tokenizer_protocol import Tokenizer
 
 
 def fixed_eval_indices(num_samples: int, num_wanted: int, env: DistributedEnv) -> list[int]:
@@ -79,7 +80,7 @@ def batches_on_every_rank(loader: Iterable[dict[str, torch.Tensor]], env: Distri
 
 
 @torch.no_grad()
-def evaluate_language_model(model: CausalLM, loader: DataLoader, tokenizer: Any,
+def evaluate_language_model(model: CausalLM, loader: DataLoader, tokenizer: Tokenizer,
                             env: DistributedEnv, counted: bool = True) -> dict[str, float]:
     """val_loss (nats/token), val_ppl and val_bpb over the fixed eval set, all ranks together.
     `counted=False`: this rank's batches are copies of another rank's (a tensor/pipeline grid),
@@ -125,7 +126,7 @@ def evaluate_with_forward_step(forward_step: Callable, loader: DataLoader, env: 
 
 
 @torch.no_grad()
-def generate_samples(model: Any, tokenizer: Any, prompts: list[str], chat: bool,
+def generate_samples(model: Any, tokenizer: Tokenizer, prompts: list[str], chat: bool,
                      max_new_tokens: int, device: torch.device,
                      batch_size: int = 64) -> list[dict[str, str]]:
     """Greedy completions of `prompts` (as a user turn of the chat template for sft/dpo
@@ -157,7 +158,7 @@ class Evaluator:
     (language models: loss, perplexity, bits per byte; DPO: its forward step's loss and
     rewards), then greedy samples of the eval prompts on rank 0."""
 
-    def __init__(self, valid_loader: DataLoader, tokenizer: Any, forward_step: Callable,
+    def __init__(self, valid_loader: DataLoader, tokenizer: Tokenizer, forward_step: Callable,
                  task_type: str, eval_options: EvalOptions, env: DistributedEnv,
                  counts_data: bool = True) -> None:
         self.valid_loader, self.tokenizer, self.counts_data = valid_loader, tokenizer, counts_data

@@ -13,7 +13,7 @@ blocks, not the call), or on a pipeline the stages run forward-only (trainer/mod
 
 Pretraining and SFT minimise next-token cross entropy (SFT's labels are -100 outside the
 assistant's answers); DPO compares the policy's and a frozen reference model's
-log-probabilities of a chosen and a rejected answer (utils/dpo.py). With LoRA the reference
+log-probabilities of a chosen and a rejected answer (trainer/dpo_loss.py). With LoRA the reference
 is the policy itself with its adapters switched off (model/lora.py: the frozen base, no second
 copy of the weights).
 """
@@ -30,9 +30,9 @@ import torch
 
 from model.loading import load_model
 from model.lora import adapters_disabled
+from trainer.dpo_loss import chosen_answer_nll_sum, dpo_loss, sequence_log_prob
 from trainer.global_batch import CHOSEN_TOKENS, PAIRS, TARGET_TOKENS, share
 from trainer.options import DPOOptions
-from utils.dpo import chosen_answer_nll_sum, dpo_loss, sequence_log_prob
 from utils.labels import IGNORE_INDEX
 from utils.precision import DTYPES
 

@@ -2,7 +2,7 @@
 
 A pure function of the step and the run's options: a checkpoint stores no scheduler state, only
 the step and the config. A resume that changes the schedule's options is reported by
-trainer/config.py (the saved config.json vs the command line).
+trainer/config_files.py (the saved config.json vs the command line).
 
     lr
     ^      ____

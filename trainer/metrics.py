@@ -8,7 +8,7 @@ being written (readers skip a torn last line). Every record has a `kind`:
     {"kind": "eval", "step": 100, "val_loss": 4.2, "val_ppl": 66.7, "val_bpb": 1.6, ...}
     {"kind": "resume", "step": 100, "checkpoint": "out/run/ckpt/step_000100"}
 
-The trackers chosen with `--tracker` (TensorBoard by default, W&B; utils/trackers.py) get every
+The trackers chosen with `--tracker` (TensorBoard by default, W&B; trainer/trackers.py) get every
 record too, each numeric field as the scalar `<kind>/<field>` at the same step. Only rank 0
 logs; other ranks get a logger that does nothing.
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from utils.trackers import Trackers, scalar_values
+from trainer.trackers import Trackers, scalar_values
 
 
 class MetricsLogger:

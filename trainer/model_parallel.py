@@ -24,39 +24,26 @@ What differs from a data-parallel run, and how the loop is kept the same:
 
     forward/backward  `PipelineSchedule.step(micro_batches)` (afab or 1f1b) instead of the
                       micro-batch loop (`GridRun.forward_backward`)
-    grad norm         ||g||^2 summed over the TP and PP groups: TP-split tensors add their
-                      shards, replicated ones (norm weights) count once (1/T from each of T
-                      ranks), the tied embedding's second copy (last stage) not at all; with
-                      ZeRO-1/2/3 also over the dp x cp group, which the state is sharded over
-                      (each rank holds its shard's)
+    grad norm         of the whole model, over the TP and PP groups (`GridOptimizer`,
+                      trainer/grid_optimizer.py)
     whole weights     gathered to rank 0 and loaded into a whole model there
                       (parallel/layout_neutral_checkpoint.py): samples and model.safetensors;
                       ZeRO-3 first gathers each stage's shards (`gathered_params`)
-    optimizer state   gathered whole into one ZeRO-1 shard file, loaded on any grid (any
-                      --zero_stage), or by a data-parallel run of any size and --zero_stage,
-                      and the other way (plain DDP's optimizer.pt read by parameter name)
-                      (trainer/grid_optimizer_checkpoint.py): --resume may change
-                      --tensor_parallel / --pipeline_parallel (and the data-parallel size,
-                      as any world-size change: the data position carries over)
-    evaluation        a forward-only pass through the stages (`PipelinedEval`)
-    DPO               the frozen reference cut like the policy (`split_reference`; with
-                      LoRA the policy's own stages, adapters off: `PipelinedBase`); each
-                      micro-batch's reference log-probs come first (forward only through the
-                      reference's stages), then the schedule runs the policy with DPO's
-                      objective on the last stage, from vocab-parallel token log-probs
-                      (`pipelined_forward_backward`)
+    optimizer state   layout-neutral: --resume may change --tensor_parallel /
+                      --pipeline_parallel and the data-parallel size
+                      (trainer/grid_optimizer.py, trainer/grid_optimizer_checkpoint.py)
+    evaluation, DPO   forward passes through the stages (trainer/pipelined_forward.py)
+
+Which batches a rank reads: trainer/data_share.py; context parallelism's one change to the
+model: trainer/sequence_sharding.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -64,9 +51,7 @@ import torch.distributed as dist
 from model.lora import apply_lora, lora_config_of
 from model.modeling_z2all import Z2allForCausalLM
 from optimizer import OptimizerConfig
-from optimizer.clip_grads import clip_grads_
 from optimizer.data_parallel_factory import build_data_parallel
-from optimizer.optimizer import MixedPrecisionOptimizer
 from parallel.context_parallel.context_shard import ContextShard
 from parallel.distributed_data_parallel import (
     DistributedDataParallel,
@@ -76,217 +61,19 @@ from parallel.layout_neutral_checkpoint import gather_full_tensors
 from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import PipelineSchedule, PipelineStepStats
 from parallel.sharded_data_parallel import ShardedDataParallel
-from parallel_plan.llama_pipeline import llama_stage, split_into_stage, tied_embedding_param
+from parallel_plan.llama_pipeline import llama_stage, split_into_stage
 from parallel_plan.llama_shapes import check_parallel_shapes
-from parallel_plan.llama_tensor_parallel import layout_for, layouts_of, parallelize_model
+from parallel_plan.llama_tensor_parallel import layouts_of, parallelize_model
 from parallel_plan.llama_units import zero_units
-from trainer.forward_steps import (
-    Batch,
-    DPOStep,
-    ForwardStep,
-    as_base_model,
-    language_model_objective,
+from trainer.forward_steps import Batch, ForwardStep
+from trainer.grid_optimizer import GridOptimizer
+from trainer.pipelined_forward import (
+    PipelinedBase,
+    PipelinedEval,
+    pipelined_forward_backward,
+    split_reference,
 )
-from trainer.grid_optimizer_checkpoint import (
-    GRID_OPTIMIZER_FILES,
-    NamedPieces,
-    load_grid_optimizer,
-    save_grid_optimizer,
-)
-
-TIED_EMBEDDING = "model.embed_tokens.weight"
-
-
-@dataclass(frozen=True)
-class DataShare:
-    """Which part of each global batch this rank reads: on a grid the T x P x C ranks of one
-    data-parallel replica read the same batches (with context parallelism each then computes
-    its share of every sequence: parallel/context_parallel/context_shard.py), and one of them
-    counts their tokens. `sequence_multiple`: every batch's length is a multiple of it (2C:
-    context parallelism cuts each sequence into 2C equal chunks)."""
-
-    rank: int
-    world_size: int
-    counts_tokens: bool
-    sequence_multiple: int = 1
-
-
-def data_share(rank: int, world_size: int, tensor_parallel: int, pipeline_parallel: int,
-               context_parallel: int = 1) -> DataShare:
-    """ValueError (one line) when the world does not divide into the grid."""
-    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, context_parallel,
-                        rank=rank)
-    counts_tokens = dims.tp_rank == 0 and dims.pp_rank == 0 and dims.cp_rank == 0
-    return DataShare(dims.dp_rank, dims.data_parallel, counts_tokens,
-                     sequence_multiple=2 * context_parallel if context_parallel > 1 else 1)
-
-
-def data_leader_ranks(world_size: int, tensor_parallel: int, pipeline_parallel: int,
-                      context_parallel: int = 1) -> list[int]:
-    """One global rank per data-parallel replica, in dp order (their data states are the
-    replicas'; the other ranks of a replica hold copies)."""
-    dims = ParallelDims(world_size, tensor_parallel, pipeline_parallel, context_parallel)
-    return [dims.rank_of(0, dp, 0, 0) for dp in range(dims.data_parallel)]
-
-
-def saved_data_leader_ranks(trainer_state: dict[str, Any]) -> list[int]:
-    """`data_leader_ranks` of the grid a checkpoint was saved on (from its trainer state, so a
-    run resumed on another grid reads the right ranks' data states)."""
-    saved = trainer_state["config"]
-    return data_leader_ranks(trainer_state["world_size"], saved.get("tensor_parallel", 1),
-                             saved.get("pipeline_parallel", 1), saved.get("context_parallel", 1))
-
-
-class GridOptimizer:
-    """The data-parallel optimizer (replicated, or sharded over the dp x cp group: ZeRO-1/2/3)
-    with whole-model clipping and layout-neutral checkpoints (module docstring): a
-    `TrainingOptimizer` (optimizer/factory.py) whose other calls go to the inner one."""
-
-    def __init__(self, inner: MixedPrecisionOptimizer, model: Z2allForCausalLM,
-                 dims: ParallelDims, max_norm: float) -> None:
-        self.inner, self.model, self.dims, self.max_norm = inner, model, dims, max_norm
-        # The last stage's copy of a tied embedding (the first stage counts the original).
-        self._tied_copy = (tied_embedding_param(model, dims)
-                           if dims.is_last_stage and not dims.is_first_stage else None)
-        self._norm_weight = {  # each element of the whole model counted once
-            param: 0.0 if param is self._tied_copy
-            else 1.0 if dims.tensor_parallel > 1 and layout_for(name, model.config)
-            else 1.0 / dims.tensor_parallel
-            for name, param in model.named_parameters()}
-
-    def set_lr(self, lr: float) -> None:
-        self.inner.set_lr(lr)
-
-    def zero_grad(self) -> None:
-        self.inner.zero_grad()
-
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return self.inner.scale_loss(loss)
-
-    def finish_param_sync(self) -> None:
-        self.inner.finish_param_sync()
-
-    def state_bytes(self) -> int:
-        return self.inner.state_bytes()
-
-    def _owned_grads(self) -> list[torch.Tensor]:
-        """The averaged gradient (after finish_grad_sync) of each piece this rank updates:
-        whole `main_grad`s, or under ZeRO-1/2/3 the parts in this rank's shard (only those
-        were reduce-scattered to it)."""
-        return [piece.grad for piece in self.inner.main_pieces()]
-
-    def grad_norm(self) -> float:
-        """||g|| of the whole model: this rank's owned gradients, squared and weighted, summed
-        over the TP and PP groups (and over the dp x cp group when ZeRO shards them over it;
-        without ZeRO the cp ranks hold the same averaged gradients, counted once)."""
-        pieces = self.inner.main_pieces()
-        norms = torch.stack(torch._foreach_norm([piece.grad for piece in pieces], 2.0)).double()
-        weights = torch.tensor([self._norm_weight[piece.param] for piece in pieces],
-                               dtype=torch.float64, device=norms.device)
-        squares = (norms.square() * weights).sum()
-        groups = [self.dims.tp_group, self.dims.pp_group]
-        if self.inner.grads_sharded:
-            groups.append(self.dims.dp_cp_group)
-        for group in groups:
-            dist.all_reduce(squares, group=group)
-        return float(squares.sqrt())
-
-    def step(self) -> tuple[bool, float]:
-        """Clip by the whole model's norm, then the inner step (built with clip_grad=0)."""
-        grad_norm = self.grad_norm()
-        if not math.isfinite(grad_norm):
-            return False, grad_norm
-        if self.max_norm > 0:
-            clip_grads_(self._owned_grads(), self.max_norm, grad_norm)
-        stepped, _ = self.inner.step()
-        return stepped, grad_norm
-
-    # ---- checkpoints: layout-neutral, in ZeRO-1's shard-file format (module docstring) --------
-    def _named_pieces(self) -> NamedPieces:
-        """{whole-model name: (this rank's trainable parameter, its pieces this rank
-        updates)}; a frozen one (a LoRA base's) has no optimizer state. The last stage's copy
-        of a tied embedding goes by the embedding's name: its state is the same, saved once."""
-        named = {param: (TIED_EMBEDDING if param is self._tied_copy else name, [])
-                 for name, param in self.model.named_parameters() if param.requires_grad}
-        for piece in self.inner.main_pieces():
-            named[piece.param][1].append(piece)
-        return {name: (param, pieces) for param, (name, pieces) in named.items()}
-
-    def save_checkpoint(self, optim_dir: str | Path) -> None:
-        save_grid_optimizer(self.inner, self._named_pieces(), self.model.config, self.dims,
-                            Path(optim_dir), lora=lora_config_of(self.model))
-
-    def checkpoint_files(self) -> list[str]:
-        return GRID_OPTIMIZER_FILES
-
-    def load_checkpoint(self, optim_dir: str | Path) -> None:
-        load_grid_optimizer(self.inner, self._named_pieces(), self.model.config, self.dims,
-                            Path(optim_dir), lora=lora_config_of(self.model))
-
-
-class PipelinedEval:
-    """`model(input_ids, labels=..., attention_mask=...).loss` and `model.token_log_probs(...)`
-    through the stages, forward only, the result on every rank: a `CausalLM`
-    (trainer/forward_steps.py) for the evaluator and DPO's frozen reference."""
-
-    def __init__(self, schedule: PipelineSchedule) -> None:
-        self.schedule = schedule
-
-    @torch.no_grad()
-    def __call__(self, input_ids: torch.Tensor, labels: torch.Tensor,
-                 attention_mask: torch.Tensor | None = None) -> SimpleNamespace:
-        batch = {"input_ids": input_ids, "labels": labels}
-        if attention_mask is not None:
-            batch["attention_mask"] = attention_mask
-        return SimpleNamespace(loss=self.schedule.forward_only(batch))
-
-    def token_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor,
-                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        batch = {"input_ids": input_ids, "labels": labels}
-        if attention_mask is not None:
-            batch["attention_mask"] = attention_mask
-        return self.schedule.forward_only(batch, per_token=True)
-
-
-class PipelinedBase(PipelinedEval):
-    """LoRA DPO's reference on a grid: the policy's own stages as its frozen base (adapters
-    off, eval mode), forward only; no second model, as in one process."""
-
-    def token_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor,
-                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        with as_base_model(self.schedule.model):
-            return super().token_log_probs(input_ids, labels, attention_mask)
-
-
-def split_reference(reference: Z2allForCausalLM, policy_schedule: PipelineSchedule
-                    ) -> PipelinedEval:
-    """DPO's frozen reference (whole, as loaded) cut exactly like the policy: the same stage
-    and tensor slices on this rank, run forward-only through the same stages."""
-    dims = policy_schedule.dims
-    split_into_stage(reference, dims)
-    if dims.tensor_parallel > 1:
-        parallelize_model(reference, dims, policy_schedule.sequence_parallel)
-    reference.requires_grad_(False)
-    return PipelinedEval(PipelineSchedule(llama_stage(reference, dims), dims,
-                                          policy_schedule.schedule,
-                                          policy_schedule.sequence_parallel))
-
-
-def pipelined_forward_backward(schedule: PipelineSchedule, forward_step: ForwardStep,
-                               micro_batches: list[Batch]
-                               ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The grid's stand-in for the micro-batch loop: (summed loss, summed task metrics), each
-    micro-batch's share of the global batch's (trainer/global_batch.py). DPO first computes
-    every micro-batch's reference log-probs (forward only through the reference's stages),
-    then the schedule runs the policy with DPO's objective on the last stage, from
-    vocab-parallel token log-probs (no gathered logits)."""
-    if isinstance(forward_step, DPOStep):
-        micro_batches = [forward_step.with_reference(schedule.model, batch)
-                         for batch in micro_batches]
-        loss = schedule.step(micro_batches, forward_step.objective, per_token=True)
-    else:
-        loss = schedule.step(micro_batches, language_model_objective)
-    return loss, schedule.last_step_extras
+from trainer.sequence_sharding import shard_sequences
 
 
 @dataclass
@@ -317,7 +104,7 @@ class GridRun:
             yield whole
 
     def split_like_policy(self, reference: Z2allForCausalLM) -> PipelinedEval:
-        reference.model.context_parallel = self.context
+        reference.use_sequence_shard(self.context)
         return split_reference(reference, self.schedule)
 
     @property
@@ -331,17 +118,6 @@ class GridRun:
     def pipeline_stats(self) -> PipelineStepStats | None:
         """The last step's bubble (theory and measured), None without a pipeline."""
         return self.schedule.last_step_stats if self.dims.pipeline_parallel > 1 else None
-
-
-def shard_sequences(model: Z2allForCausalLM, dims: ParallelDims) -> ContextShard | None:
-    """Context parallelism's one change to the model: from now on it computes this rank's share
-    of every sequence it is given (parallel/context_parallel/context_shard.py); None when the
-    grid has no context-parallel dimension."""
-    if dims.context_parallel == 1:
-        return None
-    context = ContextShard.of(dims.cp_group)
-    model.model.context_parallel = context
-    return context
 
 
 def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_parallel: int,

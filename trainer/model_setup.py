@@ -33,6 +33,7 @@ from model.modeling_z2all import CONFIG_FILE, Z2allForCausalLM
 from model.run_tokenizer import check_tokenizer_matches, default_tokenizer_dir
 from tokenizer import load_tokenizer
 from trainer.options import ModelOptions
+from utils.tokenizer_protocol import Tokenizer
 
 DEMO_TOKENIZER_DIR = "tokenizer/demo_hf"
 # Options of the trainer that override fields of the model preset when set.
@@ -82,7 +83,7 @@ def preset_model_config(options: ModelOptions, max_seq_len: int, vocab_size: int
                                    max_position_embeddings=max_seq_len, **overrides)
 
 
-def planned_model_config(options: ModelOptions, max_seq_len: int, tokenizer: Any,
+def planned_model_config(options: ModelOptions, max_seq_len: int, tokenizer: Tokenizer,
                          resume_dir: Path | None) -> Z2allConfig:
     """The config of the model `build_model` will build, read without building it (for the
     memory plan, before any memory is taken)."""
@@ -92,7 +93,7 @@ def planned_model_config(options: ModelOptions, max_seq_len: int, tokenizer: Any
     return preset_model_config(options, max_seq_len, len(tokenizer))
 
 
-def build_model(options: ModelOptions, max_seq_len: int, tokenizer: Any,
+def build_model(options: ModelOptions, max_seq_len: int, tokenizer: Tokenizer,
                 lora: LoraConfig | None, resume_dir: Path | None
                 ) -> tuple[Z2allForCausalLM, dict[str, str] | None]:
     """(the model to train, the LoRA base reference or None): resumed > init_from > a fresh

@@ -6,7 +6,7 @@ group is handed, typed, to the code it configures (`options.data` to the data bu
 they are flat (`--lr=3e-4`), since every name is unique.
 
 The data options are the dataset layer's own `dataset.data_config.DataConfig`, the tracking
-options `utils.trackers.TrackerOptions`. Where an
+options `trainer.trackers.TrackerOptions`. Where an
 option sets a field of a component with its own config (our DDP's
 `DistributedDataParallelConfig`, `OptimizerConfig`, `PowerSGDState`), the default is read from
 that component (`component_default`): a default exists once, and
@@ -29,8 +29,8 @@ from model.lora import LoraConfig
 from optimizer import OptimizerConfig
 from parallel.distributed_data_parallel import DistributedDataParallelConfig
 from parallel.distributed_data_parallel.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+from trainer.trackers import TrackerOptions
 from utils.option_checks import option
-from utils.trackers import TrackerOptions
 
 
 def component_default(component: type, name: str) -> Any:
@@ -117,7 +117,8 @@ class ParallelOptions:
                                                   "--gradient_accumulation_steps)")
     use_distributed_optimizer: bool = option(
         component_default(DistributedDataParallelConfig, "use_distributed_optimizer"),
-        "ZeRO-1: shard optimizer states over ranks")
+        "an alias of --zero_stage 1 (Megatron-LM's name for ZeRO-1: the optimizer state "
+        "sharded over ranks)")
     comm_hook: Literal["allreduce", "bf16", "powersgd", "overlap_optim"] = option(
         "allreduce", "how gradients are communicated")
     bucket_size: int | None = option(

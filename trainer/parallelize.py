@@ -4,10 +4,11 @@ this one place (torchtitan's `parallelize_llama` is the pattern): a new parallel
 in here, and the loop keeps calling the same `ParallelRun` protocol: `DataParallelRun` below,
 or `GridRun` on a tensor/pipeline grid (trainer/model_parallel.py).
 
-`--context_parallel C` gives the model one hook (`shard_sequences`: it then computes this
-rank's share of every sequence, parallel/context_parallel/context_shard.py) and changes nothing
-else here: the gradients are averaged, and every ZeRO stage shards, over the dp x cp group,
-which without a tensor/pipeline grid is every rank, DDP's default (docs/design.md section 8.4a).
+`--context_parallel C` gives the model one hook (`shard_sequences` calls its
+`use_sequence_shard`: it then computes this rank's share of every sequence,
+parallel/context_parallel/context_shard.py) and changes nothing else here: the gradients are
+averaged, and every ZeRO stage shards, over the dp x cp group, which without a tensor/pipeline
+grid is every rank, DDP's default (docs/design.md section 8.4a).
 
 `--zero_stage` picks the wrapper and optimizer (optimizer/data_parallel_factory.py): 0 our DDP,
 1 the same with the optimizer state sharded (ZeRO-1, also spelled --use_distributed_optimizer),
@@ -58,8 +59,9 @@ from parallel.pipeline_parallel.schedules import PipelineStepStats
 from parallel_plan.llama_shapes import check_parallel_shapes
 from parallel_plan.llama_units import zero_units
 from trainer.forward_steps import Batch, CausalLM, ForwardStep
-from trainer.model_parallel import GridRun, parallelize_grid, shard_sequences
+from trainer.model_parallel import GridRun, parallelize_grid
 from trainer.options import OptimizationOptions, ParallelOptions, SystemOptions
+from trainer.sequence_sharding import shard_sequences
 
 # component field -> the trainer option that sets it, where the names differ.
 OPTION_FOR_FIELD = {
@@ -162,15 +164,11 @@ class DataParallelRun:
         """Every rank holds the model (ZeRO-3 gathers its shards first); with context
         parallelism the ring is off inside, as rank 0 alone generates whole sequences."""
         module = self.ddp.module
-        with self.ddp.gathered_params():
-            module.model.context_parallel = None
-            try:
-                yield module
-            finally:
-                module.model.context_parallel = self.context
+        with self.ddp.gathered_params(), module.whole_sequences():
+            yield module
 
     def split_like_policy(self, reference: torch.nn.Module) -> CausalLM:
-        reference.model.context_parallel = self.context
+        reference.use_sequence_shard(self.context)
         return reference
 
     @property

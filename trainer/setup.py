@@ -1,7 +1,7 @@
 """Everything a training run is made of, built from the options in one place: `build_run`.
 
     run = build_run(options, env, notes)   # precision, data, model, DDP + optimizer, resume
-    ... the loop in train_my_ddp.py steps run.ddp / run.optimizer on batches of run.data ...
+    ... the loop in train_my_ddp.py steps run.steps.ddp / .optimizer on batches of .data ...
 
 The order of the build, and why:
 1. precision: rank 0 decides (on a CPU `auto` times fp32 vs bf16) and every rank follows, since
@@ -50,13 +50,13 @@ from optimizer.optimizer import DataParallelModel
 from parallel.context_parallel.flash_blocks import ring_kernel
 from parallel_plan.memory_plan import MemoryPlan, plan_memory
 from trainer.config_files import save_config
+from trainer.data_share import DataShare, data_share, saved_data_leader_ranks
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
 from trainer.evaluation import Evaluator, eval_loader
 from trainer.forward_steps import ForwardStep, build_forward_step
 from trainer.lr_schedule import LRSchedule
 from trainer.memory_fit import MemoryBudget
 from trainer.metrics import MetricsLogger
-from trainer.model_parallel import DataShare, data_share, saved_data_leader_ranks
 from trainer.model_setup import build_model, planned_model_config, run_tokenizer
 from trainer.options import TrainingOptions
 from trainer.parallelize import (
@@ -64,14 +64,15 @@ from trainer.parallelize import (
     effective_zero_stage,
     parallelize,
 )
+from trainer.progress import TrainingProgress
 from trainer.rng_state import seed_everything
 from trainer.throughput import ThroughputMeter
+from trainer.trackers import Trackers
 from trainer.training_checkpoint import restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
 from utils.hub import snapshot_of
 from utils.precision import DTYPES, PrecisionChoice, resolve_dtype
-from utils.progress import TrainingProgress
-from utils.trackers import Trackers
+from utils.tokenizer_protocol import Tokenizer
 
 
 @dataclass
@@ -86,29 +87,31 @@ class Counters:
 
 
 @dataclass
-class Run:
-    """A training run, built and ready to step (see the module docstring)."""
+class RunPlace:
+    """Where the run is and what it was made from: read by checkpoints and the report."""
 
     options: TrainingOptions
     env: DistributedEnv
     run_dir: Path
     precision: PrecisionChoice
-    tokenizer: Any
+    tokenizer: Tokenizer
+    resumed_from: Path | None
+    lora_base: dict[str, str] | None = None  # LoRA: the frozen base's reference, for checkpoints
+
+
+@dataclass
+class Stepping:
+    """What the loop steps: the model, spread over ranks with its optimizer, the schedule, the
+    task's forward step, the data and where the run stands."""
+
     model: Z2allForCausalLM
     parallel: ParallelRun
     schedule: LRSchedule
     forward_step: ForwardStep
     data: TrainData
-    evaluator: Evaluator
-    log: MetricsLogger
-    meter: ThroughputMeter
-    progress: TrainingProgress
     counters: Counters
-    resumed_from: Path | None
-    kernels: str
     share: DataShare
-    lora_base: dict[str, str] | None = None  # LoRA: the frozen base's reference, for checkpoints
-    memory_measured: bool = False  # measure_memory logged after the first step
+    global_batch: int  # sequences per optimizer step: batch x accumulation x data-parallel size
 
     @property
     def ddp(self) -> DataParallelModel:
@@ -118,16 +121,32 @@ class Run:
     def optimizer(self) -> TrainingOptimizer:
         return self.parallel.optimizer
 
-    @property
-    def global_batch(self) -> int:
-        optimization = self.options.optimization
-        return (optimization.batch_size * optimization.gradient_accumulation_steps
-                * self.share.world_size)
+
+@dataclass
+class Reporting:
+    """What the run logs and shows: metrics.jsonl (and trackers), throughput, the progress line,
+    the evaluator, the kernel line."""
+
+    log: MetricsLogger
+    meter: ThroughputMeter
+    progress: TrainingProgress
+    evaluator: Evaluator
+    kernels: str
+    memory_measured: bool = False  # measure_memory logged after the first step
 
     @property
     def stop_step(self) -> int:
         """Where this invocation ends: --stop_at_iter, else the schedule's --max_iters."""
         return self.progress.total_steps
+
+
+@dataclass
+class Run:
+    """A training run, built and ready to step (see the module docstring), in three parts."""
+
+    place: RunPlace
+    steps: Stepping
+    report: Reporting
 
 
 def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
@@ -198,9 +217,16 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     stop_step = min(optimization.stop_at_iter or optimization.max_iters, optimization.max_iters)
     progress = TrainingProgress(stop_step, start_step=counters.step, enabled=env.is_main)
     log.echo = progress.write  # the log's lines go above the bar
-    run = Run(options, env, run_dir, precision, tokenizer, model, parallel, schedule,
-              forward_step, data, evaluator, log, meter, progress, counters, resume_dir,
-              kernel_line(options, model, env, precision.dtype), share, lora_base)
+    global_batch = (optimization.batch_size * optimization.gradient_accumulation_steps
+                    * share.world_size)
+    run = Run(
+        place=RunPlace(options=options, env=env, run_dir=run_dir, precision=precision,
+                       tokenizer=tokenizer, resumed_from=resume_dir, lora_base=lora_base),
+        steps=Stepping(model=model, parallel=parallel, schedule=schedule,
+                       forward_step=forward_step, data=data, counters=counters, share=share,
+                       global_batch=global_batch),
+        report=Reporting(log=log, meter=meter, progress=progress, evaluator=evaluator,
+                         kernels=kernel_line(options, model, env, precision.dtype)))
     _log_start(run)
     return run
 
@@ -219,30 +245,31 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
 
 def _log_start(run: Run) -> None:
     """The run's shape in metrics.jsonl, and on stdout for people."""
-    num_params = whole_shape(run.model.config).num_parameters()
-    lora = run.options.lora.config()
-    trainable = (sum(p.numel() for p in apply_lora(whole_shape(run.model.config), lora)
+    place, steps, report = run.place, run.steps, run.report
+    num_params = whole_shape(steps.model.config).num_parameters()
+    lora = place.options.lora.config()
+    trainable = (sum(p.numel() for p in apply_lora(whole_shape(steps.model.config), lora)
                      .parameters() if p.requires_grad) if lora else num_params)
-    optimization, env = run.options.optimization, run.env
-    run.log.log("run", run.counters.step, quiet=True, effective_batch=run.global_batch,
-                world_size=env.world_size, dtype=run.precision.dtype, device=str(env.device),
-                num_params=num_params, trainable_params=trainable, kernels=run.kernels)
+    optimization, env = place.options.optimization, place.env
+    report.log.log("run", steps.counters.step, quiet=True, effective_batch=steps.global_batch,
+                world_size=env.world_size, dtype=place.precision.dtype, device=str(env.device),
+                num_params=num_params, trainable_params=trainable, kernels=report.kernels)
     if env.is_main:
         print(f"effective batch: {optimization.batch_size} x "
-              f"{optimization.gradient_accumulation_steps} x {run.share.world_size} = "
-              f"{run.global_batch} sequences | {run.precision.dtype} on {env.device} | "
+              f"{optimization.gradient_accumulation_steps} x {steps.share.world_size} = "
+              f"{steps.global_batch} sequences | {place.precision.dtype} on {env.device} | "
               f"{num_params:,} params"
               + (f" ({trainable:,} trainable: LoRA)" if trainable < num_params else ""),
               flush=True)
-        print(run.kernels, flush=True)
-        kernels_already_reported(env.device, DTYPES[run.precision.dtype])
-        _print_memory_plan(run)
-        if run.parallel.context is not None:
-            context = run.parallel.context
+        print(report.kernels, flush=True)
+        kernels_already_reported(env.device, DTYPES[place.precision.dtype])
+        _print_memory_plan(place, steps)
+        if steps.parallel.context is not None:
+            context = steps.parallel.context
             print(f"context parallel: each sequence over {context.size} ranks, each holding "
                   f"2 of its {2 * context.size} chunks (ring attention)", flush=True)
-        if run.resumed_from is not None and run.counters.step >= run.stop_step:
-            print(f"note: the run is already at step {run.counters.step} = --max_iters: "
+        if place.resumed_from is not None and steps.counters.step >= report.stop_step:
+            print(f"note: the run is already at step {steps.counters.step} = --max_iters: "
                   "nothing to train; raise --max_iters to continue it", flush=True)
 
 
@@ -253,13 +280,13 @@ def whole_shape(config: Z2allConfig) -> Z2allForCausalLM:
         return Z2allForCausalLM(config)
 
 
-def _print_memory_plan(run: Run) -> None:
+def _print_memory_plan(place: RunPlace, steps: Stepping) -> None:
     """Rank 0's plan; on a pipeline, each later stage's total too (the last holds the head)."""
-    world_size = run.env.world_size
-    plan = memory_plan(run.options, run.model.config, world_size, 0, run.precision.dtype)
-    print(f"memory plan per rank (ZeRO stage {run.parallel.zero_stage}):\n{plan.render()}",
+    world_size = place.env.world_size
+    plan = memory_plan(place.options, steps.model.config, world_size, 0, place.precision.dtype)
+    print(f"memory plan per rank (ZeRO stage {steps.parallel.zero_stage}):\n{plan.render()}",
           flush=True)
-    dims = run.parallel.dims
+    dims = steps.parallel.dims
     if dims.tensor_parallel * dims.pipeline_parallel == 1:
         return
     context = (f" x {dims.context_parallel} context parallel" if dims.context_parallel > 1
@@ -269,8 +296,8 @@ def _print_memory_plan(run: Run) -> None:
           "0's (stage 0)", flush=True)
     for stage in range(1, dims.pipeline_parallel):
         rank = dims.rank_of(stage, 0, 0, 0)
-        total = memory_plan(run.options, run.model.config, world_size, rank,
-                            run.precision.dtype).total
+        total = memory_plan(place.options, steps.model.config, world_size, rank,
+                            place.precision.dtype).total
         print(f"  stage {stage} (rank {rank}): total {total / 2**30:.3f} GiB  {total:,} B",
               flush=True)
 
@@ -296,7 +323,7 @@ def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, 
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
-                            tokenizer: Any, data: TrainData,
+                            tokenizer: Tokenizer, data: TrainData,
                             resume_candidates: Iterator[Path], resume_dir: Path | None
                             ) -> tuple[tuple[Z2allForCausalLM, dict[str, str] | None],
                                        ParallelRun, dict | None, Path | None]:

@@ -40,6 +40,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from utils.tokenizer_protocol import ChatRenderer, TemplatedTokenizer, Tokenizer
+
 ROLES = ("system", "user", "assistant")
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 # The same layout as a Jinja chat template, for HF's apply_chat_template (plain Jinja, no tags
@@ -82,9 +84,9 @@ def check_messages(messages: Sequence[Any]) -> None:
             raise ValueError(f"message {position}: a system message may only come first")
 
 
-def _template_renderer(tokenizer: Any) -> Any:
+def _template_renderer(tokenizer: Tokenizer) -> ChatRenderer | None:
     """A pretrained tokenizer's own `ChatTemplate`; None for ours (ChatML, rendered here)."""
-    if not hasattr(tokenizer, "chat_renderer"):
+    if not isinstance(tokenizer, TemplatedTokenizer):
         return None
     if tokenizer.chat_renderer is None:
         raise ValueError(f"{tokenizer.name_or_path}: the tokenizer has no chat template "
@@ -93,7 +95,7 @@ def _template_renderer(tokenizer: Any) -> Any:
     return tokenizer.chat_renderer
 
 
-def render_conversations(tokenizer: Any, conversations: Sequence[Sequence[Message]],
+def render_conversations(tokenizer: Tokenizer, conversations: Sequence[Sequence[Message]],
                          system: str | None = None) -> list[tuple[list[int], list[int]]]:
     """Render many conversations with one batched encode; returns (ids, loss_mask) for each."""
     conversations = [with_system_prompt(messages, system) for messages in conversations]
@@ -136,13 +138,13 @@ def common_prefix_length(ids: Sequence[int], prefix: Sequence[int]) -> int:
     return length
 
 
-def render_conversation(tokenizer: Any, messages: Sequence[Message],
+def render_conversation(tokenizer: Tokenizer, messages: Sequence[Message],
                         system: str | None = None) -> tuple[list[int], list[int]]:
     """One conversation -> (ids, loss_mask); see the module docstring for the layout."""
     return render_conversations(tokenizer, [messages], system)[0]
 
 
-def build_generation_prompt(tokenizer: Any, messages: Sequence[Message],
+def build_generation_prompt(tokenizer: Tokenizer, messages: Sequence[Message],
                             system: str | None = None) -> list[int]:
     """The ids of `messages` followed by "<|im_start|>assistant\\n": the model writes the reply.
 
@@ -157,10 +159,10 @@ def build_generation_prompt(tokenizer: Any, messages: Sequence[Message],
     return ids + [tokenizer.convert_tokens_to_ids(IM_START), *header]
 
 
-def stop_ids(tokenizer: Any) -> list[int]:
+def stop_ids(tokenizer: Tokenizer) -> list[int]:
     """The ids that end a generation: <|endoftext|> (end of a document) and <|im_end|> (end of
     a turn). generate.py, the server and the HF export's generation_config.json agree on them.
     A pretrained tokenizer's: its EOS and generation_config.json's eos_token_id(s)."""
-    if hasattr(tokenizer, "stop_token_ids"):
+    if isinstance(tokenizer, TemplatedTokenizer):
         return list(tokenizer.stop_token_ids)
     return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)]

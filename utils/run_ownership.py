@@ -78,7 +78,7 @@ RUN_FILES = {
     REPORT_FILE: "the report card (trainer/report.py); tools.evaluate appends its tables",
     "evaluations.json": "tools.evaluate's results",
     "task_accuracy.json": "tools.demo_eval's results",
-    "wandb_run_id": "the W&B run id (utils/trackers.py)",
+    "wandb_run_id": "the W&B run id (trainer/trackers.py)",
     MONITOR_LOG: "monitor_process.py's events (monitor/event_log.py)",
     SUPERVISOR_LOCK_FILE: "monitor_process.py's lock (monitor/supervisor_lock.py)",
     SHARED_CHECK_FILE: "rank 0's token that every rank reads back at start "
@@ -93,8 +93,8 @@ RUN_FOLDERS = {
                         ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                          "generation_config.json", ".*.tmp")),
     "plots": ("python -m tools.resplot", ("*.png", ".*.tmp")),
-    "tensorboard": ("--tracker tensorboard (utils/trackers.py)", ("events.out.tfevents.*",)),
-    "wandb": ("--tracker wandb (utils/trackers.py)", None),
+    "tensorboard": ("--tracker tensorboard (trainer/trackers.py)", ("events.out.tfevents.*",)),
+    "wandb": ("--tracker wandb (trainer/trackers.py)", None),
     NODES_DIR: ("monitor_process.py on each node of a multi-node run (utils/run_directory.py "
                 "supervisor_files)", ("*.monitor.lock", "*.monitor.log")),
 }

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -280,3 +282,22 @@ def test_compiled_blocks_give_the_eager_loss_and_grads():
     assert list(compiled.state_dict()) == list(eager.state_dict())
     for name, grad in got.items():
         assert torch.allclose(grad, expected[name], atol=1e-5), name
+
+
+def test_context_parallelism_is_switched_through_the_model_only():
+    """`use_sequence_shard` turns it on, `whole_sequences` off for a while (restored even on an
+    error), and no code outside model/ sets the model's attribute itself: a reader of the model
+    finds every way it can change."""
+    model, shard = small_model(), object()
+    assert model.model.sequence_shard is None
+    model.use_sequence_shard(shard)
+    with pytest.raises(RuntimeError), model.whole_sequences():
+        assert model.model.sequence_shard is None
+        raise RuntimeError
+    assert model.model.sequence_shard is shard
+    repo = Path(__file__).resolve().parents[2]
+    setter = re.compile(r"\.model\.(sequence_shard|context_parallel)\s*=[^=]")
+    folders = ("trainer", "parallel", "parallel_plan", "bench", "tests", "tools")
+    outside = [path for folder in folders for path in (repo / folder).rglob("*.py")
+               if setter.search(path.read_text())]
+    assert outside == []

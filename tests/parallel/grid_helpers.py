@@ -120,7 +120,7 @@ def train_on_grid(world_size: int, tensor_parallel: int, pipeline_parallel: int,
     if tensor_parallel > 1:
         parallelize_model(model, dims, sequence_parallel)
     if context_parallel > 1:
-        model.model.context_parallel = ContextShard.of(dims.cp_group)
+        model.use_sequence_shard(ContextShard.of(dims.cp_group))
     if resume_from is not None:
         full_state, full_moments = resume_from
         model.load_state_dict(shard_full_tensors(full_state, list(model.state_dict()),

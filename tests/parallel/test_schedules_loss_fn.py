@@ -3,7 +3,7 @@ per_token=True)`: the loss_fn weighs each micro-batch, here 1/M each, and the st
 and per-token log-probs through the stages (`forward_only(per_token=True)`), on TP2, PP2 and
 TP2+SP (2 gloo ranks), against the whole model in one process.
 
-The task is DPO (utils/dpo.py) on pair micro-batches with random reference log-probs:
+The task is DPO (trainer/dpo_loss.py) on pair micro-batches with random reference log-probs:
 the loss, its metrics (broadcast to every rank) and every gradient (gathered whole) must equal
 the single-process ones; the per-token log-probs must equal `Z2allForCausalLM.token_log_probs`.
 """
@@ -20,7 +20,7 @@ from parallel_plan.llama_pipeline import llama_stage, split_into_stage
 from parallel_plan.llama_tensor_parallel import layouts_of, parallelize_model
 from tests.model.model_helpers import small_model
 from tests.parallel.grid_helpers import micro_batches_of
-from utils.dpo import dpo_loss, sequence_log_prob
+from trainer.dpo_loss import dpo_loss, sequence_log_prob
 
 # name: (tensor_parallel, pipeline_parallel, sequence_parallel)
 GRIDS = {"tp2": (2, 1, False), "pp2": (1, 2, False), "tp2_sp": (2, 1, True)}

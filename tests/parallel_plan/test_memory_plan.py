@@ -120,7 +120,7 @@ def _activation_bytes_on_context_parallel_rank(rank: int, world_size: int, confi
                                                dtype: str, batch_size: int, seq_len: int) -> int:
     torch.manual_seed(0)
     model = Z2allForCausalLM(config).to(DTYPES[dtype])
-    model.model.context_parallel = ContextShard.of(dist.group.WORLD)  # trainer: shard_sequences
+    model.use_sequence_shard(ContextShard.of(dist.group.WORLD))  # trainer: shard_sequences
     ids = torch.randint(0, config.vocab_size, (batch_size, seq_len))
     return measure_activation_bytes(model, ids, labels=ids)
 

@@ -5,8 +5,14 @@ and the training loop one screen (the front door reads as parse -> build -> loop
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 import subprocess
 from pathlib import Path
+
+import train_my_ddp
+from trainer import loop_actions
+from trainer.setup import Reporting, Run, RunPlace, Stepping
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT = 100
@@ -56,3 +62,13 @@ def test_no_class_of_the_entry_points_is_longer_than_about_a_hundred_lines():
 def test_the_training_loop_is_one_screen():
     lengths = dict(_definitions(REPO / "train_my_ddp.py"))
     assert lengths["train"] + lengths["train_step"] <= LOOP_LIMIT, lengths
+
+
+def test_a_run_is_a_few_small_typed_parts_and_the_loop_actions_take_what_they_use():
+    """`Run` is three parts (where it is, what the loop steps, what it reports), none of them a
+    grab bag; the actions that need one or two parts take those, not the whole run."""
+    assert [field.name for field in dataclasses.fields(Run)] == ["place", "steps", "report"]
+    assert all(len(dataclasses.fields(part)) <= 8 for part in (RunPlace, Stepping, Reporting))
+    for action in (loop_actions.evaluate, loop_actions.finish, loop_actions.is_diverged,
+                   train_my_ddp.train_step):
+        assert "run" not in inspect.signature(action).parameters, action.__name__

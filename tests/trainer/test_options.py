@@ -24,6 +24,7 @@ from trainer.config_files import (
     save_config,
 )
 from trainer.options import TrainingOptions
+from trainer.parallelize import effective_zero_stage
 from utils.cli_errors import EXIT_BAD_INPUT
 from utils.cli_errors import run_main as cli_run_main
 
@@ -189,6 +190,17 @@ def test_help_lists_every_option_grouped():
     for name in TrainingOptions().to_dict():
         assert f"--{name} " in text
     assert "\noptimization (" in text and "\nparallel (" in text
+
+
+def test_use_distributed_optimizer_is_documented_and_read_as_zero_stage_1():
+    """Megatron-LM's spelling of ZeRO-1: --help and docs/design.md's table say so, and the run
+    takes it as --zero_stage 1."""
+    help_line = format_help().split("--use_distributed_optimizer", 1)[1].split("\n--", 1)[0]
+    assert "alias of --zero_stage 1" in " ".join(help_line.split())
+    design = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    assert "| `use_distributed_optimizer` | bool | `False` | an alias of --zero_stage 1" in design
+    options, _ = resolve_options(["--use_distributed_optimizer"])
+    assert effective_zero_stage(options.parallel) == 1
 
 
 def test_flag_without_value_only_for_booleans():

@@ -42,10 +42,10 @@ def test_running_out_of_memory_is_one_line_with_the_plan_and_the_cuts(data, tmp_
                         lambda: SimpleNamespace(available=limit))
     real_step = train_my_ddp.train_step
 
-    def step_then_run_out_at_the_second(run, micro_batches):
-        if run.counters.step == 1:
+    def step_then_run_out_at_the_second(steps, *step_args):
+        if steps.counters.step == 1:
             fail()
-        return real_step(run, micro_batches)
+        return real_step(steps, *step_args)
 
     monkeypatch.setattr(train_my_ddp, "train_step", step_then_run_out_at_the_second)
     code = cli_run_main(train_my_ddp.main, [*TINY_ARGS, *data_args(data, "pretrain"),

@@ -218,12 +218,12 @@ def test_a_trainer_whose_run_dir_is_moved_stops_before_writing_into_the_new_one(
     run_dir, moved = tmp_path / "run", tmp_path / "moved"
     real_step, steps = train_my_ddp.train_step, []
 
-    def step_then_move_at_the_third(run, micro_batches):
+    def step_then_move_at_the_third(*step_args):
         steps.append(len(steps) + 1)
         if len(steps) == 3:
             os.rename(run_dir, moved)
             run_dir.mkdir()  # another run's directory now has the name
-        return real_step(run, micro_batches)
+        return real_step(*step_args)
 
     monkeypatch.setattr(train_my_ddp, "train_step", step_then_move_at_the_third)
     code = cli_run_main(train_my_ddp.main, _args(data, f"--out_dir={run_dir}", "--max_iters=6"))
@@ -274,11 +274,11 @@ def _die_at_step_two(monkeypatch) -> None:
     """The run fails at its second step, before its first checkpoint (exit 1)."""
     real_step, steps = train_my_ddp.train_step, []
 
-    def step(run, micro_batches):
+    def step(*step_args):
         steps.append(1)
         if len(steps) == 2:
             raise OSError("the device went away (simulated)")
-        return real_step(run, micro_batches)
+        return real_step(*step_args)
 
     monkeypatch.setattr(train_my_ddp, "train_step", step)
 

@@ -1,5 +1,5 @@
 """What the trainer prints on a terminal: its other lines go above tqdm's bar, each on a line
-of its own (utils/progress.py `write`), never glued onto the bar's line."""
+of its own (trainer/progress.py `write`), never glued onto the bar's line."""
 
 from __future__ import annotations
 

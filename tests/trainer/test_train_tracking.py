@@ -17,13 +17,13 @@ import train_my_ddp
 import trainer.loop_actions
 import trainer.setup
 from tests.train_helpers import TINY_ARGS, data_args, run_main, tiny_training_data
-from tests.utils.test_progress import FakeClock
-from tests.utils.test_trackers import _wandb_history, log_out_of_wandb, read_wandb_records
+from tests.trainer.test_progress import FakeClock
+from tests.trainer.test_trackers import _wandb_history, log_out_of_wandb, read_wandb_records
 from trainer.evaluation import Evaluator
 from trainer.metrics import read_metrics
+from trainer.progress import TrainingProgress, format_duration
 from utils.cli_errors import EXIT_BAD_INPUT
 from utils.cli_errors import run_main as cli_run_main
-from utils.progress import TrainingProgress, format_duration
 
 
 @pytest.fixture(scope="module")

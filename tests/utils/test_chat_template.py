@@ -29,6 +29,7 @@ from utils.conversation import (
     stop_ids,
 )
 from utils.labels import IGNORE_INDEX
+from utils.tokenizer_protocol import TemplatedTokenizer, Tokenizer
 
 
 @pytest.fixture(scope="module", params=sorted(STYLES))
@@ -153,3 +154,17 @@ def test_template_that_rewrites_earlier_turns_is_refused(tiny_hf_tokenizer_dir):
     with pytest.raises(ValueError, match="not prefix-stable") as error:
         template.ids_and_mask(messages)
     assert "\n" not in str(error.value)
+
+
+def test_both_tokenizers_answer_the_protocol_and_only_a_pretrained_one_is_templated(
+        pair, tiny_hf_tokenizer_dir):
+    """The chat code tells a pretrained model's tokenizer from ours by the `TemplatedTokenizer`
+    protocol (utils/tokenizer_protocol.py), not by probing attributes: ours renders ChatML."""
+    pretrained, ours = pair[0], load_tokenizer(tiny_hf_tokenizer_dir)
+    for tokenizer in (pretrained, ours):
+        for member in [*Tokenizer.__annotations__, "encode", "encode_batch", "decode",
+                       "convert_tokens_to_ids", "save_pretrained"]:
+            assert hasattr(tokenizer, member), (type(tokenizer).__name__, member)
+    assert isinstance(pretrained, TemplatedTokenizer)
+    assert not isinstance(ours, TemplatedTokenizer)
+    assert stop_ids(pretrained) == list(pretrained.stop_token_ids)

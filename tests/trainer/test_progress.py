@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from utils.progress import TrainingProgress, format_duration, format_rate
+from trainer.progress import TrainingProgress, format_duration, format_rate
 
 
 class FakeClock:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from utils.dpo import chosen_answer_nll_sum, dpo_loss, sequence_log_prob
+from trainer.dpo_loss import chosen_answer_nll_sum, dpo_loss, sequence_log_prob
 
 
 def _reference(pc, pr, rc, rr, beta, eps):

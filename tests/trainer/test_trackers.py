@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 from wandb.proto import wandb_internal_pb2
 
-from utils.trackers import TrackerOptions, Trackers, parse_tracker_list
+from trainer.trackers import TrackerOptions, Trackers, parse_tracker_list
 
 CONFIG = {"learning_rate": 6e-4, "max_iters": 30, "task_type": "pretrain",
           "betas": [0.9, 0.95], "compile": False}
