@@ -1,12 +1,14 @@
 """Every file, `file.py:function` and `package.module.name` that the prose names exists.
 
-Docstrings and comments (read with `ast` and `tokenize`), docs/*.md and course/ (when present)
+Docstrings and comments (read with `ast` and `tokenize`), README.md, docs/*.md and course/
 send a reader to `trainer/config_files.py`, to `model/rope.py:apply_rotary_emb` or to
 `trainer.global_batch`; a file renamed or a function moved leaves such a pointer dangling, and
 nothing else would notice. A path is found when it exists from the repository root, from the
 naming file's folder or one above it (`cleaning/dedup.py` inside data_preprocess/), or as the
 tail of a project file's path (`tensor_parallel/sharding.py`). Paths in upstream projects we cite
-(Megatron, PyTorch) and example names of a user's own files are listed in NOT_OURS.
+(Megatron, PyTorch) and example names of a user's own files are listed in NOT_OURS; a
+student's exercise workspaces (course/work/NAME.py, written by `python -m course start`) are
+not in the repository.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ NOT_OURS = {
     "torch/optim/adam.py",  # PyTorch, cited for the update
     "tokenizer/my_tok.py",  # a user's own file in a tokenizer folder (never executed)
 }
+WORKSPACES = re.compile(r"^course/work/\w+\.py$")  # a student's exercise files, git-ignored
 PATH = re.compile(r"(?<![\w/.\-])((?:[A-Za-z_][\w\-]*/)+[A-Za-z_][\w\-]*\.(?:py|md))"
                   r"(?::([A-Za-z_][\w.]*))?")
 DOTTED = re.compile(r"`((?:" + "|".join(PACKAGES) + r")(?:\.[A-Za-z_]\w*)+)`")
 
 
 def prose_files() -> list[Path]:
-    files = list(REPO.glob("*.py")) + sorted((REPO / "docs").glob("*.md"))
+    files = [*REPO.glob("*.py"), REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     for package in PACKAGES:
         if (REPO / package).is_dir():
             files += sorted((REPO / package).rglob("*.py")) + sorted((REPO / package).rglob("*.md"))
@@ -94,7 +97,7 @@ def dangling_names(path: Path) -> list[str]:
     prose, missing = prose_of(path), []
     for match in PATH.finditer(prose):
         named, function = match.group(1), match.group(2)
-        if named in NOT_OURS:
+        if named in NOT_OURS or WORKSPACES.match(named):
             continue
         found = find_file(named, path)
         if found is None:
