@@ -17,9 +17,9 @@ $(STAMP): requirements.txt
 demo: venv
 	$(PY) -m tools.demo
 
-# The `slow` tests (the README's commands run in order: minutes of mostly one-core work) run
-# beside the others, whose multi-rank tests leave a core idle much of the time: ~13 min instead
-# of ~18 on 2 cores. Both runs must pass; the slow run's output is printed after the main one's.
+# The `slow` tests (the README's, docs' and course's commands run in order, multi-node loopback
+# runs, the course's exercise checks: minutes of mostly waiting or one-core work) run beside
+# the others, whose multi-rank tests leave a core idle much of the time. Both runs must pass; the slow run's output is printed after the main one's.
 test: venv
 	@slow_log=$$(mktemp); \
 	$(PY) -m pytest -m slow >"$$slow_log" 2>&1 & slow_pid=$$!; \

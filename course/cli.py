@@ -26,6 +26,7 @@ from course.swap import REPO, split_target
 from course.workspace import function_source, stub_source
 from utils.atomic_io import atomic_write_text
 from utils.cli_errors import run_main
+from utils.option_parser import OptionParser
 
 CHAPTERS = REPO / "course" / "chapters"
 
@@ -102,8 +103,8 @@ def check(exercise: Exercise, verbose: bool, workspace: Path | None = None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m course", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OptionParser(prog="python -m course", description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     listed = commands.add_parser("list", help="the exercises, by chapter")
     listed.add_argument("--json", action="store_true", help="one JSON list of the exercises")

@@ -35,6 +35,10 @@ from dataset.stream import StreamDataset, StreamLoader, StreamSettings
 from dataset.stream_shards import StreamSource
 from dataset.train_data import SampledTrainData
 
+# real tools killed mid-run, then waiting for their workers to go: in the slow lane
+pytestmark = pytest.mark.slow
+
+
 class SlowItems(Dataset):
     def __len__(self):
         return 64

@@ -19,6 +19,9 @@ import pytest
 from course.exercises import EXERCISES, WORK_ENV
 from course.swap import REPO
 
+# every exercise's stub, solution and mistakes: a few minutes of checks, in the slow lane
+pytestmark = pytest.mark.slow
+
 PROCESSES = 2
 CASES = [(e.name, case) for e in EXERCISES
          for case in ("stub", "reference", *e.mistakes)]

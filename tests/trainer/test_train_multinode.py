@@ -31,6 +31,9 @@ from tests.train_helpers import (
 )
 from utils.run_directory import SHARED_CHECK_FILE
 
+# torchrun agents meeting on loopback: mostly waiting, in the slow lane beside the rest
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
 
@@ -183,7 +186,6 @@ def test_the_slurm_scripts_build_one_torchrun_per_node(tmp_path, script, supervi
                         "--out_dir=/shared/run 1"]
 
 
-@pytest.mark.slow  # two supervised agents meeting by c10d: run beside the rest
 def test_the_supervised_slurm_job_on_loopback_equals_one_node(data, tmp_path, one_node_run):
     run_dir = tmp_path / "run"
     env = fake_slurm_job(tmp_path, find_free_port(), PYTHON=sys.executable,
