@@ -23,6 +23,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+# real tools killed mid-run, then waiting for their workers to go: in the slow lane
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_LIMIT_S = 120  # generous: on a shared machine the interpreter and imports are slow
 CLEANUP_LIMIT_S = 15  # the kernel's signals act at once; this only bounds a failing test
@@ -34,10 +37,6 @@ from torch.utils.data import Dataset
 from dataset.stream import StreamDataset, StreamLoader, StreamSettings
 from dataset.stream_shards import StreamSource
 from dataset.train_data import SampledTrainData
-
-# real tools killed mid-run, then waiting for their workers to go: in the slow lane
-pytestmark = pytest.mark.slow
-
 
 class SlowItems(Dataset):
     def __len__(self):
