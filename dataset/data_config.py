@@ -25,7 +25,7 @@ class DataFormatMismatch(Exception):
 
 @dataclass
 class DataConfig:
-    task_type: Literal["pretrain", "sft", "dpo"] = option("pretrain", "what to train")
+    task_type: Literal["pretrain", "sft", "dpo", "grpo"] = option("pretrain", "what to train")
     data_dir: str = option("data/demo/pretrain_pretok", "pretokenized data (pretrain) or "
                            "raw/pretok sft/dpo data, as dataset.build.build_datasets expects; "
                            "raw data (sft/dpo, stream) may be DIR@split or a Hugging Face "

@@ -28,8 +28,9 @@ LAYERS: list[set[str]] = [
     {"model"},
     {"optimizer"},
     {"parallel_plan"},
+    {"server"},  # the generation engine: the model server's, and GRPO's rollouts' (trainer/)
     {"trainer"},
-    {"tools", "monitor", "server", "course"},
+    {"tools", "monitor", "course"},
     {path.stem for path in REPO.glob("*.py")},  # train_my_ddp, generate, monitor_process, ...
 ]
 LAYER_OF = {package: level for level, packages in enumerate(LAYERS) for package in packages}

@@ -15,7 +15,9 @@ Pretraining and SFT minimise next-token cross entropy (SFT's labels are -100 out
 assistant's answers); DPO compares the policy's and a frozen reference model's
 log-probabilities of a chosen and a rejected answer (trainer/dpo_loss.py). With LoRA the reference
 is the policy itself with its adapters switched off (model/lora.py: the frozen base, no second
-copy of the weights).
+copy of the weights). GRPO's micro-batches are the policy's own sampled answers with their
+advantages (trainer/rollouts.py), and its step is the clipped, KL-penalized surrogate of
+trainer/grpo_loss.py.
 """
 
 from __future__ import annotations
@@ -31,8 +33,16 @@ import torch
 from model.loading import load_model
 from model.lora import adapters_disabled
 from trainer.dpo_loss import chosen_answer_nll_sum, dpo_loss, sequence_log_prob
-from trainer.global_batch import CHOSEN_TOKENS, PAIRS, TARGET_TOKENS, share
-from trainer.options import DPOOptions
+from trainer.global_batch import (
+    CHOSEN_TOKENS,
+    COMPLETION_TOKENS,
+    COMPLETIONS,
+    PAIRS,
+    TARGET_TOKENS,
+    share,
+)
+from trainer.grpo_loss import counted_by_tokens, loss_sum, token_terms
+from trainer.options import DPOOptions, GRPOOptions
 from utils.labels import IGNORE_INDEX
 from utils.precision import DTYPES
 
@@ -148,27 +158,65 @@ def _model_inputs(pair: Batch) -> Batch:
     return {key: pair[key] for key in ("input_ids", "labels", "attention_mask")}
 
 
-def build_forward_step(task_type: str, dpo: DPOOptions, init_from: str | None,
-                       device: torch.device, dtype_name: str, lora: bool = False,
-                       split_reference: Callable[[torch.nn.Module], Any] | None = None,
-                       base_of_policy: Any | None = None) -> ForwardStep:
-    """The task's forward step. DPO's reference is the SFT model we started from: always
-    `init_from`, never a copy of the policy (after a resume the policy has moved on); with
-    `lora`, that model is the policy's frozen base. On a tensor/pipeline grid (anything with
+@dataclass(frozen=True)
+class GRPOStep:
+    """GRPO (trainer/grpo_loss.py) on a micro-batch of rollouts (trainer/rollouts.py): the
+    answers' token log-probs under the policy, against those of the policy that sampled them
+    (`old_logps`; the same weights when --grpo_iterations is 1, so they are this forward's,
+    detached) and of the reference (`reference_logps`, when β > 0)."""
+
+    epsilon_low: float
+    epsilon_high: float
+    beta: float
+    loss_type: str
+    max_completion_length: int
+
+    def __call__(self, model: CausalLM, batch: Batch) -> StepOutput:
+        policy_logps = model.token_log_probs(**_model_inputs(batch))
+        old_logps = batch.get("old_logps", policy_logps.detach())
+        terms = token_terms(policy_logps, old_logps, batch.get("reference_logps"),
+                            batch["advantages"], epsilon_low=self.epsilon_low,
+                            epsilon_high=self.epsilon_high, beta=self.beta)
+        mask = (batch["labels"] != IGNORE_INDEX).float()
+        count_key = COMPLETION_TOKENS if counted_by_tokens(self.loss_type) else COMPLETIONS
+        loss = share(loss_sum(terms.loss, mask, self.loss_type, self.max_completion_length),
+                     batch, count_key)
+        per_token = {"kl": terms.kl, "clip_ratio/low": terms.low_clipped.float(),
+                     "clip_ratio/high": terms.high_clipped.float()}
+        return loss, {name: share((values.detach() * mask).sum(), batch, COMPLETION_TOKENS)
+                      for name, values in per_token.items()}
+
+
+def build_reference(init_from: str | None, device: torch.device, dtype_name: str,
+                    lora: bool = False,
+                    split_reference: Callable[[torch.nn.Module], Any] | None = None,
+                    base_of_policy: Any | None = None) -> ReferenceLogProbs:
+    """The frozen reference of DPO and GRPO: the model we started from, always `init_from`,
+    never a copy of the policy (after a resume the policy has moved on); with `lora`, that
+    model is the policy's frozen base. On a tensor/pipeline grid (anything with
     `token_log_probs`): `split_reference` cuts the reference like the policy, and with `lora`
     `base_of_policy` runs the policy's own stages as its base."""
+    if lora and base_of_policy is not None:
+        return functools.partial(frozen_reference_log_probs, reference=base_of_policy)
+    if lora:
+        return base_model_log_probs
+    reference = load_model(init_from)[0].to(device, DTYPES[dtype_name]).eval()
+    reference.requires_grad_(False)
+    if split_reference is not None:
+        reference = split_reference(reference)
+    return functools.partial(frozen_reference_log_probs, reference=reference)
+
+
+def build_forward_step(task_type: str, dpo: DPOOptions, grpo: GRPOOptions,
+                       reference: Callable[[], ReferenceLogProbs]) -> ForwardStep:
+    """The task's forward step; `reference()` builds the frozen reference if DPO needs it
+    (GRPO's rollouts use it: trainer/rollouts.py)."""
+    if task_type == "grpo":
+        return GRPOStep(epsilon_low=grpo.grpo_epsilon,
+                        epsilon_high=grpo.grpo_epsilon_high or grpo.grpo_epsilon,
+                        beta=grpo.grpo_beta, loss_type=grpo.grpo_loss_type,
+                        max_completion_length=grpo.max_completion_length)
     if task_type != "dpo":
         return forward_language_model
-    if lora and base_of_policy is not None:
-        reference_log_probs = functools.partial(frozen_reference_log_probs,
-                                                reference=base_of_policy)
-    elif lora:
-        reference_log_probs = base_model_log_probs
-    else:
-        reference = load_model(init_from)[0].to(device, DTYPES[dtype_name]).eval()
-        reference.requires_grad_(False)
-        if split_reference is not None:
-            reference = split_reference(reference)
-        reference_log_probs = functools.partial(frozen_reference_log_probs, reference=reference)
-    return DPOStep(reference_log_probs, beta=dpo.dpo_beta,
-                   label_smoothing=dpo.dpo_label_smoothing, nll_weight=dpo.dpo_nll_weight)
+    return DPOStep(reference(), beta=dpo.dpo_beta, label_smoothing=dpo.dpo_label_smoothing,
+                   nll_weight=dpo.dpo_nll_weight)

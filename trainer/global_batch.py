@@ -19,6 +19,8 @@ a replica's batch, tensor/pipeline/context-parallel peers, count it once: `DataS
     cross entropy         target tokens (labels≠-100) the global batch's target tokens N
     DPO loss, rewards     pairs                       the global batch's pairs P
     DPO's RPO NLL         chosen answers' tokens      the global batch's chosen tokens N_c
+    GRPO (grpo, dr_grpo)  completions                 the global batch's completions C
+    GRPO bnpo, metrics    completion tokens           the global batch's completion tokens
 
 DDP *averages* the D replicas' gradients, so each replica divides its sum by N / D (the
 per-replica share of the count, `per_replica`): the average of the D replicas' gradients is then
@@ -46,12 +48,18 @@ Batch = dict[str, torch.Tensor]
 TARGET_TOKENS = "target_tokens_per_replica"
 PAIRS = "pairs_per_replica"
 CHOSEN_TOKENS = "chosen_tokens_per_replica"
-PER_REPLICA_KEYS = (TARGET_TOKENS, PAIRS, CHOSEN_TOKENS)
+COMPLETIONS = "completions_per_replica"
+COMPLETION_TOKENS = "completion_tokens_per_replica"
+PER_REPLICA_KEYS = (TARGET_TOKENS, PAIRS, CHOSEN_TOKENS, COMPLETIONS, COMPLETION_TOKENS)
 
 
 def term_counts(batch: Batch) -> dict[str, float]:
     """What each loss term of this micro-batch sums over: its target tokens (pretraining, SFT),
-    or its pairs and the chosen answers' target tokens (DPO: `chosen_*` keys)."""
+    its pairs and the chosen answers' target tokens (DPO: `chosen_*` keys), or its completions
+    and their tokens (GRPO's rollouts: `advantages`)."""
+    if "advantages" in batch:
+        return {COMPLETIONS: float(batch["labels"].shape[0]),
+                COMPLETION_TOKENS: float((batch["labels"] != IGNORE_INDEX).sum())}
     if "chosen_labels" in batch:
         return {PAIRS: float(batch["chosen_labels"].shape[0]),
                 CHOSEN_TOKENS: float((batch["chosen_labels"] != IGNORE_INDEX).sum())}

@@ -11,6 +11,7 @@ import torch
 from parallel_plan.memory_plan import measure_memory
 from trainer.distributed_env import DistributedEnv, all_reduce_sum
 from trainer.report import write_report
+from trainer.rollouts import RolloutData
 from trainer.setup import Reporting, Run, RunPlace, Stepping
 from trainer.training_checkpoint import save_training_checkpoint
 from utils.checkpoint import list_checkpoints
@@ -87,6 +88,8 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
     totals = all_reduce_sum([float(count) for count in policy.values()], env) if policy else []
     counts |= {name: int(total) for name, total in zip(policy, totals) if total}
     averages = {name: total / env.world_size for name, total in zip(names, sums)}
+    if isinstance(steps.data, RolloutData):  # the round's rewards, already global
+        averages |= steps.data.step_metrics()
     throughput = report.meter.report()
     stats = steps.parallel.pipeline_stats()
     if stats is not None:  # rank 0's idle share

@@ -149,7 +149,7 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
                             "gather and free weights around each compiled block): drop "
                             "--compile or use --zero_stage 2")
     problems += (_grid_problems(options) + _context_parallel_problems(options)
-                 + _fp16_problems(options))
+                 + _fp16_problems(options) + _grpo_problems(options))
     device = options.system.device
     if device not in ("auto", "cpu", "cuda"):
         problems.append(f"--device must be auto, cpu or cuda, got {device!r}")
@@ -157,6 +157,42 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
         problems.append("--device=cuda but CUDA is not available here: use --device=cpu "
                         "(or auto)")
     return list(dict.fromkeys(problems))  # (the grid's shape check and CP's both check lengths)
+
+
+def _grpo_problems(options: TrainingOptions) -> list[str]:
+    """GRPO's values, and what it does not run on yet (refused in one line)."""
+    grpo, optimization, parallel = options.grpo, options.optimization, options.parallel
+    if options.data.task_type != "grpo":
+        return []
+    problems = [
+        range_problem("--num_generations", grpo.num_generations, 2),  # a group of one: no signal
+        range_problem("--max_completion_length", grpo.max_completion_length, 1,
+                      options.data.max_seq_len - 1),
+        range_problem("--temperature", grpo.temperature, 0, low_open=True),
+        range_problem("--top_p", grpo.top_p, 0, 1, low_open=True),
+        range_problem("--grpo_beta", grpo.grpo_beta, 0),
+        range_problem("--grpo_epsilon", grpo.grpo_epsilon, 0, 1, low_open=True),
+        range_problem("--grpo_epsilon_high", grpo.grpo_epsilon_high, 0, low_open=True),
+        range_problem("--grpo_iterations", grpo.grpo_iterations, 1)]
+    completions = optimization.batch_size * optimization.gradient_accumulation_steps
+    if completions % grpo.num_generations:
+        problems.append(f"--batch_size x --gradient_accumulation_steps = {completions} "
+                        f"completions per rank is not a multiple of --num_generations="
+                        f"{grpo.num_generations}: a group must stay on one rank")
+    if not options.model.init_from:
+        problems.append("--task_type=grpo needs --init_from=<the model to improve>: it is the "
+                        "starting policy and the frozen reference")
+    if not grpo.reward_fn.strip():
+        problems.append("--task_type=grpo needs --reward_fn module:function (e.g. "
+                        "trainer.reward_functions:exact_answer)")
+    if parallel.tensor_parallel * parallel.pipeline_parallel * parallel.context_parallel > 1:
+        problems.append("--task_type=grpo runs on data parallelism (any --zero_stage, LoRA) "
+                        "for now: drop --tensor_parallel, --pipeline_parallel and "
+                        "--context_parallel")
+    if options.data.data_format == "stream":
+        problems.append("--task_type=grpo reads its prompt records whole: drop "
+                        "--data_format=stream")
+    return [problem for problem in problems if problem]
 
 
 def _fp16_problems(options: TrainingOptions) -> list[str]:

@@ -165,6 +165,35 @@ class DPOOptions:
 
 
 @dataclass
+class GRPOOptions:
+    """GRPO (trainer/grpo_loss.py, trainer/rollouts.py): --batch_size counts completions."""
+
+    reward_fn: str = option("", "grpo: comma list of reward functions module:function, TRL's "
+                            "signature f(prompts, completions, **columns) (trainer/rewards.py;"
+                            " built-ins in trainer/reward_functions.py)")
+    reward_weights: str = option("", "grpo: comma list of one weight per --reward_fn "
+                                 "(default 1 each)")
+    num_generations: int = option(8, "grpo: completions per prompt (a group); --batch_size x "
+                                  "--gradient_accumulation_steps must be a multiple of it")
+    max_completion_length: int = option(32, "grpo: new tokens per completion at most")
+    temperature: float = option(1.0, "grpo: sampling temperature of the rollouts (> 0)")
+    top_p: float = option(1.0, "grpo: nucleus sampling of the rollouts (1 = off)")
+    scale_rewards: Literal["group", "batch", "none"] = option(
+        "group", "grpo: divide advantages by the group's reward std, the global batch's, or "
+        "not at all (Dr. GRPO)")
+    grpo_beta: float = option(0.04, "grpo: weight of the KL to the reference (0: no "
+                              "reference forward)")
+    grpo_epsilon: float = option(0.2, "grpo: clip the probability ratio to [1-eps, 1+eps]")
+    grpo_epsilon_high: float | None = option(None, "grpo: the clip's upper eps (DAPO's "
+                                             "asymmetric clip; default --grpo_epsilon)")
+    grpo_loss_type: Literal["grpo", "bnpo", "dr_grpo"] = option(
+        "grpo", "grpo: per-answer token mean (grpo), token mean over the batch (bnpo), or sum "
+        "/ (answers x max_completion_length) (dr_grpo)")
+    grpo_iterations: int = option(1, "grpo: optimizer steps on each batch of rollouts (> 1: "
+                                  "the clipped ratio to the sampling policy matters)")
+
+
+@dataclass
 class LoraOptions:
     """LoRA fine-tuning of --init_from (model/lora.py): these build its `LoraConfig`."""
 
@@ -211,7 +240,8 @@ class RunOptions:
 GROUPS: dict[str, type] = {
     "data": DataConfig, "model": ModelOptions, "optimization": OptimizationOptions,
     "system": SystemOptions, "parallel": ParallelOptions, "eval": EvalOptions,
-    "dpo": DPOOptions, "lora": LoraOptions, "run": RunOptions, "tracking": TrackerOptions,
+    "dpo": DPOOptions, "grpo": GRPOOptions, "lora": LoraOptions, "run": RunOptions,
+    "tracking": TrackerOptions,
 }
 # Options that describe one invocation, not the run: never inherited from a saved config.
 PER_INVOCATION = {"resume", "stop_at_iter", "overwrite"}
@@ -256,6 +286,7 @@ class TrainingOptions:
     parallel: ParallelOptions = field(default_factory=ParallelOptions)
     eval: EvalOptions = field(default_factory=EvalOptions)
     dpo: DPOOptions = field(default_factory=DPOOptions)
+    grpo: GRPOOptions = field(default_factory=GRPOOptions)
     lora: LoraOptions = field(default_factory=LoraOptions)
     run: RunOptions = field(default_factory=RunOptions)
     tracking: TrackerOptions = field(default_factory=TrackerOptions)

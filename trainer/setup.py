@@ -53,7 +53,7 @@ from trainer.config_files import save_config
 from trainer.data_share import DataShare, data_share, saved_data_leader_ranks
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
 from trainer.evaluation import Evaluator, eval_loader
-from trainer.forward_steps import ForwardStep, build_forward_step
+from trainer.forward_steps import ForwardStep, build_forward_step, build_reference
 from trainer.lr_schedule import LRSchedule
 from trainer.memory_fit import MemoryBudget
 from trainer.metrics import MetricsLogger
@@ -66,6 +66,7 @@ from trainer.parallelize import (
 )
 from trainer.progress import TrainingProgress
 from trainer.rng_state import seed_everything
+from trainer.rollouts import RewardEvaluator, build_rollouts
 from trainer.throughput import ThroughputMeter
 from trainer.trackers import Trackers
 from trainer.training_checkpoint import restore_training_checkpoint
@@ -108,7 +109,7 @@ class Stepping:
     parallel: ParallelRun
     schedule: LRSchedule
     forward_step: ForwardStep
-    data: TrainData
+    data: TrainData  # GRPO: RolloutData, the policy's own answers (trainer/rollouts.py)
     counters: Counters
     share: DataShare
     global_batch: int  # sequences per optimizer step: batch x accumulation x data-parallel size
@@ -130,7 +131,7 @@ class Reporting:
     log: MetricsLogger
     meter: ThroughputMeter
     progress: TrainingProgress
-    evaluator: Evaluator
+    evaluator: Evaluator | RewardEvaluator
     kernels: str
     memory_measured: bool = False  # measure_memory logged after the first step
 
@@ -180,10 +181,13 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     # --eval_iters global batches: the same validation set for every split of one global batch
     eval_samples = options.eval.eval_iters * (optimization.batch_size * share.world_size
                                               * optimization.gradient_accumulation_steps)
-    data, valid_dataset, collate_fn = build_train_data(
-        data_options, seed=optimization.seed, batch_size=optimization.batch_size,
-        eval_samples=eval_samples, rank=share.rank, world_size=share.world_size,
-        pin_memory=env.device.type == "cuda", sequence_multiple=share.sequence_multiple)
+    if data_options.task_type == "grpo":  # the policy's own answers: trainer/rollouts.py
+        data, evaluator = build_rollouts(options, tokenizer, env)
+    else:
+        data, valid_dataset, collate_fn = build_train_data(
+            data_options, seed=optimization.seed, batch_size=optimization.batch_size,
+            eval_samples=eval_samples, rank=share.rank, world_size=share.world_size,
+            pin_memory=env.device.type == "cuda", sequence_multiple=share.sequence_multiple)
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
     budget = budget or MemoryBudget(env.rank)
@@ -192,26 +196,30 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
         env.rank, precision.dtype).total, env)
     if env.is_main and (warning := budget.fit_warning()):
         print(warning, file=sys.stderr, flush=True)
-    if env.is_main:  # how many validation samples, and from the data's own split or train
+    if env.is_main and data_options.task_type != "grpo":  # the validation set's size and source
         print(validation_note(data_options, len(valid_dataset), eval_samples), flush=True)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
         options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir)
-    forward_step = build_forward_step(data_options.task_type, options.dpo,
-                                      options.model.init_from, env.device, precision.dtype,
-                                      lora=options.lora.config() is not None,
-                                      split_reference=parallel.split_like_policy,
-                                      base_of_policy=parallel.base_of_policy)
+    reference = functools.partial(build_reference, options.model.init_from, env.device,
+                                  precision.dtype, lora=options.lora.config() is not None,
+                                  split_reference=parallel.split_like_policy,
+                                  base_of_policy=parallel.base_of_policy)
+    forward_step = build_forward_step(data_options.task_type, options.dpo, options.grpo,
+                                      reference)
+    if data_options.task_type == "grpo":
+        data.use_policy(parallel.whole_model, reference() if options.grpo.grpo_beta else None)
 
     counters = Counters()
     if saved_state is not None:
         counters = Counters(saved_state["step"], saved_state["tokens_seen"],
                             saved_state["consumed_samples"])
         log.log("resume", counters.step, checkpoint=str(resume_dir))
-    valid_loader = eval_loader(valid_dataset, collate_fn, optimization.batch_size, eval_samples,
-                               dataclasses.replace(env, rank=share.rank,
-                                                   world_size=share.world_size))
-    evaluator = Evaluator(valid_loader, tokenizer, forward_step, data_options.task_type,
-                          options.eval, env, counts_data=share.counts_tokens)
+    if data_options.task_type != "grpo":
+        valid_loader = eval_loader(valid_dataset, collate_fn, optimization.batch_size,
+                                   eval_samples, dataclasses.replace(env, rank=share.rank,
+                                                                     world_size=share.world_size))
+        evaluator = Evaluator(valid_loader, tokenizer, forward_step, data_options.task_type,
+                              options.eval, env, counts_data=share.counts_tokens)
     meter = ThroughputMeter(whole_shape(model.config), data_options.max_seq_len, precision.dtype,
                             options.system.peak_flops, env)
     stop_step = min(optimization.stop_at_iter or optimization.max_iters, optimization.max_iters)
