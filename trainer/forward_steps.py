@@ -31,12 +31,11 @@ import torch
 from model.loading import load_model
 from model.lora import adapters_disabled
 from trainer.dpo_loss import chosen_answer_nll_sum, dpo_loss, sequence_log_prob
-from trainer.global_batch import CHOSEN_TOKENS, PAIRS, TARGET_TOKENS, share
+from trainer.global_batch import CHOSEN_TOKENS, PAIRS, TARGET_TOKENS, Batch, share
 from trainer.options import DPOOptions
 from utils.labels import IGNORE_INDEX
 from utils.precision import DTYPES
 
-Batch = dict[str, torch.Tensor]
 StepOutput = tuple[torch.Tensor, dict[str, torch.Tensor]]  # (loss, extras to log)
 
 
