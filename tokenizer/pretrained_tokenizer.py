@@ -26,7 +26,7 @@ from utils.atomic_io import atomic_write_bytes
 from utils.chat_template import ChatTemplate
 
 from .text_only import TextOnlyTokenizerFast
-from .z2all_tokenizer import CONFIG_FILE, TOKENIZER_FILE, fingerprint_of
+from .z2all_tokenizer import CONFIG_FILE, TOKENIZER_FILE, fingerprint_of, write_tokenizer_files
 
 TEMPLATE_FILE = "chat_template.jinja"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -79,15 +79,10 @@ class PretrainedTokenizer(TextOnlyTokenizerFast):
         """The files it was read from, as they were (plus the template where it came from
         its own file), so the copy loads identically here and in transformers."""
         directory = Path(save_directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        config = dict(self.source_files[CONFIG_FILE])
+        config = self.source_files[CONFIG_FILE]
+        written = write_tokenizer_files(directory, self.backend_tokenizer, config)
         if self.template_source is not None and "chat_template" not in config:
             atomic_write_bytes(directory / TEMPLATE_FILE, self.template_source.encode("utf-8"))
-        atomic_write_bytes(directory / TOKENIZER_FILE,
-                           self.backend_tokenizer.to_str(pretty=True).encode("utf-8"))
-        atomic_write_bytes(directory / CONFIG_FILE,
-                           json.dumps(config, indent=2, ensure_ascii=False).encode("utf-8"))
-        written = [directory / TOKENIZER_FILE, directory / CONFIG_FILE]
         if self.source_files[GENERATION_CONFIG_FILE]:
             atomic_write_bytes(directory / GENERATION_CONFIG_FILE, json.dumps(
                 self.source_files[GENERATION_CONFIG_FILE], indent=2).encode("utf-8"))

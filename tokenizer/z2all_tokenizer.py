@@ -179,15 +179,22 @@ class Z2allTokenizer(TextOnlyTokenizerFast):
     # --- saving: the two standard files, nothing else ----------------------------------------
     def save_pretrained(self, save_directory: str | os.PathLike, **_: Any) -> tuple[str, ...]:
         """Write tokenizer.json and tokenizer_config.json (each atomically) for any HF client."""
-        directory = Path(save_directory)
-        directory.mkdir(parents=True, exist_ok=True)
         config = {"tokenizer_class": "PreTrainedTokenizerFast",
                   "eos_token": ENDOFTEXT, "pad_token": ENDOFTEXT, "bos_token": None,
                   "clean_up_tokenization_spaces": False,
                   "chat_template": CHAT_TEMPLATE,
                   "z2all": self.z2all_record}
-        atomic_write_bytes(directory / TOKENIZER_FILE,
-                           self.backend_tokenizer.to_str(pretty=True).encode("utf-8"))
-        atomic_write_bytes(directory / CONFIG_FILE,
-                           json.dumps(config, indent=2, ensure_ascii=False).encode("utf-8"))
-        return str(directory / TOKENIZER_FILE), str(directory / CONFIG_FILE)
+        return tuple(map(str, write_tokenizer_files(Path(save_directory),
+                                                    self.backend_tokenizer, config)))
+
+
+def write_tokenizer_files(directory: Path, backend: tokenizers.Tokenizer,
+                          config: dict[str, Any]) -> list[Path]:
+    """The two files every HF client reads, each atomically, into `directory` (created):
+    tokenizer.json (the `tokenizers` model) and tokenizer_config.json (`config`). Both kinds
+    of tokenizer save through here. Returns their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(directory / TOKENIZER_FILE, backend.to_str(pretty=True).encode("utf-8"))
+    atomic_write_bytes(directory / CONFIG_FILE,
+                       json.dumps(config, indent=2, ensure_ascii=False).encode("utf-8"))
+    return [directory / TOKENIZER_FILE, directory / CONFIG_FILE]

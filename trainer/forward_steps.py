@@ -39,6 +39,7 @@ from trainer.global_batch import (
     COMPLETIONS,
     PAIRS,
     TARGET_TOKENS,
+    Batch,
     share,
 )
 from trainer.grpo_loss import counted_by_tokens, loss_sum, token_terms
@@ -46,7 +47,6 @@ from trainer.options import DPOOptions, GRPOOptions
 from utils.labels import IGNORE_INDEX
 from utils.precision import DTYPES
 
-Batch = dict[str, torch.Tensor]
 StepOutput = tuple[torch.Tensor, dict[str, torch.Tensor]]  # (loss, extras to log)
 
 

@@ -43,6 +43,8 @@ import torch
 from trainer.distributed_env import DistributedEnv, all_reduce_sum
 from utils.labels import IGNORE_INDEX
 
+# One micro-batch: its tensors by name (input_ids, labels, ..., DPO's chosen_* and rejected_*),
+# plus the per-replica counts `attach_per_replica` adds. Every forward step takes one.
 Batch = dict[str, torch.Tensor]
 
 TARGET_TOKENS = "target_tokens_per_replica"

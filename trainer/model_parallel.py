@@ -65,7 +65,8 @@ from parallel_plan.llama_pipeline import llama_stage, split_into_stage
 from parallel_plan.llama_shapes import check_parallel_shapes
 from parallel_plan.llama_tensor_parallel import layouts_of, parallelize_model
 from parallel_plan.llama_units import zero_units
-from trainer.forward_steps import Batch, ForwardStep
+from trainer.forward_steps import ForwardStep
+from trainer.global_batch import Batch
 from trainer.grid_optimizer import GridOptimizer
 from trainer.pipelined_forward import (
     PipelinedBase,

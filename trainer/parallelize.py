@@ -58,7 +58,8 @@ from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import PipelineStepStats
 from parallel_plan.llama_shapes import check_parallel_shapes
 from parallel_plan.llama_units import zero_units
-from trainer.forward_steps import Batch, CausalLM, ForwardStep
+from trainer.forward_steps import CausalLM, ForwardStep
+from trainer.global_batch import Batch
 from trainer.model_parallel import GridRun, parallelize_grid
 from trainer.options import OptimizationOptions, ParallelOptions, SystemOptions
 from trainer.sequence_sharding import shard_sequences

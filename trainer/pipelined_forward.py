@@ -22,12 +22,12 @@ from parallel.pipeline_parallel.schedules import PipelineSchedule
 from parallel_plan.llama_pipeline import llama_stage, split_into_stage
 from parallel_plan.llama_tensor_parallel import parallelize_model
 from trainer.forward_steps import (
-    Batch,
     DPOStep,
     ForwardStep,
     as_base_model,
     language_model_objective,
 )
+from trainer.global_batch import Batch
 
 
 class PipelinedEval:

@@ -20,7 +20,8 @@ The rules, in the order a tool applies them:
 1. Apart from its inputs (`check_apart`): --out_dir is never an input, a folder above one (the
    input would be written over: `clean --data_dir c/en --out_dir c` once replaced c/wiki.jsonl),
    or a folder inside one (the outputs would be read back as input), except a hidden one, which
-   the readers skip; and never inside a z2all run directory (its marker, utils/run_directory.py).
+   the readers skip (the comparison: utils/path_overlap.py); and never inside a z2all run directory
+   (its marker, utils/run_directory.py).
 2. Only its own folder (`OutputLedger.claim`): a folder that does not exist, is empty, or holds
    this tool's earlier output: the ledger names the tool as owner (or no owner) *and* every
    entry is listed in it (or is an empty folder, or a temporary file of a listed one,
@@ -51,6 +52,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from utils.atomic_io import atomic_write_json
+from utils.path_overlap import path_overlap
 from utils.run_directory import RUN_MARKER
 
 LEDGER = ".z2all_outputs.json"
@@ -76,13 +78,13 @@ def check_apart(out_dir: str | Path, inputs: Iterable[tuple[str, str | Path | No
     for name, value in inputs:
         if value is None or not Path(value).exists():
             continue
-        source = Path(value).resolve()
-        if out == source or out in source.parents:
-            relation = "is" if out == source else "holds"
+        overlap = path_overlap(out, value)
+        if overlap in ("same", "holds"):
+            relation = "is" if overlap == "same" else "holds"
             raise ValueError(f"{option} {out_dir} {relation} the input {name} {value}: its "
                              "files would be written over; choose a new folder outside it")
-        if source in out.parents and not any(
-                part.startswith(".") for part in out.relative_to(source).parts):
+        if overlap == "inside" and not any(
+                part.startswith(".") for part in out.relative_to(Path(value).resolve()).parts):
             raise ValueError(f"{option} {out_dir} lies inside the input {name} {value}: its "
                              "outputs would mix with the input (and be read back as input); "
                              "choose a folder outside it (or a hidden one: readers skip '.*')")

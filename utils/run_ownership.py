@@ -43,6 +43,7 @@ from pathlib import Path
 
 from utils.atomic_io import atomic_write_text
 from utils.checkpoint import BEST_LINK, list_checkpoints
+from utils.path_overlap import path_overlap
 from utils.run_directory import (
     CHECKPOINTS_DIR,
     HEARTBEAT_FILE,
@@ -209,12 +210,11 @@ def overlap_problem(flag: str, out: str | os.PathLike,
     or is inside a path the command reads (`reads`: (what it is, its path or None) pairs, as
     ("--data_dir", "data/demo")). The rule of every tool that writes a folder (the trainer,
     `convert_to_hf --out`, `tools.evaluate --report_dir`): it never writes into what it reads."""
-    resolved = Path(out).resolve()
     for name, value in reads:
-        read = Path(value).resolve() if value else None
-        if read is not None and (resolved == read or resolved in read.parents):
+        overlap = path_overlap(out, value) if value else None
+        if overlap in ("same", "holds"):
             return f"{flag} is or contains {name} {value}: {fix}"
-        if read is not None and read in resolved.parents:
+        if overlap == "inside":
             return f"{flag} is inside {name} {value}: {fix}"
     return None
 
@@ -230,10 +230,9 @@ def out_dir_problem(out_dir: str, reads: dict[str, str | None]) -> str | None:
     if path.exists() and not path.is_dir():
         return f"{flag} is a file: name a new or empty directory for the run"
     fix = "a run writes only into a directory of its own; choose another --out_dir (e.g. out/run1)"
-    resolved = path.resolve()
     for name, place in (("the root directory", Path("/")), ("your home directory", Path.home()),
                         ("the z2all repository", REPOSITORY)):
-        if resolved == place.resolve() or resolved in place.resolve().parents:
+        if path_overlap(path, place) in ("same", "holds"):
             return f"{flag} is or contains {name}: {fix}"
     return overlap_problem(flag, path, reads.items(), fix)
 

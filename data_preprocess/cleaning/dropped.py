@@ -30,6 +30,7 @@ from typing import Any
 
 from utils.atomic_io import atomic_open
 from utils.data_output_dir import OutputLedger
+from utils.path_overlap import path_overlap
 
 OPTION = "--write_dropped"
 WRITER = "clean_pretrain_data --write_dropped"
@@ -37,12 +38,8 @@ WRITER = "clean_pretrain_data --write_dropped"
 
 def _overlap(folder: Path, path: str | Path) -> bool:
     """DIR is `path`, or above or inside it (a `DIR@split` spec counts as DIR)."""
-    target = folder.resolve()
-    for candidate in {str(path), str(path).rpartition("@")[0] or str(path)}:
-        other = Path(candidate).resolve()
-        if target == other or target in other.parents or other in target.parents:
-            return True
-    return False
+    candidates = {str(path), str(path).rpartition("@")[0] or str(path)}
+    return any(path_overlap(folder, candidate) for candidate in candidates)
 
 
 def claim(folder: Path, inputs: Iterable[tuple[str, str | Path]], rules: Iterable[str]

@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from itertools import chain
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import Parameter
+
+from parallel.replica_start import broadcast_from_first_rank
 
 from .ddp_comm_hooks.default_hooks import (
     CommHook,
@@ -63,7 +64,7 @@ class DistributedDataParallel(nn.Module):
         self.data_parallel_world_size = dist.get_world_size(process_group)
         self.data_parallel_rank = dist.get_rank(process_group)
         self.param_names = {param: name for name, param in module.named_parameters()}
-        self._broadcast_from_first_rank()
+        broadcast_from_first_rank(module, process_group)  # identical replicas
 
         params = [param for param in module.parameters() if param.requires_grad]
         if not params:
@@ -101,15 +102,6 @@ class DistributedDataParallel(nn.Module):
             param.register_post_accumulate_grad_hook(self._on_grad_ready)
 
     # ---- setup ---------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def _broadcast_from_first_rank(self) -> None:
-        """Start from identical replicas: every rank takes the first rank's weights and buffers."""
-        source = dist.get_global_rank(self.process_group, 0) if self.process_group else 0
-        works = [dist.broadcast(tensor, src=source, group=self.process_group, async_op=True)
-                 for tensor in chain(self.module.parameters(), self.module.buffers())]
-        for work in works:
-            work.wait()
 
     def _build_buffers(self, params: list[Parameter]) -> list[ParamAndGradBuffer]:
         """One buffer per parameter dtype, parameters kept in registration order."""

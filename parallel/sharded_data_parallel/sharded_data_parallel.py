@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from itertools import chain
 from typing import Any
 
 import torch
@@ -78,6 +77,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
 from torch.nn import Parameter
+
+from parallel.replica_start import broadcast_from_first_rank
 
 from .flat_param_unit import FlatParamUnit
 
@@ -140,7 +141,7 @@ class ShardedDataParallel(nn.Module):
         self.data_parallel_world_size = dist.get_world_size(process_group)
         self.data_parallel_rank = dist.get_rank(process_group)
         self.param_names = {param: name for name, param in module.named_parameters()}
-        self._broadcast_from_first_rank()
+        broadcast_from_first_rank(module, process_group)  # then each keeps its shard
         grad_dtype = torch.float32 if grad_reduce_in_fp32 else None
 
         # Step 1: one unit per matching submodule (in forward order), the rest is the root unit.
@@ -177,13 +178,6 @@ class ShardedDataParallel(nn.Module):
         names = [self.param_names[p] for p in params]
         return FlatParamUnit(names[0].rsplit(".", 1)[0], params, names, self.process_group,
                              keep_params_gathered=self.zero_stage == 2, grad_dtype=grad_dtype)
-
-    @torch.no_grad()
-    def _broadcast_from_first_rank(self) -> None:
-        """Start from identical replicas (then each rank keeps its shard of them)."""
-        source = dist.get_global_rank(self.process_group, 0) if self.process_group else 0
-        for tensor in chain(self.module.parameters(), self.module.buffers()):
-            dist.broadcast(tensor, src=source, group=self.process_group)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
