@@ -50,12 +50,19 @@ import numpy as np
 from tqdm import tqdm
 
 from data_preprocess import pipeline
-from data_preprocess.cleaning import analyse, dedup, dropped, external_sort, filters, minhash
+from data_preprocess.cleaning import (
+    analyse,
+    corpus_dedup,
+    dropped,
+    external_sort,
+    filters,
+    minhash,
+)
 from data_preprocess.cleaning.decontaminate import build_eval_index
 from data_preprocess.cleaning.report import CleanReport, write_reports
 from data_preprocess.cleaning.text import UNICODE_FORMS, normalise_unicode
 from data_preprocess.worker_pool import batched, ordered_map, start_pool
-from utils.array_tasks import TaskShare, add_task_arguments, task_share
+from utils.array_tasks import THE_ONLY_TASK, TaskShare, add_task_arguments, task_share
 from utils.atomic_io import atomic_open, atomic_write_json
 from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
@@ -66,6 +73,8 @@ from utils.readers import BadRecordError, ReadStats, iter_raw_items, text_of
 STATE_DIR = ".clean"  # hidden: the readers skip it, so CLEAN stays a clean input folder
 VERSION = 1
 DEDUP_KINDS = ("exact", "minhash")
+STAGES = ("all", "analyse", "buckets", "clusters", "write", "merge")
+ARRAY_STAGES = ("analyse", "buckets", "write")  # the others run once
 
 
 class OneLineParser(OptionParser):
@@ -103,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--write_dropped", metavar="DIR", default=None, help="also write every dropped document "
         "to DIR/<rule>.jsonl (new, empty or its own earlier output; cleaning/dropped.py)")
     add_task_arguments(parser)
+    add("--stage", default=None, choices=STAGES, help="all: every pass on one machine (the "
+        "default); as array stages: analyse (the default of an array task), buckets, clusters "
+        "(once), write, merge (once); docs/design.md §2.13")
     group = parser.add_argument_group("filter thresholds (Gopher's values by default)")
     for name, value_type, default, help_text in filters.option_fields():
         group.add_argument(f"--{name}", type=value_type, default=default, help=help_text)
@@ -243,48 +255,6 @@ def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.C
     return [analysis for analysis in analyses if analysis is not None]
 
 
-def decide_drops(jobs: list[pipeline.FileJob], analyses: list[dict[str, Any]], out_dir: Path,
-                 settings: analyse.CleanSettings,
-                 sort_records: int) -> list[dict[int, tuple[str, Any]]]:
-    """Pass 2, over the whole corpus: {record number: (rule, value)} of every dropped
-    document, per file. Survivors of the filters are numbered in source order; exact copies
-    go first, then near-duplicate clusters among what is left (their band keys sorted
-    externally, `sort_records` at a time, in CLEAN/.clean/sort-*)."""
-    drops: list[dict[int, tuple[str, Any]]] = [{} for _ in jobs]
-    where: list[tuple[int, int]] = []  # survivor number -> (file index, record number)
-    exact_keys, band_files = [], []
-    for file_index, analysis in enumerate(analyses):
-        first_survivor = len(where)
-        for number, _, rule, value, key in analysis["verdicts"]:
-            if rule is not None:
-                drops[file_index][number] = (rule, value)
-                continue
-            if key is not None:
-                exact_keys.append((len(where), key))
-            where.append((file_index, number))
-        band_files.append(dedup.BandFile(state_path(out_dir, jobs[file_index], "bands.npy"),
-                                         first_survivor, len(where) - first_survivor))
-
-    def name(survivor: int) -> str:
-        file_index, number = where[survivor]
-        return f"{jobs[file_index].relative}:{number}"
-
-    copies = dedup.exact_duplicates(exact_keys)
-    for survivor, first in copies.items():
-        file_index, number = where[survivor]
-        drops[file_index][number] = ("exact_duplicate", name(first))
-    if "minhash" in settings.dedup:
-        work_dir = out_dir / STATE_DIR
-        if removed := external_sort.remove_leftover_work_dirs(work_dir):
-            print(f"removed {removed} sort folder(s) left in {work_dir} by an interrupted run")
-        for survivor, first in dedup.near_duplicates(
-                band_files, settings.bands, np.array(sorted(copies), dtype=np.int64), work_dir,
-                sort_records).items():
-            file_index, number = where[survivor]
-            drops[file_index][number] = ("near_duplicate", name(first))
-    return drops
-
-
 def rule_details(settings: analyse.CleanSettings,
                  args: argparse.Namespace) -> dict[str, dict[str, str]]:
     """Every rule's threshold and datatrove's name for it, for the report (filters.py has the
@@ -318,10 +288,14 @@ def dropped_documents(jobs: list[pipeline.FileJob], drops: list[dict[int, tuple[
                              "source": job.relative, "line": number, "value": value}
 
 
+def shard_path(job: pipeline.FileJob) -> Path:
+    return job.prefix.with_name(job.prefix.name + ".jsonl")
+
+
 def write_shard(job: pipeline.FileJob, drops: dict[int, tuple[str, Any]], out_dir: Path,
                 run: str, args: argparse.Namespace) -> dict[str, Any]:
     """Pass 3 for one file: its kept documents, normalised, as CLEAN/<relative>.jsonl."""
-    shard = job.prefix.with_name(job.prefix.name + ".jsonl")
+    shard = shard_path(job)
     sidecar_path = state_path(out_dir, job, "shard.json")
     try:
         done = json.loads(sidecar_path.read_text())
@@ -352,35 +326,146 @@ def owned_outputs(jobs: list[pipeline.FileJob]) -> list[str]:
             "clean_report.md", f"{STATE_DIR}/"]
 
 
+def run_id(fingerprint: dict[str, Any], jobs: list[pipeline.FileJob]) -> str:
+    """What a shard sidecar and every stage's hand-over file name: a hash of the settings and
+    of every input's size and mtime, so a file made for other options or inputs is never
+    taken for this run's."""
+    inputs = [[job.relative, pipeline.source_identity(job.source)] for job in jobs]
+    return hashlib.sha256(json.dumps([fingerprint, inputs]).encode()).hexdigest()
+
+
+def refuse_until(stage: str, missing: list[str], out_dir: Path, earlier: str) -> None:
+    """A stage whose inputs are incomplete stops before any work, in one line naming the
+    missing files (relative to --out_dir) and the stage that makes them."""
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ValueError(f"--stage {stage}: {out_dir} lacks {', '.join(missing[:3])}{more} "
+                         "(missing, unfinished, or made with other options or inputs); run "
+                         f"--stage {earlier} first, with the same options")
+
+
+def finished_analyses(stage: str, jobs: list[pipeline.FileJob], out_dir: Path,
+                      fingerprint: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every job's analysis, made with these settings from these very files, or a refusal."""
+    analyses = [load_analysis(job, out_dir, {**fingerprint, **pipeline.source_identity(job.source)})
+                for job in jobs]
+    refuse_until(stage, [f"{STATE_DIR}/{job.relative}.analysis.json"
+                         for job, analysis in zip(jobs, analyses) if analysis is None],
+                 out_dir, "analyse (every task)")
+    return [analysis for analysis in analyses if analysis is not None]
+
+
+def written_record(job: pipeline.FileJob, out_dir: Path, run: str) -> dict[str, Any] | None:
+    """What the write stage left for the merge about one shard (its `write_shard` result), if
+    it wrote or kept that shard for this very run."""
+    try:
+        record = json.loads(state_path(out_dir, job, "written.json").read_text())
+    except (OSError, ValueError):
+        return None
+    current = isinstance(record, dict) and record.pop("run", None) == run
+    return record if current and shard_path(job).exists() else None
+
+
+def claim_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
+                shard_jobs: Sequence[pipeline.FileJob] = ()) -> None:
+    """A stage's claim on --out_dir: it writes the state folder and the shards of
+    `shard_jobs`; everything else the command writes is the other tasks' (kept)."""
+    planned = [f"{STATE_DIR}/", *(f"{job.output_stem}.jsonl" for job in shard_jobs)]
+    pipeline.claim_out_dir("clean_pretrain_data", out_dir, planned, share,
+                           [name for name in owned_outputs(jobs) if name not in planned])
+
+
 def analyse_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
                   settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
-    """An array task: pass 1 for its share of the files, into the shared CLEAN/.clean/ (one
-    file per input, so tasks never write the same file), under its own ledger."""
-    state = f"{STATE_DIR}/"
-    pipeline.claim_out_dir("clean_pretrain_data", out_dir, [state], share,
-                           [name for name in owned_outputs(jobs) if name != state])
+    """Stage analyse (array): pass 1 for its share of the files, into the shared CLEAN/.clean/
+    (one file per input, so tasks never write the same file), under its own ledger."""
+    claim_share(jobs, share, out_dir)
     mine = share.take(jobs)
     fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
     analyse_all(mine, out_dir, settings, fingerprint, args)
     print(f"{share.label}: analysed its {len(mine)} of {len(jobs)} files; when every task is "
-          "done, run the same command without --num_tasks/--task_index to deduplicate and "
-          "write the shards")
+          "done, run --stage buckets (an array), or the same command without "
+          "--num_tasks/--task_index to do the rest on one machine")
     return {"task": share.label, "files": [job.relative for job in mine]}
 
 
-def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
-    """All three passes; returns the report (also written as clean_report.json/.md). As one
-    of several array tasks, pass 1 of its share only (`analyse_share`)."""
-    share = task_share(args.num_tasks, args.task_index)
-    if not share.alone and args.write_dropped:
-        raise ValueError("--write_dropped belongs to the merging run (the same command without "
-                         "--num_tasks/--task_index): an array task only analyses; drop it here")
-    settings = settings_from(args)
-    out_dir = Path(args.out_dir)
-    jobs = pipeline.plan_file_jobs(args.data_dir, out_dir,
-                                   [("--decontaminate", path) for path in args.decontaminate])
-    if not share.alone:
-        return analyse_share(jobs, share, out_dir, settings, args)
+def buckets_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
+                  settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
+    """Stage buckets (array): the candidate pairs of its share of the LSH bands, over every
+    file's band keys (cleaning/corpus_dedup.py)."""
+    fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
+    analyses = finished_analyses("buckets", jobs, out_dir, fingerprint)
+    claim_share(jobs, share, out_dir)
+    bands = share.take(range(settings.bands)) if "minhash" in settings.dedup else []
+    done = corpus_dedup.write_band_buckets(
+        [job.relative for job in jobs], analyses,
+        [state_path(out_dir, job, "bands.npy") for job in jobs], settings.bands, bands,
+        out_dir / STATE_DIR, args.minhash_sort_records, run_id(fingerprint, jobs))
+    print(f"{share.label}: the buckets of its {len(bands)} of {settings.bands} bands "
+          f"({done} already done); when every task is done, run --stage clusters (once)")
+    return {"task": share.label, "bands": bands}
+
+
+def clusters_once(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.CleanSettings,
+                  args: argparse.Namespace) -> dict[str, Any]:
+    """Stage clusters (one task): exact copies and near-duplicate clusters over every band's
+    pairs; the duplicates per file go to CLEAN/.clean/duplicates.json for the write stage."""
+    fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
+    analyses = finished_analyses("clusters", jobs, out_dir, fingerprint)
+    run, state = run_id(fingerprint, jobs), out_dir / STATE_DIR
+    if "minhash" in settings.dedup:
+        refuse_until("clusters", [f"{STATE_DIR}/{name}" for name in corpus_dedup.missing_bands(
+            state, settings.bands, run)], out_dir, "buckets (every task)")
+    claim_share(jobs, THE_ONLY_TASK, out_dir)
+    names = [job.relative for job in jobs]
+    drops = corpus_dedup.duplicate_drops(
+        names, analyses, [state_path(out_dir, job, "bands.npy") for job in jobs],
+        settings.dedup, settings.bands, state, args.minhash_sort_records,
+        staged_pairs=corpus_dedup.read_band_pairs(state, settings.bands))
+    corpus_dedup.write_duplicates(state, run, names, drops)
+    count = sum(len(file_drops) for file_drops in drops)
+    print(f"clusters: {count} duplicates in {len(jobs)} files; next, --stage write (an array)")
+    return {"duplicates": count}
+
+
+def write_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
+                settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
+    """Stage write (array): the shards of its share of the files, each with a record of what
+    it holds (`<file>.written.json`) that the merge reads instead of the shard."""
+    fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
+    mine = share.take(jobs)
+    analyses = finished_analyses("write", mine, out_dir, fingerprint)
+    run = run_id(fingerprint, jobs)
+    duplicates = corpus_dedup.load_duplicates(out_dir / STATE_DIR, run,
+                                              [job.relative for job in jobs])
+    if duplicates is None:
+        refuse_until("write", [f"{STATE_DIR}/{corpus_dedup.DUPLICATES_FILE}"], out_dir,
+                     "clusters")
+    claim_share(jobs, share, out_dir, mine)
+    duplicates_of = dict(zip(jobs, duplicates or []))
+    for job, analysis in zip(mine, analyses):
+        drops = {**corpus_dedup.filter_drops(analysis), **duplicates_of[job]}
+        shard = write_shard(job, drops, out_dir, run, args)
+        atomic_write_json(state_path(out_dir, job, "written.json"), {"run": run, **shard})
+    print(f"{share.label}: wrote its {len(mine)} of {len(jobs)} shards; when every task is "
+          "done, run --stage merge (once)")
+    return {"task": share.label, "files": [job.relative for job in mine]}
+
+
+def clean_corpus(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.CleanSettings,
+                 args: argparse.Namespace, merging: bool) -> dict[str, Any]:
+    """Stage all (every pass here; what earlier stages left for this run is reused) or merge
+    (every stage's output required): the report, the dropped documents and the one ledger."""
+    fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
+    run, state, names = run_id(fingerprint, jobs), out_dir / STATE_DIR, [j.relative for j in jobs]
+    if merging:
+        analyses = finished_analyses("merge", jobs, out_dir, fingerprint)
+        if corpus_dedup.load_duplicates(state, run, names) is None:
+            refuse_until("merge", [f"{STATE_DIR}/{corpus_dedup.DUPLICATES_FILE}"], out_dir,
+                         "clusters")
+        refuse_until("merge", [f"{STATE_DIR}/{job.relative}.written.json" for job in jobs
+                               if written_record(job, out_dir, run) is None], out_dir,
+                     "write (every task)")
     pipeline.claim_out_dir("clean_pretrain_data", out_dir, owned_outputs(jobs))
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
@@ -391,11 +476,13 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
             ("--data_dir", args.data_dir), ("--out_dir", args.out_dir),
             *(("--decontaminate", path) for path in args.decontaminate)],
             rule_details(settings, args))
-    fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
-    analyses = analyse_all(jobs, out_dir, settings, fingerprint, args)
-    drops = decide_drops(jobs, analyses, out_dir, settings, args.minhash_sort_records)
-    inputs = [[job.relative, pipeline.source_identity(job.source)] for job in jobs]
-    run = hashlib.sha256(json.dumps([fingerprint, inputs]).encode()).hexdigest()
+    if not merging:
+        analyses = analyse_all(jobs, out_dir, settings, fingerprint, args)
+    duplicates = corpus_dedup.load_duplicates(state, run, names) or corpus_dedup.duplicate_drops(
+        names, analyses, [state_path(out_dir, job, "bands.npy") for job in jobs],
+        settings.dedup, settings.bands, state, args.minhash_sort_records)
+    drops = [{**corpus_dedup.filter_drops(analysis), **file_duplicates}
+             for analysis, file_duplicates in zip(analyses, duplicates)]
     report, reused = CleanReport(), 0
     progress = input_bar(jobs, "writing")
     for job, analysis, file_drops in zip(jobs, analyses, drops):
@@ -405,7 +492,8 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
                 rule, value = file_drops[number]
                 report.drop(rule, f"{job.relative}:{number}", value)
         report.skipped_bad_records.update(analysis["skipped"])
-        shard = write_shard(job, file_drops, out_dir, run, args)
+        shard = written_record(job, out_dir, run) or write_shard(job, file_drops, out_dir, run,
+                                                                 args)
         report.documents_out += shard["documents"]
         report.bytes_out += shard["bytes"]
         reused += shard["reused"]
@@ -425,8 +513,44 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
         extra["eval_items"] = {"items": settings.eval_index.items,
                                "too_short_to_match": settings.eval_index.too_short}
     result = write_reports(out_dir, report, extra)
+    for job in jobs:  # the write stage's records are spent: a rerun finds its shards reused
+        state_path(out_dir, job, "written.json").unlink(missing_ok=True)
     print(f"{report.summary_line()}\nreport: {out_dir / 'clean_report.md'}")
     return result
+
+
+def chosen_stage(stage: str | None, share: TaskShare) -> str:
+    """--stage, by default `analyse` in an array and `all` outside one; the stages that run
+    once refuse an array task's options."""
+    stage = stage or ("all" if share.alone else "analyse")
+    if not share.alone and stage not in ARRAY_STAGES:
+        raise ValueError(f"--stage {stage} runs once: run it without --num_tasks/--task_index "
+                         f"(and outside a SLURM array); {share.label} was asked for")
+    return stage
+
+
+def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
+    """The stage --stage names (by default: all three passes, or as an array task the analysis
+    of its share); returns what it did, for `all` and `merge` the report (also written as
+    clean_report.json/.md)."""
+    share = task_share(args.num_tasks, args.task_index)
+    stage = chosen_stage(args.stage, share)
+    if args.write_dropped and stage not in ("all", "merge"):
+        raise ValueError(f"--write_dropped belongs to the merging run (--stage merge, or the "
+                         f"plain command), not to --stage {stage}; drop it here")
+    settings = settings_from(args)
+    out_dir = Path(args.out_dir)
+    jobs = pipeline.plan_file_jobs(args.data_dir, out_dir,
+                                   [("--decontaminate", path) for path in args.decontaminate])
+    if stage == "analyse":
+        return analyse_share(jobs, share, out_dir, settings, args)
+    if stage == "buckets":
+        return buckets_share(jobs, share, out_dir, settings, args)
+    if stage == "clusters":
+        return clusters_once(jobs, out_dir, settings, args)
+    if stage == "write":
+        return write_share(jobs, share, out_dir, settings, args)
+    return clean_corpus(jobs, out_dir, settings, args, merging=stage == "merge")
 
 
 def main(argv: list[str] | None = None) -> None:

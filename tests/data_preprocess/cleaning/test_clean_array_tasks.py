@@ -102,3 +102,44 @@ def test_slurm_array_variables_pick_the_task(tmp_path, monkeypatch, capsys):
     state = tmp_path / "out" / ".clean"
     analysed = sorted(path.name for path in state.rglob("*.analysis.json"))
     assert analysed == ["c.jsonl.analysis.json"]
+
+
+def staged(out: Path, stage: str, *extra: str) -> list[str]:
+    """The arguments of one stage of the staged cleaning of the 4-file corpus in out/../raw."""
+    return ["--data_dir", str(out.parent / "raw"), "--out_dir", str(out), "--num_workers", "0",
+            "--batch_size", "4", "--stage", stage, *extra]
+
+
+def run_stage(out: Path, stage: str, tasks: int | None = None, *extra: str) -> None:
+    """One stage: every task of an array of `tasks`, or the stage once when None."""
+    for index in range(tasks or 1):
+        task = [] if tasks is None else ["--num_tasks", str(tasks), "--task_index", str(index)]
+        assert run_main(clean_main, staged(out, stage, *task, *extra)) == 0
+
+
+EVERY_STAGE = [("analyse", 3), ("buckets", 3), ("clusters", None), ("write", 3)]
+
+
+def file_identities(folder: Path) -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of every file: an atomic replacement changes both."""
+    return {path.relative_to(folder).as_posix(): (path.stat().st_ino, path.stat().st_mtime_ns)
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_three_tasks_through_every_stage_equal_one_run(tmp_path):
+    """analyse, buckets and write as arrays of 3, clusters and merge once: the shards, the
+    reports and the dropped documents are the bytes of one plain run."""
+    corpus_with_copies_across_files(tmp_path / "raw")
+    staged_out, one = tmp_path / "staged", tmp_path / "one"
+    for stage, tasks in EVERY_STAGE:
+        run_stage(staged_out, stage, tasks)
+    assert sorted(visible_files(staged_out)) == ["a.jsonl", "b.jsonl", "c.jsonl",
+                                                 "sub/d.jsonl"]  # the reports are the merge's
+    run_stage(staged_out, "merge", None, "--write_dropped", str(tmp_path / "staged_dropped"))
+    run_stage(one, "all", None, "--write_dropped", str(tmp_path / "one_dropped"))
+    assert visible_files(staged_out) == visible_files(one)
+    assert visible_files(tmp_path / "staged_dropped") == visible_files(tmp_path / "one_dropped")
+    report = json.loads((one / "clean_report.json").read_text())
+    assert report["dropped"]["exact_duplicate"] == 2 and report["dropped"]["near_duplicate"] == 2
+    assert report["shards_reused"] == 0
+    assert sorted(path.name for path in staged_out.glob(".z2all_outputs*")) == [LEDGER]
