@@ -11,10 +11,11 @@ per kept document, in source order. Three passes:
 1. analyse (workers): per document, Unicode normalisation, the filter rules
    (cleaning/filters.py), decontamination (cleaning/decontaminate.py), then its exact key and
    MinHash band keys. Results per input file are kept in `CLEAN/.clean/` (band keys as .npy),
-   committed by a sidecar written last, so a re-run skips files already analysed.
+   committed by a sidecar written last, so a re-run skips files already analysed
+   (cleaning/file_passes.py).
 2. deduplicate (main process, the whole corpus): exact copies, then LSH clusters band by band
-   from the .npy files (cleaning/dedup.py); the first document of a group is kept. Each
-   band's keys are sorted externally (cleaning/external_sort.py): at most
+   from the .npy files (cleaning/corpus_dedup.py, cleaning/dedup.py); the first document of a
+   group is kept. Each band's keys are sorted externally (cleaning/external_sort.py): at most
    --minhash_sort_records in RAM, the rest as sorted runs in `CLEAN/.clean/sort-*`, deleted
    when the band is done (and, if a killed run left some, when the next run starts).
 3. write: each shard atomically (temp file, fsync, rename), then its sidecar; a shard whose
@@ -23,12 +24,14 @@ per kept document, in source order. Three passes:
    `clean_report.json/.md`, each rule's threshold and datatrove's name beside its count.
 On a terminal, passes 1 and 3 show a bar with an ETA.
 
-Pass 1, the costly one, runs as independent array tasks (`--num_tasks N --task_index I`, by
-default from the SLURM array: utils/array_tasks.py): task I analyses its share of the sorted
-input files into the shared `CLEAN/.clean/` and stops (`analyse_share`). The same command
-without the task options, run after every task has finished, is the merge: it reuses every
-analysis, deduplicates over the whole corpus and writes the shards and reports, byte for byte
-what one run would (docs/design.md, "Data stages as array tasks").
+`--stage` splits the work into commands that run as independent array tasks
+(`--num_tasks N --task_index I`, by default from the SLURM array: utils/array_tasks.py) and
+hand over through `CLEAN/.clean/` (cleaning/array_stages.py; docs/design.md §2.13):
+analyse (array) -> buckets (array, a share of the LSH bands) -> clusters (once) -> write
+(array) -> merge (once: the reports, the dropped documents, the one ledger). `--stage all`,
+the default outside an array, is every pass in this process, reusing whatever the stages
+left for this very run: after the analyse tasks alone it is the merge of the old two-step
+split. Both give, byte for byte, what one run on one machine writes.
 The output depends only on the input and the options, never on --num_workers or
 --minhash_sort_records. CLEAN must be new, empty or an earlier CLEAN, apart from RAW; a rerun
 deletes the shards of inputs that are gone (`owned_outputs`, docs/design.md §2.4a).
@@ -37,17 +40,10 @@ deletes the shards of inputs that are gone (`owned_outputs`, docs/design.md §2.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
-import json
 import sys
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-from tqdm import tqdm
 
 from data_preprocess import pipeline
 from data_preprocess.cleaning import (
@@ -58,20 +54,36 @@ from data_preprocess.cleaning import (
     filters,
     minhash,
 )
+from data_preprocess.cleaning.array_stages import (
+    analyse_share,
+    buckets_share,
+    clusters_once,
+    finished_analyses,
+    refuse_until,
+    write_share,
+)
 from data_preprocess.cleaning.decontaminate import build_eval_index
+from data_preprocess.cleaning.file_passes import (
+    STATE_DIR,
+    analyse_all,
+    input_bar,
+    numbered_texts,
+    owned_outputs,
+    run_id,
+    settings_fingerprint,
+    state_path,
+    write_shard,
+    written_record,
+)
 from data_preprocess.cleaning.report import CleanReport, write_reports
 from data_preprocess.cleaning.text import UNICODE_FORMS, normalise_unicode
-from data_preprocess.worker_pool import batched, ordered_map, start_pool
-from utils.array_tasks import THE_ONLY_TASK, TaskShare, add_task_arguments, task_share
-from utils.atomic_io import atomic_open, atomic_write_json
+from utils.array_tasks import TaskShare, add_task_arguments, task_share
 from utils.boolean_flags import add_boolean_flag
 from utils.cli_errors import run_main
 from utils.option_checks import raise_problems, range_problem
 from utils.option_parser import OptionParser
-from utils.readers import BadRecordError, ReadStats, iter_raw_items, text_of
+from utils.readers import ReadStats
 
-STATE_DIR = ".clean"  # hidden: the readers skip it, so CLEAN stays a clean input folder
-VERSION = 1
 DEDUP_KINDS = ("exact", "minhash")
 STAGES = ("all", "analyse", "buckets", "clusters", "write", "merge")
 ARRAY_STAGES = ("analyse", "buckets", "write")  # the others run once
@@ -151,110 +163,6 @@ def settings_from(args: argparse.Namespace) -> analyse.CleanSettings:
                                  eval_index)
 
 
-def settings_fingerprint(settings: analyse.CleanSettings, text_key: Sequence[str],
-                         skip_bad_records: bool) -> dict[str, Any]:
-    """What an analysis must have been made with to be reused (the eval set as a hash)."""
-    index = settings.eval_index
-    eval_hash = None
-    if index is not None:
-        digest = hashlib.sha256(json.dumps([index.ngram, index.min_words, sorted(index.grams),
-                                            {n: sorted(s) for n, s in index.short_items.items()}
-                                            ]).encode())
-        eval_hash = digest.hexdigest()
-    fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
-              if f.name not in ("filter_options", "eval_index")}
-    return {"format": "z2all-clean", "version": VERSION, **json.loads(json.dumps(fields)),
-            "filter_options": dataclasses.asdict(settings.filter_options), "eval": eval_hash,
-            "text_key": list(text_key), "skip_bad_records": skip_bad_records}
-
-
-def numbered_texts(job: pipeline.FileJob, text_key: Sequence[str], skip_bad_records: bool,
-                   stats: ReadStats) -> Iterator[tuple[int, str]]:
-    """(line/record number, text) of every record, bad ones raised as file:line or counted."""
-    keys = ["text"] if job.source.suffix.lower() == ".txt" else list(text_key)
-    for item in iter_raw_items(job.source, stats):
-        text = item if isinstance(item, BadRecordError) else text_of(item, keys)
-        if isinstance(text, BadRecordError):
-            if not skip_bad_records:
-                raise text
-            stats.skipped[text.reason] += 1
-            continue
-        yield item.number, text
-
-
-def state_path(out_dir: Path, job: pipeline.FileJob, suffix: str) -> Path:
-    return out_dir / STATE_DIR / f"{job.relative}.{suffix}"
-
-
-def input_bar(jobs: list[pipeline.FileJob], description: str) -> tqdm:
-    """A bar over the files' bytes (a total known before reading, so it shows an ETA), on a
-    terminal only: a log or a pipe would keep every redraw."""
-    return tqdm(total=sum(job.source.stat().st_size for job in jobs), desc=description,
-                unit="B", unit_scale=True, dynamic_ncols=True, disable=None)
-
-
-def analyse_file(job: pipeline.FileJob, out_dir: Path, expected: dict[str, Any],
-                 pool: ProcessPoolExecutor | None, args: argparse.Namespace,
-                 progress: tqdm) -> dict[str, Any]:
-    """Pass 1 for one file: every document's verdict (sidecar) and band keys (.npy)."""
-    sidecar_path = state_path(out_dir, job, "analysis.json")
-    sidecar_path.unlink(missing_ok=True)
-    stats, verdicts, band_rows = ReadStats(), [], []
-    texts = numbered_texts(job, args.text_key, args.skip_bad_records, stats)
-    bytes_before = progress.n  # .jsonl/.txt advance as read; other formats at the file's end
-    for batch in ordered_map(pool, analyse.analyse_batch, batched(texts, args.batch_size),
-                             4 * max(args.num_workers, 1)):
-        progress.update(bytes_before + stats.bytes_read - progress.n)
-        for verdict in batch:
-            rule, value = verdict.drop if verdict.drop else (None, None)
-            verdicts.append([verdict.number, verdict.bytes_in, rule, value, verdict.exact_key])
-            if verdict.drop is None and verdict.band_keys is not None:
-                band_rows.append(verdict.band_keys)
-    with atomic_open(state_path(out_dir, job, "bands.npy"), "wb") as handle:
-        keys = np.array(band_rows, dtype=np.uint64).reshape(len(band_rows), expected["bands"])
-        np.save(handle, keys)
-    sidecar = {**expected, "verdicts": verdicts, "skipped": dict(stats.skipped)}
-    atomic_write_json(sidecar_path, sidecar, indent=None)
-    progress.update(bytes_before + expected["source_size"] - progress.n)
-    return sidecar
-
-
-def load_analysis(job: pipeline.FileJob, out_dir: Path,
-                  expected: dict[str, Any]) -> dict[str, Any] | None:
-    """A finished analysis made with exactly these settings from this very file, or None."""
-    try:
-        sidecar = json.loads(state_path(out_dir, job, "analysis.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    done = state_path(out_dir, job, "bands.npy").exists()
-    return sidecar if done and all(sidecar.get(k) == v for k, v in expected.items()) else None
-
-
-def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.CleanSettings,
-                fingerprint: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
-    analyses: list[dict[str, Any] | None] = []
-    for job in jobs:
-        analyses.append(load_analysis(job, out_dir, {**fingerprint,
-                                                     **pipeline.source_identity(job.source)}))
-    todo = [i for i, done in enumerate(analyses) if done is None]
-    print(f"analysing {len(todo)} of {len(jobs)} files ({len(jobs) - len(todo)} already done)")
-    pool = None
-    if todo and args.num_workers > 0:
-        pool = start_pool(args.num_workers, analyse.init_worker, (settings,))
-    else:
-        analyse.init_worker(settings)
-    progress = input_bar([jobs[i] for i in todo], "analysing")
-    try:
-        for i in todo:
-            expected = {**fingerprint, **pipeline.source_identity(jobs[i].source)}
-            analyses[i] = analyse_file(jobs[i], out_dir, expected, pool, args, progress)
-    finally:
-        progress.close()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-    return [analysis for analysis in analyses if analysis is not None]
-
-
 def rule_details(settings: analyse.CleanSettings,
                  args: argparse.Namespace) -> dict[str, dict[str, str]]:
     """Every rule's threshold and datatrove's name for it, for the report (filters.py has the
@@ -286,170 +194,6 @@ def dropped_documents(jobs: list[pipeline.FileJob], drops: list[dict[int, tuple[
                 rule, value = file_drops[number]
                 yield rule, {"text": normalise_unicode(text, args.unicode_form),
                              "source": job.relative, "line": number, "value": value}
-
-
-def shard_path(job: pipeline.FileJob) -> Path:
-    return job.prefix.with_name(job.prefix.name + ".jsonl")
-
-
-def write_shard(job: pipeline.FileJob, drops: dict[int, tuple[str, Any]], out_dir: Path,
-                run: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Pass 3 for one file: its kept documents, normalised, as CLEAN/<relative>.jsonl."""
-    shard = shard_path(job)
-    sidecar_path = state_path(out_dir, job, "shard.json")
-    try:
-        done = json.loads(sidecar_path.read_text())
-        if done.get("run") == run and shard.exists():
-            return {**done, "reused": True}
-    except (FileNotFoundError, json.JSONDecodeError):
-        pass
-    sidecar_path.unlink(missing_ok=True)
-    documents = size = 0
-    with atomic_open(shard, "wb") as handle:
-        for number, text in numbered_texts(job, args.text_key, args.skip_bad_records,
-                                           ReadStats()):
-            if number in drops:
-                continue
-            text = normalise_unicode(text, args.unicode_form)
-            record = {"text": text, "source": job.relative, "line": number}
-            handle.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
-            documents, size = documents + 1, size + len(text.encode("utf-8"))
-    sidecar = {"run": run, "documents": documents, "bytes": size}
-    atomic_write_json(sidecar_path, sidecar)  # written last: the shard's commit mark
-    return {**sidecar, "reused": False}
-
-
-def owned_outputs(jobs: list[pipeline.FileJob]) -> list[str]:
-    """Every name below --out_dir a run writes: one shard per input, the two reports
-    (cleaning/report.py), and the state folder, which is the tool's alone."""
-    return [*(f"{job.output_stem}.jsonl" for job in jobs), "clean_report.json",
-            "clean_report.md", f"{STATE_DIR}/"]
-
-
-def run_id(fingerprint: dict[str, Any], jobs: list[pipeline.FileJob]) -> str:
-    """What a shard sidecar and every stage's hand-over file name: a hash of the settings and
-    of every input's size and mtime, so a file made for other options or inputs is never
-    taken for this run's."""
-    inputs = [[job.relative, pipeline.source_identity(job.source)] for job in jobs]
-    return hashlib.sha256(json.dumps([fingerprint, inputs]).encode()).hexdigest()
-
-
-def refuse_until(stage: str, missing: list[str], out_dir: Path, earlier: str) -> None:
-    """A stage whose inputs are incomplete stops before any work, in one line naming the
-    missing files (relative to --out_dir) and the stage that makes them."""
-    if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise ValueError(f"--stage {stage}: {out_dir} lacks {', '.join(missing[:3])}{more} "
-                         "(missing, unfinished, or made with other options or inputs); run "
-                         f"--stage {earlier} first, with the same options")
-
-
-def finished_analyses(stage: str, jobs: list[pipeline.FileJob], out_dir: Path,
-                      fingerprint: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every job's analysis, made with these settings from these very files, or a refusal."""
-    analyses = [load_analysis(job, out_dir, {**fingerprint, **pipeline.source_identity(job.source)})
-                for job in jobs]
-    refuse_until(stage, [f"{STATE_DIR}/{job.relative}.analysis.json"
-                         for job, analysis in zip(jobs, analyses) if analysis is None],
-                 out_dir, "analyse (every task)")
-    return [analysis for analysis in analyses if analysis is not None]
-
-
-def written_record(job: pipeline.FileJob, out_dir: Path, run: str) -> dict[str, Any] | None:
-    """What the write stage left for the merge about one shard (its `write_shard` result), if
-    it wrote or kept that shard for this very run."""
-    try:
-        record = json.loads(state_path(out_dir, job, "written.json").read_text())
-    except (OSError, ValueError):
-        return None
-    current = isinstance(record, dict) and record.pop("run", None) == run
-    return record if current and shard_path(job).exists() else None
-
-
-def claim_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
-                shard_jobs: Sequence[pipeline.FileJob] = ()) -> None:
-    """A stage's claim on --out_dir: it writes the state folder and the shards of
-    `shard_jobs`; everything else the command writes is the other tasks' (kept)."""
-    planned = [f"{STATE_DIR}/", *(f"{job.output_stem}.jsonl" for job in shard_jobs)]
-    pipeline.claim_out_dir("clean_pretrain_data", out_dir, planned, share,
-                           [name for name in owned_outputs(jobs) if name not in planned])
-
-
-def analyse_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
-                  settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
-    """Stage analyse (array): pass 1 for its share of the files, into the shared CLEAN/.clean/
-    (one file per input, so tasks never write the same file), under its own ledger."""
-    claim_share(jobs, share, out_dir)
-    mine = share.take(jobs)
-    fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
-    analyse_all(mine, out_dir, settings, fingerprint, args)
-    print(f"{share.label}: analysed its {len(mine)} of {len(jobs)} files; when every task is "
-          "done, run --stage buckets (an array), or the same command without "
-          "--num_tasks/--task_index to do the rest on one machine")
-    return {"task": share.label, "files": [job.relative for job in mine]}
-
-
-def buckets_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
-                  settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
-    """Stage buckets (array): the candidate pairs of its share of the LSH bands, over every
-    file's band keys (cleaning/corpus_dedup.py)."""
-    fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
-    analyses = finished_analyses("buckets", jobs, out_dir, fingerprint)
-    claim_share(jobs, share, out_dir)
-    bands = share.take(range(settings.bands)) if "minhash" in settings.dedup else []
-    done = corpus_dedup.write_band_buckets(
-        [job.relative for job in jobs], analyses,
-        [state_path(out_dir, job, "bands.npy") for job in jobs], settings.bands, bands,
-        out_dir / STATE_DIR, args.minhash_sort_records, run_id(fingerprint, jobs))
-    print(f"{share.label}: the buckets of its {len(bands)} of {settings.bands} bands "
-          f"({done} already done); when every task is done, run --stage clusters (once)")
-    return {"task": share.label, "bands": bands}
-
-
-def clusters_once(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.CleanSettings,
-                  args: argparse.Namespace) -> dict[str, Any]:
-    """Stage clusters (one task): exact copies and near-duplicate clusters over every band's
-    pairs; the duplicates per file go to CLEAN/.clean/duplicates.json for the write stage."""
-    fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
-    analyses = finished_analyses("clusters", jobs, out_dir, fingerprint)
-    run, state = run_id(fingerprint, jobs), out_dir / STATE_DIR
-    if "minhash" in settings.dedup:
-        refuse_until("clusters", [f"{STATE_DIR}/{name}" for name in corpus_dedup.missing_bands(
-            state, settings.bands, run)], out_dir, "buckets (every task)")
-    claim_share(jobs, THE_ONLY_TASK, out_dir)
-    names = [job.relative for job in jobs]
-    drops = corpus_dedup.duplicate_drops(
-        names, analyses, [state_path(out_dir, job, "bands.npy") for job in jobs],
-        settings.dedup, settings.bands, state, args.minhash_sort_records,
-        staged_pairs=corpus_dedup.read_band_pairs(state, settings.bands))
-    corpus_dedup.write_duplicates(state, run, names, drops)
-    count = sum(len(file_drops) for file_drops in drops)
-    print(f"clusters: {count} duplicates in {len(jobs)} files; next, --stage write (an array)")
-    return {"duplicates": count}
-
-
-def write_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
-                settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
-    """Stage write (array): the shards of its share of the files, each with a record of what
-    it holds (`<file>.written.json`) that the merge reads instead of the shard."""
-    fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
-    mine = share.take(jobs)
-    analyses = finished_analyses("write", mine, out_dir, fingerprint)
-    run = run_id(fingerprint, jobs)
-    duplicates = corpus_dedup.load_duplicates(out_dir / STATE_DIR, run,
-                                              [job.relative for job in jobs])
-    if duplicates is None:
-        refuse_until("write", [f"{STATE_DIR}/{corpus_dedup.DUPLICATES_FILE}"], out_dir,
-                     "clusters")
-    claim_share(jobs, share, out_dir, mine)
-    duplicates_of = dict(zip(jobs, duplicates or []))
-    for job, analysis in zip(mine, analyses):
-        drops = {**corpus_dedup.filter_drops(analysis), **duplicates_of[job]}
-        shard = write_shard(job, drops, out_dir, run, args)
-        atomic_write_json(state_path(out_dir, job, "written.json"), {"run": run, **shard})
-    print(f"{share.label}: wrote its {len(mine)} of {len(jobs)} shards; when every task is "
-          "done, run --stage merge (once)")
-    return {"task": share.label, "files": [job.relative for job in mine]}
 
 
 def clean_corpus(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.CleanSettings,
