@@ -222,9 +222,11 @@ def clean_corpus(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.
             rule_details(settings, args))
     if not merging:
         analyses = analyse_all(jobs, out_dir, settings, fingerprint, args)
-    duplicates = corpus_dedup.load_duplicates(state, run, names) or corpus_dedup.duplicate_drops(
-        names, analyses, [state_path(out_dir, job, "bands.npy") for job in jobs],
-        settings.dedup, settings.bands, state, args.minhash_sort_records)
+    duplicates = corpus_dedup.load_duplicates(state, run, names)  # the clusters stage's
+    if duplicates is None:
+        duplicates = corpus_dedup.duplicate_drops(
+            names, analyses, [state_path(out_dir, job, "bands.npy") for job in jobs],
+            settings.dedup, settings.bands, state, args.minhash_sort_records)
     drops = [{**corpus_dedup.filter_drops(analysis), **file_duplicates}
              for analysis, file_duplicates in zip(analyses, duplicates)]
     report, reused = CleanReport(), 0
