@@ -24,6 +24,7 @@ records (3,1) (3,4) (7,0) (7,2) (9,3) make buckets {1, 4}, {0, 2}, {3}; union-fi
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,33 +129,47 @@ def band_records(band_file: BandFile, band: int, bands: int,
         yield rows[kept, band], docs[kept]
 
 
-def union_buckets(union_find: UnionFind, pairs: Iterable[tuple[int, int]]) -> None:
-    """Join the documents that share a key. `pairs` are (key, document) in sorted order, so
-    every run of equal keys is one bucket, whose members are all joined to its first."""
+def bucket_pairs(pairs: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """(first member, member) for every member of a bucket but its first. `pairs` are (key,
+    document) in sorted order, so every run of equal keys is one bucket and its first
+    document is its smallest: the worked example above gives (1, 4) and (0, 2)."""
     bucket_key, head = None, -1
     for key, doc in pairs:
         if key == bucket_key:
-            union_find.union(head, doc)
+            yield head, doc
         else:  # a new bucket, whose first (smallest) document is `doc`
             bucket_key, head = key, doc
 
 
-def near_duplicates(band_files: Sequence[BandFile], bands: int, skip: np.ndarray,
-                    work_dir: Path, run_records: int) -> dict[int, int]:
-    """{document: the first of its cluster} for every document that is not first.
+def band_pairs(band_files: Sequence[BandFile], band: int, bands: int, skip: np.ndarray,
+               work_dir: Path, run_records: int) -> Iterator[tuple[int, int]]:
+    """One band's candidate pairs (`bucket_pairs`): every file's (key, document) records of
+    that band go through an external sort (cleaning/external_sort.py: at most `run_records`
+    in RAM, sorted runs spilled to a directory of their own under `work_dir`), and the sorted
+    stream is cut into buckets. `skip`: document numbers to leave out, sorted."""
+    with ExternalSorter(work_dir, run_records) as sorter:
+        for band_file in band_files:
+            for keys, docs in band_records(band_file, band, bands, skip):
+                sorter.add(keys, docs)
+        yield from bucket_pairs(sorter.sorted_pairs())
 
-    Per band: every file's (key, document) records go through an external sort
-    (cleaning/external_sort.py: at most `run_records` in RAM, sorted runs spilled to a
-    directory of their own under `work_dir`), and the sorted stream is cut into buckets.
-    `skip`: document numbers to leave out (exact copies), sorted.
-    """
-    skip = np.asarray(skip, dtype=np.int64)
+
+def first_of_clusters(pairs: Iterable[tuple[int, int]]) -> dict[int, int]:
+    """{document: the first of its cluster} for every document that is not first, the
+    clusters being the connected components of the candidate pairs (union-find)."""
     union_find = UnionFind()
-    for band in range(bands):
-        with ExternalSorter(work_dir, run_records) as sorter:
-            for band_file in band_files:
-                for keys, docs in band_records(band_file, band, bands, skip):
-                    sorter.add(keys, docs)
-            union_buckets(union_find, sorter.sorted_pairs())
+    for head, doc in pairs:
+        union_find.union(head, doc)
     return {doc: root for doc in list(union_find.parent)
             if (root := union_find.find(doc)) != doc}
+
+
+def near_duplicates(band_files: Sequence[BandFile], bands: int, skip: np.ndarray,
+                    work_dir: Path, run_records: int) -> dict[int, int]:
+    """{document: the first of its cluster} for every document that is not first, the
+    candidate pairs of every band taken in one process. `skip`: document numbers to leave out
+    (exact copies), sorted."""
+    skip = np.asarray(skip, dtype=np.int64)
+    return first_of_clusters(itertools.chain.from_iterable(
+        band_pairs(band_files, band, bands, skip, work_dir, run_records)
+        for band in range(bands)))

@@ -5,7 +5,9 @@ writes the shards): the same bytes as one run."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +104,123 @@ def test_slurm_array_variables_pick_the_task(tmp_path, monkeypatch, capsys):
     state = tmp_path / "out" / ".clean"
     analysed = sorted(path.name for path in state.rglob("*.analysis.json"))
     assert analysed == ["c.jsonl.analysis.json"]
+
+
+def staged(raw: Path, out: Path, stage: str, *extra: str) -> list[str]:
+    """The arguments of one stage of cleaning `raw` into `out`."""
+    return ["--data_dir", str(raw), "--out_dir", str(out), "--num_workers", "0",
+            "--batch_size", "4", "--stage", stage, *extra]
+
+
+def run_stage(raw: Path, out: Path, stage: str, indices: list[int] | None = None,
+              *extra: str) -> None:
+    """One stage: tasks `indices` of an array of 3, or the stage once when None."""
+    for index in [None] if indices is None else indices:
+        task = [] if index is None else ["--num_tasks", "3", "--task_index", str(index)]
+        assert run_main(clean_main, staged(raw, out, stage, *task, *extra)) == 0
+
+
+# (snapshot name, stage, task indices of 3 or None: once), run in this order
+STAGE_STEPS = [("analyse-0-2", "analyse", [0, 2]), ("analysed", "analyse", [1]),
+               ("buckets-0-2", "buckets", [0, 2]), ("bucketed", "buckets", [1]),
+               ("clustered", "clusters", None),
+               ("write-0-2", "write", [0, 2]), ("written", "write", [1])]
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory) -> dict[str, Path]:
+    """The corpus (`raw`), one plain run of it (`one`, its dropped documents `one-dropped`),
+    and a copy of the staged --out_dir after each step of STAGE_STEPS."""
+    root = tmp_path_factory.mktemp("stages")
+    folders = {"raw": root / "raw", "one": root / "one", "one-dropped": root / "one-dropped"}
+    corpus_with_copies_across_files(folders["raw"])
+    run_stage(folders["raw"], folders["one"], "all", None, "--write_dropped",
+              str(folders["one-dropped"]))
+    for name, stage, indices in STAGE_STEPS:
+        run_stage(folders["raw"], root / "out", stage, indices)
+        folders[name] = Path(shutil.copytree(root / "out", root / name, symlinks=True))
+    return folders
+
+
+def test_three_tasks_through_every_stage_equal_one_run(stages, tmp_path):
+    """analyse, buckets and write as arrays of 3, clusters and merge once: the shards, the
+    reports and the dropped documents are the bytes of one plain run."""
+    assert sorted(visible_files(stages["written"])) == ["a.jsonl", "b.jsonl", "c.jsonl",
+                                                         "sub/d.jsonl"]  # no report yet
+    out = Path(shutil.copytree(stages["written"], tmp_path / "out", symlinks=True))
+    run_stage(stages["raw"], out, "merge", None, "--write_dropped", str(tmp_path / "dropped"))
+    assert visible_files(out) == visible_files(stages["one"])
+    assert visible_files(tmp_path / "dropped") == visible_files(stages["one-dropped"])
+    report = json.loads((out / "clean_report.json").read_text())
+    assert report["dropped"]["exact_duplicate"] == 2 and report["dropped"]["near_duplicate"] == 2
+    assert report["shards_reused"] == 0
+    assert sorted(path.name for path in out.glob(".z2all_outputs*")) == [LEDGER]
+
+
+AGED_NS = 10**18  # 2001: a file with another mtime was written after `age_every_file`
+
+
+def age_every_file(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            os.utime(path, ns=(AGED_NS, AGED_NS))
+
+
+def files_written_since_aged(folder: Path) -> list[str]:
+    """The files written (or replaced, atomically) since `age_every_file`, and new ones."""
+    return sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*")
+                  if path.is_file() and path.stat().st_mtime_ns != AGED_NS)
+
+
+@pytest.mark.parametrize("snapshot, stage, extra, message", [
+    ("analyse-0-2", "buckets", [],
+     "lacks .clean/b.jsonl.analysis.json (missing, unfinished, or made with other options or "
+     "inputs); run --stage analyse (every task) first"),
+    ("analysed", "buckets", ["--minhash_threshold", "0.8"],
+     "lacks .clean/a.jsonl.analysis.json, .clean/b.jsonl.analysis.json, "
+     ".clean/c.jsonl.analysis.json and 1 more"),
+    ("buckets-0-2", "clusters", [],
+     "lacks .clean/buckets/band-0001.json, .clean/buckets/band-0004.json, "
+     ".clean/buckets/band-0007.json and 2 more"),
+    ("bucketed", "write", ["--num_tasks", "3", "--task_index", "0"],
+     "lacks .clean/duplicates.json (missing, unfinished, or made with other options or "
+     "inputs); run --stage clusters first"),
+    ("write-0-2", "merge", [],
+     "lacks .clean/b.jsonl.written.json (missing, unfinished, or made with other options or "
+     "inputs); run --stage write (every task) first"),
+    ("bucketed", "clusters", ["--num_tasks", "3", "--task_index", "1"],
+     "--stage clusters runs once"),
+])
+def test_a_stage_before_its_inputs_is_one_line_and_writes_nothing(stages, tmp_path, capsys,
+                                                                   snapshot, stage, extra,
+                                                                   message):
+    out = Path(shutil.copytree(stages[snapshot], tmp_path / "out", symlinks=True))
+    age_every_file(out)
+    capsys.readouterr()
+    assert run_main(clean_main, staged(stages["raw"], out, stage, *extra)) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and len(error.splitlines()) == 1, error
+    assert files_written_since_aged(out) == []
+
+
+@pytest.mark.parametrize("snapshot, stage, lost, rewritten, then", [
+    # task 1 of 3 has bands 1, 4, 7, 10, 13, and the file b.jsonl
+    ("bucketed", "buckets", ".clean/buckets/band-0004.json",
+     [".clean/buckets/band-0004.json", ".clean/buckets/band-0004.pairs"],
+     [("clusters", None), ("write", [0, 1, 2])]),
+    ("written", "write", "b.jsonl",
+     [".clean/b.jsonl.shard.json", ".clean/b.jsonl.written.json", "b.jsonl"], []),
+])
+def test_a_rerun_of_one_task_replaces_only_its_own_outputs(stages, tmp_path, snapshot, stage,
+                                                           lost, rewritten, then):
+    """Task 1 of 3 was killed after losing one output: its rerun redoes that one, and touches
+    no other task's file; the later stages and the merge then give the one run's bytes."""
+    out = Path(shutil.copytree(stages[snapshot], tmp_path / "out", symlinks=True))
+    (out / lost).unlink()
+    age_every_file(out)
+    run_stage(stages["raw"], out, stage, [1])
+    assert files_written_since_aged(out) == sorted([*rewritten,
+                                                    ".z2all_outputs.task-1-of-3.json"])
+    for later, indices in [*then, ("merge", None)]:
+        run_stage(stages["raw"], out, later, indices)
+    assert visible_files(out) == visible_files(stages["one"])
