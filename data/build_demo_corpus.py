@@ -15,6 +15,8 @@ seed (same seed -> the same bytes), so every `make demo` trains on identical dat
     data/demo/sft/valid.jsonl                           in the three SFT formats of design.md §2.1
     data/demo/dpo/train_{conversations,prompt}.jsonl    chosen = correct, rejected = near miss,
     data/demo/dpo/valid.jsonl                           in both DPO formats of docs/design.md §2.1
+    data/demo/grpo/train.jsonl                    {"prompt": messages, "task", "answer"}: GRPO's
+                                                   prompts (add1, add2, reverse)
     data/demo/eval/tasks.jsonl                    {"task", "prompt", "answer"}: held out; no
                                                    prompt here occurs in any other file
 
@@ -87,12 +89,14 @@ def raw_pretrain_files(scale: float, leak: tuple[str, str],
 
 
 Example = tuple[str, str, str]  # (task, prompt, answer)
+GRPO_TASKS = ("add1", "add2", "reverse")
 RecordMaker = Callable[[random.Random, list[Example]], dict[str, Any]]
 
 
-def draw_examples(rng: random.Random, count: int, exclude: set[str]) -> list[Example]:
-    """`count` (task, prompt, answer) triples, tasks in turn, prompts never in `exclude`."""
-    examples, names = [], sorted(TASKS)
+def draw_examples(rng: random.Random, count: int, exclude: set[str],
+                  tasks: Iterable[str] = TASKS) -> list[Example]:
+    """`count` (task, prompt, answer) triples, `tasks` in turn, prompts never in `exclude`."""
+    examples, names = [], sorted(tasks)
     while len(examples) < count:
         task = names[len(examples) % len(names)]
         prompt, answer = TASKS[task].sample(rng)
@@ -204,6 +208,13 @@ def build(out: Path, seed: int, scale: float = 1.0) -> dict[str, tuple[int, int]
                                      ("valid", dpo_prompt_record, 200)]:
         files[f"dpo/{name}.jsonl"] = [make_record(dpo_rng, *example) for example in
                                       draw_examples(dpo_rng, scaled(count, scale), exclude)]
+
+    # GRPO: the skills DPO leaves below 100% (docs/demo.md), as chat prompts with the task for
+    # the reward function (trainer/reward_functions.py `demo_task_correct`)
+    files["grpo/train.jsonl"] = [
+        {"prompt": [{"role": "user", "content": prompt}], "task": task, "answer": answer}
+        for task, prompt, answer in draw_examples(rng_for("grpo"), scaled(2000, scale), exclude,
+                                                  tasks=GRPO_TASKS)]
 
     # pretrain/ is the clean stage's output folder: the lessons are listed there as a guest's
     # (utils/data_output_dir.py), so the clean stage writes beside them and never removes them.

@@ -133,6 +133,8 @@ TOKENIZER = "tokenizer/demo_hf"
 OUT = "out"
 VOCAB = "512"  # small: made-up words split into letters and short pieces (see above)
 SFT_STEPS = 3000
+GRPO_STEPS = 60
+RUNS = ("pretrain", "sft", "dpo", "grpo")
 # Pretraining runs as 2 processes of our DDP with ZeRO-1 (the optimizer state sharded over the
 # ranks), as on a multi-GPU node: torchrun starts the ranks, gloo carries the gradients. SFT
 # runs as 2 ranks too (plain DDP): one thread per rank is faster than 2 threads in 1 process.
@@ -200,8 +202,22 @@ def stages(dtype: str = "auto", seed: int = 1337) -> list[tuple[str, list[str]]]
         ("accuracy_dpo", ["-m", "tools.demo_eval", "--ckpt", f"{OUT}/demo_dpo",
                           "--tokenizer_dir", TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl",
                           f"--dtype={dtype}"]),
+        # GRPO from the DPO model on the skills it still misses (docs/demo.md): 8 answers per
+        # prompt sampled by the policy itself, rewarded 1 when the demo's grader says correct.
+        ("grpo", [*TORCHRUN, "train_my_ddp.py", *train_common, "--task_type=grpo",
+                  f"--init_from={OUT}/demo_dpo", f"--data_dir={DEMO}/grpo",
+                  f"--out_dir={OUT}/demo_grpo", "--max_seq_len=128",
+                  f"--batch_size={32 // RANKS}",  # x 2 ranks = 32 answers: 4 prompts x 8
+                  "--num_generations=8", "--max_completion_length=12",
+                  "--reward_fn=trainer.reward_functions:demo_task_correct",
+                  f"--max_iters={GRPO_STEPS}", "--warmup_iters=5", "--lr=1e-4", "--min_lr=1e-5",
+                  "--weight_decay=0.0", "--grpo_beta=0.04", "--eval_interval=30",
+                  "--eval_iters=8", "--save_interval=30"]),
+        ("accuracy_grpo", ["-m", "tools.demo_eval", "--ckpt", f"{OUT}/demo_grpo",
+                           "--tokenizer_dir", TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl",
+                           f"--dtype={dtype}"]),
         *[(f"plots_{run}", ["-m", "tools.resplot", f"{OUT}/demo_{run}"])
-          for run in ("pretrain", "sft", "dpo")],
+          for run in RUNS],
     ]
 
 
@@ -269,7 +285,7 @@ def summary() -> list[str]:
         lines.append(f"pretraining val loss: {evals[0]['val_loss']:.3f} (step {evals[0]['step']})"
                      f" -> {evals[-1]['val_loss']:.3f} (step {evals[-1]['step']}); "
                      f"bits/byte {evals[0]['val_bpb']:.2f} -> {evals[-1]['val_bpb']:.2f}")
-    for run in ("sft", "dpo"):
+    for run in ("sft", "dpo", "grpo"):
         path = Path(OUT) / f"demo_{run}" / "task_accuracy.json"
         if path.exists():
             result = json.loads(path.read_text(encoding="utf-8"))
@@ -283,7 +299,14 @@ def summary() -> list[str]:
                      f"log 2 = 0.693), chosen NLL {last['chosen_nll']:.3f}, "
                      f"reward margin {last['rewards/margins']:.3f}, "
                      f"reward accuracy {last['rewards/accuracies']:.0%}")
-    for run in ("pretrain", "sft", "dpo"):
+    grpo_train = _records("grpo", "train")
+    if grpo_train:
+        first, last = grpo_train[0], grpo_train[-1]
+        lines.append(f"GRPO: reward (share of sampled answers graded correct) "
+                     f"{first['reward']:.0%} at step {first['step']} -> {last['reward']:.0%} at "
+                     f"step {last['step']}; groups all right or all wrong "
+                     f"{last['frac_reward_zero_std']:.0%}; KL to the DPO model {last['kl']:.3f}")
+    for run in RUNS:
         samples = _records(run, "samples")
         for sample in samples[-1]["samples"] if samples else []:
             lines.append(f"[{run}] {sample['prompt']!r} -> {sample['completion']!r}")

@@ -37,7 +37,7 @@ def test_same_seed_same_bytes_other_seed_other_tasks(tmp_path, capsys):
     main(["--out", str(tmp_path / "c"), "--seed", "4", "--scale", "0.1"])
     first, again, other = (file_bytes(tmp_path / name) for name in "abc")
     assert first.pop(f"pretrain/{LEDGER}") == again.pop(f"pretrain/{LEDGER}")  # for clean
-    assert len(first) == 15 and first == again
+    assert len(first) == 16 and first == again
     assert not any("/." in "/" + name for name in first)  # no temporary files left behind
     assert first["sft/train_openai.jsonl"] != other["sft/train_openai.jsonl"]
     plays = "pretrain_raw/shakespeare_comedies.jsonl"
@@ -164,6 +164,19 @@ def test_dpo_chosen_right_rejected_wrong_and_held_out(corpus):
             expected = reference_answer(task_of(prompt), prompt)
             assert chosen == expected and rejected != expected and rejected.strip()
     assert shapes == {"conversations", "prompt"}
+
+
+def test_grpo_prompts_are_chat_prompts_of_the_missed_skills_and_held_out(corpus):
+    eval_prompts = {r.data["prompt"] for r in iter_records(corpus / "eval/tasks.jsonl")}
+    tasks = set()
+    for record in iter_records(corpus / "grpo/train.jsonl"):
+        ((message,),) = [record.data["prompt"]]
+        assert message["role"] == "user" and message["content"] not in eval_prompts
+        assert task_of(message["content"]) == record.data["task"]
+        assert record.data["answer"] == reference_answer(record.data["task"],
+                                                         message["content"])
+        tasks.add(record.data["task"])
+    assert tasks == {"add1", "add2", "reverse"}
 
 
 def test_is_correct_matches_reference_and_ignores_only_whitespace():

@@ -26,7 +26,7 @@ TRAIN_STAGES = {name: argv for name, argv in demo.stages() if "train_my_ddp.py" 
 
 
 def test_training_stages_let_the_machine_decide_precision_and_threads():
-    assert set(TRAIN_STAGES) == {"pretrain", "sft", "dpo"}
+    assert set(TRAIN_STAGES) == {"pretrain", "sft", "dpo", "grpo"}
     for name, argv in demo.stages():
         assert not any(arg.startswith("--dtype=") and arg != "--dtype=auto" for arg in argv), name
         assert not any(arg.startswith("--num_threads") for arg in argv), name
@@ -38,13 +38,14 @@ def test_training_stages_let_the_machine_decide_precision_and_threads():
 def test_dtype_and_seed_reach_every_training_and_accuracy_stage():
     default, chosen = dict(demo.stages()), dict(demo.stages(dtype="bf16", seed=2))
     assert default.keys() == chosen.keys()
-    for name in ("pretrain", "sft", "dpo"):
+    for name in ("pretrain", "sft", "dpo", "grpo"):
         assert "--dtype=bf16" in chosen[name] and "--seed=2" in chosen[name], name
         assert "--seed=1337" in default[name], name
-    for name in ("accuracy_sft", "accuracy_dpo"):
+    for name in ("accuracy_sft", "accuracy_dpo", "accuracy_grpo"):
         assert "--dtype=bf16" in chosen[name], name
     changed = {name for name in default if default[name] != chosen[name]}
-    assert changed == {"pretrain", "sft", "dpo", "accuracy_sft", "accuracy_dpo"}  # same corpus
+    assert changed == {"pretrain", "sft", "dpo", "grpo", "accuracy_sft", "accuracy_dpo",
+                       "accuracy_grpo"}  # the same corpus
 
 
 def test_pretraining_runs_two_ranks_of_our_ddp_with_zero1():
