@@ -72,13 +72,30 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
 def load_model(path: str | os.PathLike) -> tuple[Z2allForCausalLM, Path]:
     """(the model, the directory its weights came from) for any kind of path above."""
     model_dir = resolve_model_dir(path)
+    return load_model_at(model_dir), model_dir
+
+
+def load_model_at(model_dir: Path) -> Z2allForCausalLM:
+    """The model whose weights are in `model_dir`, as `resolve_model_dir` names it (a caller
+    that resolved the path once, and checked it, loads without verifying it again)."""
     if is_lora_checkpoint(model_dir):
         model, _, _ = load_lora_checkpoint(model_dir)
-        return merge_and_unload(model), model_dir
+        return merge_and_unload(model)
     check_weight_files(model_dir)
     if is_hf_model_dir(model_dir):
-        return Z2allForCausalLM.from_hf(model_dir), model_dir
-    return Z2allForCausalLM.from_pretrained(model_dir), model_dir
+        return Z2allForCausalLM.from_hf(model_dir)
+    return Z2allForCausalLM.from_pretrained(model_dir)
+
+
+def model_config_at(model_dir: Path) -> Z2allConfig:
+    """The config of the model whose weights are in `model_dir` (as `resolve_model_dir` names
+    it), without reading the weights; a LoRA checkpoint's is its base's."""
+    if is_lora_checkpoint(model_dir):
+        return model_config_at(resolve_model_dir(read_lora_checkpoint(model_dir)[1]["path"]))
+    config_file = model_dir / CONFIG_FILE
+    if is_hf_model_dir(model_dir):
+        return config_from_hf(read_config_json(config_file), source=str(config_file))
+    return Z2allConfig.from_json_file(config_file)
 
 
 def check_weight_files(model_dir: Path) -> None:
@@ -130,10 +147,7 @@ def load_model_config(path: str | os.PathLike) -> Z2allConfig:
     model_dir = resolve_model_dir(path)
     if is_lora_checkpoint(model_dir):
         raise ValueError(f"{path}: a LoRA checkpoint; give its base model and --lora_rank")
-    config_file = model_dir / CONFIG_FILE
-    if is_hf_model_dir(model_dir):
-        return config_from_hf(read_config_json(config_file), source=str(config_file))
-    return Z2allConfig.from_json_file(config_file)
+    return model_config_at(model_dir)
 
 
 def load_lora_checkpoint(model_dir: str | os.PathLike

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from model.loading import check_weight_files, resolve_model_dir
+from model.loading import check_weight_files
 from optimizer.data_parallel_factory import check_zero_options
 from parallel.parallel_dims import check_context_parallel_length
 from parallel_plan.llama_shapes import check_parallel_shapes
-from trainer.model_setup import DEMO_TOKENIZER_DIR, model_config_at, preset_model_config
+from trainer.model_setup import DEMO_TOKENIZER_DIR, init_source, preset_model_config
 from trainer.options import TrainingOptions
 from utils.data_files import is_data_spec, locate_data
 from utils.option_checks import raise_problems, range_problem
@@ -109,12 +109,11 @@ def check_init_from(options: TrainingOptions) -> None:
     (config_files.py)."""
     if options.model.init_from is None or options.run.resume:
         return
-    model_dir = resolve_model_dir(options.model.init_from)
-    config = model_config_at(model_dir)
-    check_weight_files(model_dir)
+    source = init_source(options.model.init_from)
+    check_weight_files(source.directory)
     lora = options.lora.config()
     if lora is not None:
-        lora.check_fits(config)
+        lora.check_fits(source.config)
 
 
 def _combination_problems(options: TrainingOptions) -> list[str]:

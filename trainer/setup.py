@@ -57,7 +57,13 @@ from trainer.forward_steps import ForwardStep, build_forward_step
 from trainer.lr_schedule import LRSchedule
 from trainer.memory_fit import MemoryBudget
 from trainer.metrics import MetricsLogger
-from trainer.model_setup import build_model, planned_model_config, run_tokenizer
+from trainer.model_setup import (
+    ModelSource,
+    build_model,
+    model_source,
+    planned_model_config,
+    run_tokenizer,
+)
 from trainer.options import TrainingOptions
 from trainer.parallelize import (
     ParallelRun,
@@ -70,7 +76,6 @@ from trainer.throughput import ThroughputMeter
 from trainer.trackers import Trackers
 from trainer.training_checkpoint import restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
-from utils.hub import snapshot_of
 from utils.precision import DTYPES, PrecisionChoice, resolve_dtype
 from utils.tokenizer_protocol import Tokenizer
 
@@ -160,16 +165,13 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     resume_candidates = (valid_checkpoints(run_dir) if options.run.resume and env.is_main
                          else iter(()))
     resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
-    tokenizer = run_tokenizer(data_options, options.model.init_from, run_dir, resume_dir)
+    source = model_source(options.model.init_from, run_dir, resume_dir)  # resolved once
+    tokenizer = run_tokenizer(data_options, source)
     trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
     log = MetricsLogger(run_dir, enabled=env.is_main, trackers=trackers)
     if env.is_main:
         print(precision.reason, flush=True)
-        hub = {name: found for name, path in (("init_from", options.model.init_from),
-                                              ("tokenizer_dir", options.data.tokenizer_dir))
-               if (found := snapshot_of(path))}  # the Hub id and commit, if any
-        save_config(options, run_dir, resolved={"precision": dataclasses.asdict(precision),
-                                                **({"hub": hub} if hub else {})})
+        save_config(options, run_dir, resolved={"precision": dataclasses.asdict(precision)})
         save_run_tokenizer(tokenizer, run_dir)
         for note in notes:
             print(note, flush=True)
@@ -181,21 +183,22 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     eval_samples = options.eval.eval_iters * (optimization.batch_size * share.world_size
                                               * optimization.gradient_accumulation_steps)
     data, valid_dataset, collate_fn = build_train_data(
-        data_options, seed=optimization.seed, batch_size=optimization.batch_size,
+        data_options, tokenizer, seed=optimization.seed, batch_size=optimization.batch_size,
         eval_samples=eval_samples, rank=share.rank, world_size=share.world_size,
         pin_memory=env.device.type == "cuda", sequence_multiple=share.sequence_multiple)
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
     budget = budget or MemoryBudget(env.rank)
     budget.measure(memory_plan(options, planned_model_config(
-        options.model, data_options.max_seq_len, tokenizer, resume_dir), env.world_size,
+        options.model, data_options.max_seq_len, tokenizer, source), env.world_size,
         env.rank, precision.dtype).total, env)
     if env.is_main and (warning := budget.fit_warning()):
         print(warning, file=sys.stderr, flush=True)
     if env.is_main:  # how many validation samples, and from the data's own split or train
         print(validation_note(data_options, len(valid_dataset), eval_samples), flush=True)
+    init = source if resume_dir is None else None
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
-        options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir)
+        options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir, init)
     forward_step = build_forward_step(data_options.task_type, options.dpo,
                                       options.model.init_from, env.device, precision.dtype,
                                       lora=options.lora.config() is not None,
@@ -324,7 +327,8 @@ def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
                             tokenizer: Tokenizer, data: TrainData,
-                            resume_candidates: Iterator[Path], resume_dir: Path | None
+                            resume_candidates: Iterator[Path], resume_dir: Path | None,
+                            init: ModelSource | None
                             ) -> tuple[tuple[Z2allForCausalLM, dict[str, str] | None],
                                        ParallelRun, dict | None, Path | None]:
     """((model, LoRA base reference or None), its DDP + optimizer, the resumed trainer state
@@ -333,7 +337,7 @@ def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype
     while True:
         seed_everything(options.optimization.seed)  # all ranks alike: identical weights
         build = functools.partial(build_model, options.model, options.data.max_seq_len,
-                                  tokenizer, options.lora.config(), resume_dir)
+                                  tokenizer, options.lora.config(), resume_dir, init)
         built, error = _on_every_rank(build, env) if resume_dir else (build(), None)
         state = None
         if error is None:
