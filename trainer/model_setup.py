@@ -11,9 +11,11 @@ tokenizer is settled before any data is read:
 
 and recorded in config.json as an absolute path (so the run works from any directory).
 
-The model a run continues or starts from is resolved once (`model_source`: which directory
-holds its weights, after the checkpoint's manifest verifies, and its config), and that
-`ModelSource` is what the tokenizer check, the memory plan and the model build read.
+The model a run continues or starts from is resolved once, by rank 0 for every rank: the
+--init_from model by `init_source` when the options are checked (which directory holds its
+weights, after a checkpoint's manifest verifies, and its config), the resumed checkpoint by
+`resumed_source`; that `ModelSource` is what the tokenizer check, the memory plan and the
+model build read.
 """
 
 from __future__ import annotations
@@ -60,12 +62,11 @@ def init_source(init_from: str) -> ModelSource:
     return ModelSource(init_from, directory, model_config_at(directory))
 
 
-def model_source(init_from: str | None, run_dir: Path, resume_dir: Path | None
-                 ) -> ModelSource | None:
-    """The checkpoint resumed, else the --init_from model, else None (a fresh model)."""
-    if resume_dir is not None:
-        return ModelSource(str(run_dir), resume_dir, model_config_at(resume_dir))
-    return init_source(init_from) if init_from else None
+def resumed_source(run_dir: Path, resume_dir: Path | None) -> ModelSource | None:
+    """The checkpoint a --resume continues (named by its run), or None."""
+    if resume_dir is None:
+        return None
+    return ModelSource(str(run_dir), resume_dir, model_config_at(resume_dir))
 
 
 def run_tokenizer(data: DataConfig, source: ModelSource | None) -> Any:

@@ -1,6 +1,6 @@
 """Everything a training run is made of, built from the options in one place: `build_run`.
 
-    run = build_run(options, env, notes)   # precision, data, model, DDP + optimizer, resume
+    run = build_run(options, env, notes, init)   # precision, data, model, DDP + optimizer, resume
     ... the loop in train_my_ddp.py steps run.steps.ddp / .optimizer on batches of .data ...
 
 The order of the build, and why:
@@ -60,8 +60,8 @@ from trainer.metrics import MetricsLogger
 from trainer.model_setup import (
     ModelSource,
     build_model,
-    model_source,
     planned_model_config,
+    resumed_source,
     run_tokenizer,
 )
 from trainer.options import TrainingOptions
@@ -155,9 +155,10 @@ class Run:
 
 
 def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
-              budget: MemoryBudget | None = None) -> Run:
-    """`budget` (trainer/memory_fit.py) gets this rank's memory plan and limit before the model
-    is built; rank 0 warns if its plan does not fit."""
+              init: ModelSource | None, budget: MemoryBudget | None = None) -> Run:
+    """`init`: the --init_from model as `check_init_from` resolved it (None without one, or
+    on --resume). `budget` (trainer/memory_fit.py) gets this rank's memory plan and limit
+    before the model is built; rank 0 warns if its plan does not fit."""
     run_dir = Path(options.run.out_dir)
     data_options, optimization = options.data, options.optimization
     precision = broadcast_from_main(resolve_dtype(options.system.dtype, env.device)
@@ -165,7 +166,7 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     resume_candidates = (valid_checkpoints(run_dir) if options.run.resume and env.is_main
                          else iter(()))
     resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
-    source = model_source(options.model.init_from, run_dir, resume_dir)  # resolved once
+    source = resumed_source(run_dir, resume_dir) or init
     tokenizer = run_tokenizer(data_options, source)
     trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
     log = MetricsLogger(run_dir, enabled=env.is_main, trackers=trackers)
@@ -196,7 +197,6 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
         print(warning, file=sys.stderr, flush=True)
     if env.is_main:  # how many validation samples, and from the data's own split or train
         print(validation_note(data_options, len(valid_dataset), eval_samples), flush=True)
-    init = source if resume_dir is None else None
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
         options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir, init)
     forward_step = build_forward_step(data_options.task_type, options.dpo,
