@@ -27,10 +27,11 @@ from typing import Any
 from dataset.data_config import DataConfig
 from model.configuration_z2all import Z2allConfig
 from model.loading import (
+    ModelFiles,
     load_lora_checkpoint,
     load_model_at,
     lora_base_reference,
-    model_config_at,
+    model_files_at,
     resolve_model_dir,
 )
 from model.lora import LoraConfig, apply_lora
@@ -53,20 +54,24 @@ class ModelSource:
 
     name: str         # as messages name it: the run dir on --resume, else --init_from
     directory: Path   # whose weights are read (model/loading.py `resolve_model_dir`)
-    config: Z2allConfig  # read without the weights; a LoRA checkpoint's is its base's
+    files: ModelFiles  # its config and weight files, read without the weights
+
+    @property
+    def config(self) -> Z2allConfig:
+        return self.files.config
 
 
 def init_source(init_from: str) -> ModelSource:
     """--init_from resolved (a run dir's newest verified checkpoint, an HF dir, ...)."""
     directory = resolve_model_dir(init_from)
-    return ModelSource(init_from, directory, model_config_at(directory))
+    return ModelSource(init_from, directory, model_files_at(directory))
 
 
 def resumed_source(run_dir: Path, resume_dir: Path | None) -> ModelSource | None:
     """The checkpoint a --resume continues (named by its run), or None."""
     if resume_dir is None:
         return None
-    return ModelSource(str(run_dir), resume_dir, model_config_at(resume_dir))
+    return ModelSource(str(run_dir), resume_dir, model_files_at(resume_dir))
 
 
 def run_tokenizer(data: DataConfig, source: ModelSource | None) -> Any:

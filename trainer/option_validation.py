@@ -111,7 +111,7 @@ def check_init_from(options: TrainingOptions) -> ModelSource | None:
     if options.model.init_from is None or options.run.resume:
         return None
     source = init_source(options.model.init_from)
-    check_weight_files(source.directory)
+    check_weight_files(source.files.weight_files())
     lora = options.lora.config()
     if lora is not None:
         lora.check_fits(source.config)
