@@ -239,13 +239,14 @@ def main(argv: list[str] | None = None) -> int:
                            timeout_s=60 * options.parallel.dist_timeout)
     configure_logging(options.run.verbose, env.is_main)
     try:
-        check_on_main(lambda: check_init_from(options), env)  # one line per run, not per rank
+        # one line per run, not per rank; every rank starts from the model rank 0 checked
+        init = check_on_main(lambda: check_init_from(options), env)
         with (exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal,
               out_of_memory_explained(env) as memory_budget):
             check_shared_filesystem(Path(options.run.out_dir), {
                 "--data_dir": options.data.data_dir, "--tokenizer_dir": options.data.tokenizer_dir,
                 "--init_from": options.model.init_from}, env)  # several nodes: one filesystem
-            run = build_run(options, env, notes + claim.notes, memory_budget)
+            run = build_run(options, env, notes + claim.notes, init, memory_budget)
             claim.started = True
             return train(run, stop_signal, claim)
     finally:

@@ -56,8 +56,13 @@ class Exercise:
 
 KERNELS = "tests/model/test_kernels.py"
 CONTEXT = "tests/parallel/test_context_parallel.py"
+SENTENCEPIECE = "tests/tokenizer/test_native_sentencepiece.py"
 
 EXERCISES = [
+    Exercise("bpe_merges", 1, "tokenizer.sentencepiece_bpe:sentencepiece_to_tokenizers",
+             (f"{SENTENCEPIECE}::test_both_paths_give_the_same_ids",
+              f"{SENTENCEPIECE}::test_both_paths_give_the_same_ids_on_a_corpus"),
+             ("merges_ranked_worst_first", "no_byte_fallback")),
     Exercise("sample_slots", 2,
              "data_preprocess.build_pretrain_sample_index_map:slot_pairs",
              ("tests/data_preprocess/test_build_pretrain_sample_index_map.py"
@@ -90,6 +95,9 @@ EXERCISES = [
     Exercise("dpo_loss", 6, "trainer.dpo_loss:dpo_loss",
              ("tests/trainer/test_dpo_loss.py",),
              ("no_reference_model", "smoothing_swapped")),
+    Exercise("checkpoint_sealed", 7, "utils.checkpoint:verify_checkpoint",
+             ("tests/utils/test_checkpoint.py",),
+             ("sizes_only", "required_not_checked")),
     Exercise("ddp_buckets", 8,
              "parallel.distributed_data_parallel.param_and_grad_buffer:plan_layout",
              ("tests/parallel/test_param_and_grad_buffer.py",
@@ -109,6 +117,10 @@ EXERCISES = [
              "parallel.tensor_parallel.collectives:_CopyToRegion.backward",
              ("tests/parallel/test_tensor_parallel.py::test_tensor_parallel_pieces_match_references",),
              ("identity_backward",)),
+    Exercise("pipeline_1f1b", 11,
+             "parallel.pipeline_parallel.schedules:one_forward_one_backward_order",
+             ("tests/parallel/test_schedule_orders.py",),
+             ("warmup_of_p_minus_s", "same_warmup_on_every_stage")),
     Exercise("cp_held_positions", 12, "parallel.context_parallel.load_balance:held_positions",
              (f"{CONTEXT}::test_held_positions_worked_example_and_odd_length",
               f"{CONTEXT}::test_shard_and_unshard_round_trip"),

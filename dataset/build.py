@@ -1,4 +1,4 @@
-"""`build_datasets(task_type, data_dir, tokenizer_dir, max_seq_len)`: what the trainer calls.
+"""`build_datasets(task_type, data_dir, tokenizer, max_seq_len)`: what the trainer calls.
 
 Returns `(train_dataset, valid_dataset, collate_fn)` for one task. Where the data comes from:
 
@@ -25,6 +25,9 @@ stream    (`build_stream_datasets`, --data_format=stream) raw shards tokenized o
 
 Under torchrun, rank 0 prepares (index or cache) while the others wait on a done-file with
 their own timeout (dataset/prepare.py); then every rank memory-maps the same files.
+
+The tokenizer comes loaded (the caller's, checked against the model: trainer/model_setup.py);
+worker processes that tokenize load it again from its directory, `tokenizer.name_or_path`.
 """
 
 from __future__ import annotations
@@ -61,9 +64,9 @@ from dataset.prepare import DEFAULT_PREPARE_TIMEOUT_S, prepare_once
 from dataset.sft_packing import PackingSFTCollator
 from dataset.stream import StreamDataset, StreamLoader, StreamSettings, holdout_items
 from dataset.stream_shards import find_sources
-from tokenizer import load_tokenizer
 from utils.atomic_io import atomic_write_json
 from utils.data_files import DataFiles, locate_data, validation_spec
+from utils.tokenizer_protocol import Tokenizer
 
 TASK_TYPES = ("pretrain", "sft", "dpo")
 PAD_TO_MULTIPLE_OF = 8  # padded batches' lengths: tensor cores like multiples of 8
@@ -121,7 +124,7 @@ def chat_store_dir(kind: str, data_dir: str | Path, tokenizer_dir: str | Path, f
     return store_dir
 
 
-def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Path,
+def build_datasets(task_type: str, data_dir: str | Path, tokenizer: Tokenizer,
                    max_seq_len: int, seed: int = 1337, *,
                    valid_ratio: float = DEFAULT_VALID_RATIO, system_prompt: str | None = None,
                    cache_dir: str | Path | None = None, num_workers: int = DEFAULT_WORKERS,
@@ -135,7 +138,6 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
         raise ValueError(f"task_type must be one of {TASK_TYPES}, got {task_type!r}")
     if pack_samples and task_type != "sft":
         raise ValueError(f"packing is for sft samples, not {task_type}")
-    tokenizer = load_tokenizer(tokenizer_dir)
     if task_type == "pretrain":
         data_dir = Path(data_dir)
         check_pretok_tokenizer(data_dir, tokenizer.fingerprint)
@@ -150,7 +152,7 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer_dir: str | Pa
                 default_collate)
 
     def store_of(spec: str | Path) -> ChatTokenStore:
-        store_dir = chat_store_dir(task_type, spec, tokenizer_dir, tokenizer.fingerprint,
+        store_dir = chat_store_dir(task_type, spec, tokenizer.name_or_path, tokenizer.fingerprint,
                                    max_seq_len, system_prompt, cache_dir, num_workers,
                                    prepare_timeout_s)
         return ChatTokenStore(store_dir, task_type, tokenizer.fingerprint, max_seq_len)
@@ -188,7 +190,7 @@ def validation_note(config: DataConfig, count: int, scored: int) -> str:
     return f"validation: {where}; each evaluation scores {min(count, scored)} of them"
 
 
-def build_stream_datasets(config: DataConfig, seed: int, *, batch_size: int,
+def build_stream_datasets(config: DataConfig, tokenizer: Tokenizer, seed: int, *, batch_size: int,
                           valid_samples: int, rank: int = 0, world_size: int = 1,
                           system_prompt: str | None = None,
                           pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF
@@ -202,9 +204,8 @@ def build_stream_datasets(config: DataConfig, seed: int, *, batch_size: int,
     (dataset/stream_shards.py)."""
     if config.task_type not in TASK_TYPES:
         raise ValueError(f"task_type must be one of {TASK_TYPES}, got {config.task_type!r}")
-    tokenizer = load_tokenizer(config.tokenizer_dir)
     valid_source = validation_source(config.data_dir, config.data_mix)
-    settings = StreamSettings(config.task_type, str(config.tokenizer_dir), config.max_seq_len,
+    settings = StreamSettings(config.task_type, tokenizer.name_or_path, config.max_seq_len,
                               seed, system_prompt=system_prompt,
                               skip_bad_records=config.skip_bad_records,
                               holdout_every=0 if valid_source else round(1 / DEFAULT_VALID_RATIO))

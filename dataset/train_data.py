@@ -1,6 +1,6 @@
 """One interface for the trainer's training batches, whichever `--data_format` is behind it.
 
-    data, valid_dataset, collate_fn = build_train_data(config, seed, batch_size, ...)
+    data, valid_dataset, collate_fn = build_train_data(config, tokenizer, seed=..., ...)
     batches = iter(data)              # endless batches for this rank
     state = data.state_dict()         # this rank's position after the batches handed out
     note = data.restore(states)       # every saved rank's state -> continue (note: None or why
@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from dataset.build import PAD_TO_MULTIPLE_OF, build_datasets, build_stream_datasets
 from dataset.data_config import DataConfig, DataFormatMismatch
 from dataset.sampler import STATE_KEYS, StatefulDistributedSampler
+from utils.tokenizer_protocol import Tokenizer
 from utils.worker_signals import init_loader_worker
 
 
@@ -87,23 +88,23 @@ class SampledTrainData:
         return {}  # the pretokenizer reported (and its sidecars record) what it dropped or cut
 
 
-def build_train_data(config: DataConfig, *, seed: int, batch_size: int, eval_samples: int,
-                     rank: int, world_size: int, pin_memory: bool = False,
+def build_train_data(config: DataConfig, tokenizer: Tokenizer, *, seed: int, batch_size: int,
+                     eval_samples: int, rank: int, world_size: int, pin_memory: bool = False,
                      sequence_multiple: int = 1) -> tuple[TrainData, Any, Any]:
-    """(training data, validation samples, collate_fn) of `config` for this rank.
+    """(training data, validation samples, collate_fn) of `config` for this rank, tokenized
+    by `tokenizer` (loaded once by the caller; its directory is `config.tokenizer_dir`).
     `eval_samples`: how many validation samples all ranks evaluate together (the stream holds
     out exactly those; the pretokenized valid split is fixed by its index).
     `sequence_multiple`: padded batches (SFT, DPO) are as long as a multiple of it too (2C for
     context parallelism's 2C equal chunks; --max_seq_len is one)."""
     pad_to_multiple_of = math.lcm(PAD_TO_MULTIPLE_OF, sequence_multiple)
     if config.data_format == "stream":
-        stream, valid, collate_fn = build_stream_datasets(config, seed, batch_size=batch_size,
-                                                          valid_samples=eval_samples, rank=rank,
-                                                          world_size=world_size,
-                                                          pad_to_multiple_of=pad_to_multiple_of)
+        stream, valid, collate_fn = build_stream_datasets(
+            config, tokenizer, seed, batch_size=batch_size, valid_samples=eval_samples,
+            rank=rank, world_size=world_size, pad_to_multiple_of=pad_to_multiple_of)
         return stream, valid, collate_fn
     train, valid, collate_fn = build_datasets(
-        config.task_type, config.data_dir, config.tokenizer_dir, config.max_seq_len, seed=seed,
+        config.task_type, config.data_dir, tokenizer, config.max_seq_len, seed=seed,
         pack_samples=config.pack_samples, pad_to_multiple_of=pad_to_multiple_of)
     data = SampledTrainData(train, collate_fn, batch_size, rank, world_size, seed,
                             num_workers=config.num_workers, pin_memory=pin_memory)

@@ -24,6 +24,7 @@ import argparse
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,29 +73,64 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
 def load_model(path: str | os.PathLike) -> tuple[Z2allForCausalLM, Path]:
     """(the model, the directory its weights came from) for any kind of path above."""
     model_dir = resolve_model_dir(path)
+    return load_model_at(model_dir), model_dir
+
+
+def load_model_at(model_dir: Path) -> Z2allForCausalLM:
+    """The model whose weights are in `model_dir`, as `resolve_model_dir` names it (a caller
+    that resolved the path once, and checked it, loads without verifying it again)."""
     if is_lora_checkpoint(model_dir):
         model, _, _ = load_lora_checkpoint(model_dir)
-        return merge_and_unload(model), model_dir
-    check_weight_files(model_dir)
+        return merge_and_unload(model)
+    check_weight_files(model_files_at(model_dir).weight_files())
     if is_hf_model_dir(model_dir):
-        return Z2allForCausalLM.from_hf(model_dir), model_dir
-    return Z2allForCausalLM.from_pretrained(model_dir), model_dir
+        return Z2allForCausalLM.from_hf(model_dir)
+    return Z2allForCausalLM.from_pretrained(model_dir)
 
 
-def check_weight_files(model_dir: Path) -> None:
+@dataclass(frozen=True)
+class ModelFiles:
+    """What a model directory (as `resolve_model_dir` names it) holds, read without its weights;
+    a LoRA checkpoint's are its base's (the base resolved like any path)."""
+
+    directory: Path  # where the weights are: the LoRA base's directory for a LoRA checkpoint
+    config: Z2allConfig
+    is_hf: bool      # an HF model dir: its weight files are the ones transformers reads
+
+    def weight_files(self) -> list[Path]:
+        """The safetensors files the weights are read from."""
+        names = hf_weight_files(self.directory) if self.is_hf else [WEIGHTS_FILE]
+        return [self.directory / name for name in names]
+
+
+def model_files_at(model_dir: Path) -> ModelFiles:
+    """The config (and where the weights are) of the model whose weights are in `model_dir`."""
+    if is_lora_checkpoint(model_dir):
+        return model_files_at(resolve_model_dir(read_lora_checkpoint(model_dir)[1]["path"]))
+    config_file = model_dir / CONFIG_FILE
+    if is_hf_model_dir(model_dir):
+        return ModelFiles(model_dir, config_from_hf(read_config_json(config_file),
+                                                    source=str(config_file)), is_hf=True)
+    return ModelFiles(model_dir, Z2allConfig.from_json_file(config_file), is_hf=False)
+
+
+def model_config_at(model_dir: Path) -> Z2allConfig:
+    """The config of the model whose weights are in `model_dir`, without reading the weights."""
+    return model_files_at(model_dir).config
+
+
+def check_weight_files(weight_files: list[Path]) -> None:
     """Refuse, in one line naming the file, weights that safetensors cannot open: a truncated
     download or copy, whose header promises more bytes than the file holds. Only the headers
     are read, so callers may check before any work (the trainer does, once, on rank 0). A
-    LoRA checkpoint's are its base's (its adapters are read whole, and checked, on loading)."""
-    if is_lora_checkpoint(model_dir):
-        return check_weight_files(resolve_model_dir(read_lora_checkpoint(model_dir)[1]["path"]))
-    names = hf_weight_files(model_dir) if is_hf_model_dir(model_dir) else [WEIGHTS_FILE]
-    for name in names:
+    LoRA checkpoint's are its base's (`model_files_at`; its adapters are read whole, and
+    checked, on loading)."""
+    for path in weight_files:
         try:
-            with safe_open(model_dir / name, framework="pt"):
+            with safe_open(path, framework="pt"):
                 pass
         except SafetensorError as error:
-            raise ValueError(f"{model_dir / name}: not a complete safetensors file ({error}); "
+            raise ValueError(f"{path}: not a complete safetensors file ({error}); "
                              "it may be truncated: download or copy it again") from None
 
 
@@ -130,10 +166,7 @@ def load_model_config(path: str | os.PathLike) -> Z2allConfig:
     model_dir = resolve_model_dir(path)
     if is_lora_checkpoint(model_dir):
         raise ValueError(f"{path}: a LoRA checkpoint; give its base model and --lora_rank")
-    config_file = model_dir / CONFIG_FILE
-    if is_hf_model_dir(model_dir):
-        return config_from_hf(read_config_json(config_file), source=str(config_file))
-    return Z2allConfig.from_json_file(config_file)
+    return model_config_at(model_dir)
 
 
 def load_lora_checkpoint(model_dir: str | os.PathLike

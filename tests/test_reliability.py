@@ -32,7 +32,7 @@ from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM
 from parallel.local_ranks import run_on_ranks
 from tests.train_helpers import TINY_ARGS, data_args, tiny_training_data
-from tokenizer import train_tokenizer
+from tokenizer import load_tokenizer, train_tokenizer
 from tools import resplot
 from trainer import training_checkpoint
 from utils.checkpoint import list_checkpoints, verify_checkpoint
@@ -321,11 +321,12 @@ def test_empty_sft_file_says_there_is_nothing_to_train_on(tmp_path, tiny_hf_toke
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="no samples to train on"):
-        build_datasets("sft", tmp_path / "sft", tiny_hf_tokenizer_dir, 32, num_workers=0)
+        build_datasets("sft", tmp_path / "sft", load_tokenizer(tiny_hf_tokenizer_dir),
+                       32, num_workers=0)
 
 
 def test_out_of_vocabulary_ids_name_the_file(tmp_path, data):
-    build_datasets("pretrain", data["pretrain"], data["tokenizer"], 32)  # builds the index
+    build_datasets("pretrain", data["pretrain"], load_tokenizer(data["tokenizer"]), 32)  # index
     dataset = PretokDatasetWithIndex(data["pretrain"], 32, "train")
     biggest = max(int(dataset[i]["input_ids"].max()) for i in range(20))
     small_vocab = PretokDatasetWithIndex(data["pretrain"], 32, "train", vocab_size=biggest)
@@ -370,5 +371,6 @@ def test_model_vocabulary_smaller_than_the_tokenizer_is_refused(tmp_path, capsys
 @pytest.mark.parametrize("task_type", ["sft", "dpo"])
 def test_chat_task_on_pretraining_tokens_is_refused_without_a_cache(task_type, data):
     with pytest.raises(ValueError, match="this is pretokenized pretraining data"):
-        build_datasets(task_type, data["pretrain"], data["tokenizer"], 32, num_workers=0)
+        build_datasets(task_type, data["pretrain"], load_tokenizer(data["tokenizer"]),
+                       32, num_workers=0)
     assert not (data["pretrain"] / CACHE_DIR_NAME).exists()

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
                     range_problem("--index", args.index, 0),
                     range_problem("--batch_size", args.batch_size, 1),
                     range_problem("--max_rows", args.max_rows, 1)])
-    train, valid, collate_fn = build_datasets(args.task_type, args.data_dir, args.tokenizer_dir,
+    tokenizer = load_tokenizer(args.tokenizer_dir)
+    train, valid, collate_fn = build_datasets(args.task_type, args.data_dir, tokenizer,
                                               args.max_seq_len, seed=args.seed)
     dataset = train if args.split == "train" else valid
     stop = min(args.index + args.batch_size, len(dataset))
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     batch = collate_fn([dataset[i] for i in range(args.index, stop)])
     print(f"{args.task_type} {args.split} samples {args.index}..{stop - 1} of {len(dataset)}; "
           "label = the token to predict at this position, -100 = not trained")
-    print(format_batch(load_tokenizer(args.tokenizer_dir), batch, args.max_rows))
+    print(format_batch(tokenizer, batch, args.max_rows))
 
 
 if __name__ == "__main__":

@@ -61,11 +61,15 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 def save_config(options: TrainingOptions, run_dir: str | Path,
                 resolved: dict[str, Any] | None = None) -> None:
     """Write `config.json` and `exp_config.py` (both atomic) into the run dir; `resolved`
-    (what `auto` options became on this run, e.g. the measured precision) is recorded too.
+    (what `auto` options became on this run, e.g. the measured precision) is recorded too,
+    with the Hub id and commit of each Hub option that names a snapshot ("hub").
     The per-invocation options are written at their defaults (see the module docstring)."""
     run_dir = Path(run_dir)
+    values = options.to_dict()
+    hub = {name: found for name in HUB_OPTIONS if (found := snapshot_of(values[name]))}
+    resolved = {**(resolved or {}), **({"hub": hub} if hub else {})} or None
     options = TrainingOptions.from_dict(
-        {**options.to_dict(), **{name: default_value(name) for name in PER_INVOCATION}})
+        {**values, **{name: default_value(name) for name in PER_INVOCATION}})
     atomic_write_text(run_dir / "config.json", format_config(options, "json", resolved=resolved))
     atomic_write_text(run_dir / "exp_config.py", format_config(
         options, "py", "Resolved config of this run: python train_my_ddp.py exp_config.py "

@@ -14,12 +14,14 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, exit_code
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -110,23 +112,26 @@ def broadcast_from_main(value: Any, env: DistributedEnv) -> Any:
     return box[0]
 
 
-def check_on_main(check: Callable[[], None], env: DistributedEnv) -> None:
+def check_on_main(check: Callable[[], T], env: DistributedEnv) -> T:
     """Run an input check (reading files: an --init_from model) on rank 0 alone and share its
     verdict: rank 0 raises the error, the other ranks exit with its exit code without a word
     (`ReportedElsewhere`), so a run of N ranks says what is wrong once, not N times (and none
-    is left waiting for rank 0 in a collective)."""
-    problem = None
+    is left waiting for rank 0 in a collective). What the check returns (what it resolved:
+    the --init_from model's directory) is rank 0's on every rank, so all ranks use the one
+    thing that was checked."""
+    problem, result = None, None
     if env.is_main:
         try:
-            check()
+            result = check()
         except Exception as error:  # noqa: BLE001 - re-raised below, once every rank knows
             problem = error
-    code = broadcast_from_main(None if problem is None
-                               else exit_code(problem) or EXIT_RUNTIME_FAILURE, env)
+    code, result = broadcast_from_main((None if problem is None else exit_code(problem)
+                                        or EXIT_RUNTIME_FAILURE, result), env)
     if problem is not None:
         raise problem
     if code is not None:
         raise ReportedElsewhere(code)
+    return result
 
 
 def shutdown_distributed(env: DistributedEnv) -> None:

@@ -10,26 +10,33 @@ tokenizer is settled before any data is read:
     left out, fresh model       tokenizer/demo_hf
 
 and recorded in config.json as an absolute path (so the run works from any directory).
+
+The model a run continues or starts from is resolved once, by rank 0 for every rank: the
+--init_from model by `init_source` when the options are checked (which directory holds its
+weights, after a checkpoint's manifest verifies, and its config), the resumed checkpoint by
+`resumed_source`; that `ModelSource` is what the tokenizer check, the memory plan and the
+model build read.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dataset.data_config import DataConfig
-from model.configuration_z2all import Z2allConfig, read_config_json
-from model.hf_llama_mapping import config_from_hf
+from model.configuration_z2all import Z2allConfig
 from model.loading import (
-    is_hf_model_dir,
+    ModelFiles,
     load_lora_checkpoint,
-    load_model,
+    load_model_at,
     lora_base_reference,
+    model_files_at,
     resolve_model_dir,
 )
 from model.lora import LoraConfig, apply_lora
-from model.lora_checkpoint import is_lora_checkpoint, read_lora_checkpoint
-from model.modeling_z2all import CONFIG_FILE, Z2allForCausalLM
+from model.lora_checkpoint import is_lora_checkpoint
+from model.modeling_z2all import Z2allForCausalLM
 from model.run_tokenizer import check_tokenizer_matches, default_tokenizer_dir
 from tokenizer import load_tokenizer
 from trainer.options import ModelOptions
@@ -41,37 +48,47 @@ MODEL_OVERRIDES = ("hidden_size", "num_hidden_layers", "num_attention_heads",
                    "num_key_value_heads", "intermediate_size", "dropout")
 
 
-def run_tokenizer(data: DataConfig, init_from: str | None, run_dir: Path,
-                  resume_dir: Path | None) -> Any:
+@dataclass(frozen=True)
+class ModelSource:
+    """The model a run continues (--resume) or starts from (--init_from), resolved once."""
+
+    name: str         # as messages name it: the run dir on --resume, else --init_from
+    directory: Path   # whose weights are read (model/loading.py `resolve_model_dir`)
+    files: ModelFiles  # its config and weight files, read without the weights
+
+    @property
+    def config(self) -> Z2allConfig:
+        return self.files.config
+
+
+def init_source(init_from: str) -> ModelSource:
+    """--init_from resolved (a run dir's newest verified checkpoint, an HF dir, ...)."""
+    directory = resolve_model_dir(init_from)
+    return ModelSource(init_from, directory, model_files_at(directory))
+
+
+def resumed_source(run_dir: Path, resume_dir: Path | None) -> ModelSource | None:
+    """The checkpoint a --resume continues (named by its run), or None."""
+    if resume_dir is None:
+        return None
+    return ModelSource(str(run_dir), resume_dir, model_files_at(resume_dir))
+
+
+def run_tokenizer(data: DataConfig, source: ModelSource | None) -> Any:
     """The run's tokenizer, refused in one line if it is not the model's (see the module
     docstring); sets `data.tokenizer_dir` to its absolute path, as config.json records it."""
-    # The model the run continues (--resume) or starts from (--init_from), if any.
-    model_source, model_dir = str(run_dir), resume_dir
-    if resume_dir is None:
-        model_source, model_dir = init_from, init_from and resolve_model_dir(init_from)
-    own_dir = model_dir and default_tokenizer_dir(model_source, model_dir)
+    own_dir = source and default_tokenizer_dir(source.name, source.directory)
     if data.tokenizer_dir is None:
-        if model_dir and own_dir is None:
-            raise ValueError(f"{model_source} has no tokenizer of its own (none next to the "
+        if source and own_dir is None:
+            raise ValueError(f"{source.name} has no tokenizer of its own (none next to the "
                              "weights, no tokenizer/ in its run): pass --tokenizer_dir")
         data.tokenizer_dir = own_dir or DEMO_TOKENIZER_DIR
     data.tokenizer_dir = str(Path(data.tokenizer_dir).absolute())
     tokenizer = load_tokenizer(data.tokenizer_dir)
-    if model_dir:
+    if source:
         expected = None if own_dir is None else load_tokenizer(own_dir).fingerprint
-        check_tokenizer_matches(model_config_at(model_dir), tokenizer, model_source, expected)
+        check_tokenizer_matches(source.config, tokenizer, source.name, expected)
     return tokenizer
-
-
-def model_config_at(model_dir: Path) -> Z2allConfig:
-    """The config of the model whose weights are in `model_dir` (as `resolve_model_dir` names
-    it), without reading the weights; a LoRA checkpoint's is its base's."""
-    if is_lora_checkpoint(model_dir):
-        return model_config_at(resolve_model_dir(read_lora_checkpoint(model_dir)[1]["path"]))
-    if is_hf_model_dir(model_dir):
-        return config_from_hf(read_config_json(model_dir / CONFIG_FILE),
-                              source=str(model_dir / CONFIG_FILE))
-    return Z2allConfig.from_json_file(model_dir / CONFIG_FILE)
 
 
 def preset_model_config(options: ModelOptions, max_seq_len: int, vocab_size: int
@@ -84,22 +101,22 @@ def preset_model_config(options: ModelOptions, max_seq_len: int, vocab_size: int
 
 
 def planned_model_config(options: ModelOptions, max_seq_len: int, tokenizer: Tokenizer,
-                         resume_dir: Path | None) -> Z2allConfig:
+                         source: ModelSource | None) -> Z2allConfig:
     """The config of the model `build_model` will build, read without building it (for the
     memory plan, before any memory is taken)."""
-    source = resume_dir or (options.init_from and resolve_model_dir(options.init_from))
     if source:
-        return model_config_at(Path(source))
+        return source.config
     return preset_model_config(options, max_seq_len, len(tokenizer))
 
 
 def build_model(options: ModelOptions, max_seq_len: int, tokenizer: Tokenizer,
-                lora: LoraConfig | None, resume_dir: Path | None
+                lora: LoraConfig | None, resume_dir: Path | None, init: ModelSource | None
                 ) -> tuple[Z2allForCausalLM, dict[str, str] | None]:
-    """(the model to train, the LoRA base reference or None): resumed > init_from > a fresh
-    `model_preset` sized for the tokenizer. With LoRA the base is recorded (path, weights and
-    tokenizer fingerprints, the config fields that decide its function:
-    model/lora_checkpoint.py) before adapters go on; a resume records it as verified now."""
+    """(the model to train, the LoRA base reference or None): resumed > `init` (--init_from,
+    resolved) > a fresh `model_preset` sized for the tokenizer. With LoRA the base is
+    recorded (path, weights and tokenizer fingerprints, the config fields that decide its
+    function: model/lora_checkpoint.py) before adapters go on; a resume records it as
+    verified now."""
     base_reference = None
     if resume_dir is not None and is_lora_checkpoint(resume_dir):
         model, saved_lora, base_reference = load_lora_checkpoint(resume_dir)
@@ -108,10 +125,10 @@ def build_model(options: ModelOptions, max_seq_len: int, tokenizer: Tokenizer,
                              f"for {lora}")
     elif resume_dir is not None:
         model = Z2allForCausalLM.from_pretrained(resume_dir)
-    elif options.init_from:
-        model, model_dir = load_model(options.init_from)
+    elif init is not None:
+        model = load_model_at(init.directory)
         if lora is not None:
-            base_reference = lora_base_reference(model, model_dir)  # before any dtype cast
+            base_reference = lora_base_reference(model, init.directory)  # before any dtype cast
             apply_lora(model, lora)
     else:
         config = preset_model_config(options, max_seq_len, len(tokenizer))

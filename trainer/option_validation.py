@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from model.loading import check_weight_files, resolve_model_dir
+from model.loading import check_weight_files
 from optimizer.data_parallel_factory import check_zero_options
 from parallel.parallel_dims import check_context_parallel_length
 from parallel_plan.llama_shapes import check_parallel_shapes
-from trainer.model_setup import DEMO_TOKENIZER_DIR, model_config_at, preset_model_config
+from trainer.model_setup import DEMO_TOKENIZER_DIR, ModelSource, init_source, preset_model_config
 from trainer.options import TrainingOptions
 from utils.data_files import is_data_spec, locate_data
 from utils.option_checks import raise_problems, range_problem
@@ -100,21 +100,22 @@ def _named_data_problem(spec: str) -> str | None:
     return None if located.files else f"--data_dir={spec}: no data files there"
 
 
-def check_init_from(options: TrainingOptions) -> None:
+def check_init_from(options: TrainingOptions) -> ModelSource | None:
     """The --init_from model as far as it can be read without its weights: its config (every
     value checked: model/configuration_z2all.py), the headers of its weight files (a truncated
     download is named) and --lora_rank against its shape, so a fresh run refuses a bad model
     before any work (the weights are loaded much later). On --resume the model comes from the
     run's checkpoint, which its manifest verifies, and the LoRA options and base are fixed
-    (config_files.py)."""
+    (config_files.py). Returns the model so resolved, for the run to start from (None with
+    no --init_from, or on --resume)."""
     if options.model.init_from is None or options.run.resume:
-        return
-    model_dir = resolve_model_dir(options.model.init_from)
-    config = model_config_at(model_dir)
-    check_weight_files(model_dir)
+        return None
+    source = init_source(options.model.init_from)
+    check_weight_files(source.files.weight_files())
     lora = options.lora.config()
     if lora is not None:
-        lora.check_fits(config)
+        lora.check_fits(source.config)
+    return source
 
 
 def _combination_problems(options: TrainingOptions) -> list[str]:

@@ -1,6 +1,6 @@
 """Everything a training run is made of, built from the options in one place: `build_run`.
 
-    run = build_run(options, env, notes)   # precision, data, model, DDP + optimizer, resume
+    run = build_run(options, env, notes, init)   # precision, data, model, DDP + optimizer, resume
     ... the loop in train_my_ddp.py steps run.steps.ddp / .optimizer on batches of .data ...
 
 The order of the build, and why:
@@ -57,7 +57,13 @@ from trainer.forward_steps import ForwardStep, build_forward_step, build_referen
 from trainer.lr_schedule import LRSchedule
 from trainer.memory_fit import MemoryBudget
 from trainer.metrics import MetricsLogger
-from trainer.model_setup import build_model, planned_model_config, run_tokenizer
+from trainer.model_setup import (
+    ModelSource,
+    build_model,
+    planned_model_config,
+    resumed_source,
+    run_tokenizer,
+)
 from trainer.options import TrainingOptions
 from trainer.parallelize import (
     ParallelRun,
@@ -71,7 +77,6 @@ from trainer.throughput import ThroughputMeter
 from trainer.trackers import Trackers
 from trainer.training_checkpoint import restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
-from utils.hub import snapshot_of
 from utils.precision import DTYPES, PrecisionChoice, resolve_dtype
 from utils.tokenizer_protocol import Tokenizer
 
@@ -151,9 +156,10 @@ class Run:
 
 
 def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
-              budget: MemoryBudget | None = None) -> Run:
-    """`budget` (trainer/memory_fit.py) gets this rank's memory plan and limit before the model
-    is built; rank 0 warns if its plan does not fit."""
+              init: ModelSource | None, budget: MemoryBudget | None = None) -> Run:
+    """`init`: the --init_from model as `check_init_from` resolved it (None without one, or
+    on --resume). `budget` (trainer/memory_fit.py) gets this rank's memory plan and limit
+    before the model is built; rank 0 warns if its plan does not fit."""
     run_dir = Path(options.run.out_dir)
     data_options, optimization = options.data, options.optimization
     precision = broadcast_from_main(resolve_dtype(options.system.dtype, env.device)
@@ -161,16 +167,13 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     resume_candidates = (valid_checkpoints(run_dir) if options.run.resume and env.is_main
                          else iter(()))
     resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
-    tokenizer = run_tokenizer(data_options, options.model.init_from, run_dir, resume_dir)
+    source = resumed_source(run_dir, resume_dir) or init
+    tokenizer = run_tokenizer(data_options, source)
     trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
     log = MetricsLogger(run_dir, enabled=env.is_main, trackers=trackers)
     if env.is_main:
         print(precision.reason, flush=True)
-        hub = {name: found for name, path in (("init_from", options.model.init_from),
-                                              ("tokenizer_dir", options.data.tokenizer_dir))
-               if (found := snapshot_of(path))}  # the Hub id and commit, if any
-        save_config(options, run_dir, resolved={"precision": dataclasses.asdict(precision),
-                                                **({"hub": hub} if hub else {})})
+        save_config(options, run_dir, resolved={"precision": dataclasses.asdict(precision)})
         save_run_tokenizer(tokenizer, run_dir)
         for note in notes:
             print(note, flush=True)
@@ -185,21 +188,21 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
         data, evaluator = build_rollouts(options, tokenizer, env)
     else:
         data, valid_dataset, collate_fn = build_train_data(
-            data_options, seed=optimization.seed, batch_size=optimization.batch_size,
+            data_options, tokenizer, seed=optimization.seed, batch_size=optimization.batch_size,
             eval_samples=eval_samples, rank=share.rank, world_size=share.world_size,
             pin_memory=env.device.type == "cuda", sequence_multiple=share.sequence_multiple)
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
     budget = budget or MemoryBudget(env.rank)
     budget.measure(memory_plan(options, planned_model_config(
-        options.model, data_options.max_seq_len, tokenizer, resume_dir), env.world_size,
+        options.model, data_options.max_seq_len, tokenizer, source), env.world_size,
         env.rank, precision.dtype).total, env)
     if env.is_main and (warning := budget.fit_warning()):
         print(warning, file=sys.stderr, flush=True)
     if env.is_main and data_options.task_type != "grpo":  # the validation set's size and source
         print(validation_note(data_options, len(valid_dataset), eval_samples), flush=True)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
-        options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir)
+        options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir, init)
     reference = functools.partial(build_reference, options.model.init_from, env.device,
                                   precision.dtype, lora=options.lora.config() is not None,
                                   split_reference=parallel.split_like_policy,
@@ -332,7 +335,8 @@ def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
                             tokenizer: Tokenizer, data: TrainData,
-                            resume_candidates: Iterator[Path], resume_dir: Path | None
+                            resume_candidates: Iterator[Path], resume_dir: Path | None,
+                            init: ModelSource | None
                             ) -> tuple[tuple[Z2allForCausalLM, dict[str, str] | None],
                                        ParallelRun, dict | None, Path | None]:
     """((model, LoRA base reference or None), its DDP + optimizer, the resumed trainer state
@@ -341,7 +345,7 @@ def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype
     while True:
         seed_everything(options.optimization.seed)  # all ranks alike: identical weights
         build = functools.partial(build_model, options.model, options.data.max_seq_len,
-                                  tokenizer, options.lora.config(), resume_dir)
+                                  tokenizer, options.lora.config(), resume_dir, init)
         built, error = _on_every_rank(build, env) if resume_dir else (build(), None)
         state = None
         if error is None:

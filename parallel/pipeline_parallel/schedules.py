@@ -79,6 +79,34 @@ def micro_batches_in_flight(schedule: str, stages: int, stage: int, micro_batche
     return micro_batches if schedule == "afab" else min(stages - stage, micro_batches)
 
 
+Action = tuple[str, int]  # ("F", n): forward of micro-batch n; ("B", n): its backward
+
+
+def all_forward_all_backward_order(micro_batches: int) -> list[Action]:
+    """Every stage's afab order: F0 .. F(M-1), then B0 .. B(M-1)."""
+    return ([("F", index) for index in range(micro_batches)]
+            + [("B", index) for index in range(micro_batches)])
+
+
+def one_forward_one_backward_order(stages: int, stage: int, micro_batches: int) -> list[Action]:
+    """Stage `stage`'s 1f1b order (drawn in the module docstring). Step 1: P-s-1 warm-up
+    forwards, so that the last stage's first backward can start as soon as it is fed. Step 2:
+    the steady state, each remaining forward followed by the backward of the oldest
+    micro-batch still held (backwards run in micro-batch order, as the gradients come back).
+    Step 3: cool-down, the backwards of the micro-batches still held. Stage s holds at most
+    P-s at once.
+
+        P=3, s=0, M=4:  F0 F1 | F2 B0 F3 B1 | B2 B3
+        P=3, s=2, M=4:        | F0 B0 F1 B1 F2 B2 F3 B3
+    """
+    warmup = min(stages - stage - 1, micro_batches)
+    order: list[Action] = [("F", index) for index in range(warmup)]
+    for index in range(warmup, micro_batches):
+        order += [("F", index), ("B", index - warmup)]
+    order += [("B", index) for index in range(micro_batches - warmup, micro_batches)]
+    return order
+
+
 @dataclass
 class PipelineStepStats:
     micro_batches: int
@@ -145,7 +173,7 @@ class PipelineSchedule:
         return from_prev, from_next
 
     # ---- one micro-batch ----------------------------------------------------------------------
-    def _forward(self, micro_batch, stage_input) -> torch.Tensor:
+    def _forward(self, index: int, micro_batch, stage_input) -> torch.Tensor:
         start = time.perf_counter()
         if stage_input is not None:
             stage_input.requires_grad_()
@@ -154,14 +182,14 @@ class PipelineSchedule:
             output, extras = self._loss_fn(output, micro_batch)
             self._extras.append(extras)
             self._losses.append(output.detach())
-        self._in_flight.append((stage_input, output))
+        self._in_flight[index] = (stage_input, output)
         self._compute_seconds += time.perf_counter() - start
         return output
 
-    def _backward(self, grad_output: torch.Tensor | None) -> torch.Tensor | None:
-        """Backward of the oldest micro-batch still in flight; the gradient of its input."""
+    def _backward(self, index: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
+        """Backward of micro-batch `index` (its forward ran); the gradient of its input."""
         start = time.perf_counter()
-        stage_input, output = self._in_flight.pop(0)
+        stage_input, output = self._in_flight.pop(index)
         self._backwards_left -= 1
         more_follow = self.grad_sync is not None and self._backwards_left > 0
         with self.grad_sync.no_sync() if more_follow else contextlib.nullcontext():
@@ -169,46 +197,40 @@ class PipelineSchedule:
         self._compute_seconds += time.perf_counter() - start
         return stage_input.grad if stage_input is not None else None
 
-    # ---- schedules ----------------------------------------------------------------------------
-    def _all_forward_all_backward(self, micro_batches) -> None:
-        for micro_batch in micro_batches:
-            stage_input, _ = self._exchange(micro_batch, recv_prev=True)
-            output = self._forward(micro_batch, stage_input)
-            self._exchange(micro_batch, send_next=output.detach())
-        for micro_batch in micro_batches:
-            _, grad_output = self._exchange(micro_batch, recv_next=True)
-            grad_input = self._backward(grad_output)
-            self._exchange(micro_batch, send_prev=grad_input)
-
-    def _one_forward_one_backward(self, micro_batches) -> None:
-        dims, count = self.dims, len(micro_batches)
-        warmup = min(dims.pipeline_parallel - dims.pp_rank - 1, count)
-        # Step 1: warm-up forwards fill the pipeline below this stage.
-        for micro_batch in micro_batches[:warmup]:
-            stage_input, _ = self._exchange(micro_batch, recv_prev=True)
-            output = self._forward(micro_batch, stage_input)
-            self._exchange(micro_batch, send_next=output.detach())
-        # Step 2: steady state, one forward then the backward of the oldest micro-batch.
-        steady = micro_batches[warmup:]
-        backward_batches = iter(micro_batches)  # backwards run in micro-batch order
-        if steady:
-            stage_input, _ = self._exchange(steady[0], recv_prev=True)
-        for index, micro_batch in enumerate(steady):
-            output = self._forward(micro_batch, stage_input)
-            backward_batch = next(backward_batches)
-            _, grad_output = self._exchange(backward_batch, send_next=output.detach(),
-                                            recv_next=True)
-            grad_input = self._backward(grad_output)
-            if index == len(steady) - 1:
-                self._exchange(backward_batch, send_prev=grad_input)
+    # ---- running an order ----------------------------------------------------------------------
+    def _run(self, order: list[Action], micro_batches) -> None:
+        """Run this stage's actions in `order`. A forward receives its input from the previous
+        stage and sends its output on; a backward receives its output's gradient from the next
+        stage and sends its input's gradient back. A send still pending is posted together
+        with the next action's receive when both go to the same neighbour (an output out and
+        a gradient in, or a gradient out and an input in: the crossings where two neighbours
+        would otherwise wait on each other), and alone before it otherwise."""
+        pending: tuple[str, torch.Tensor | None, dict] | None = None  # (to "next"/"prev", ...)
+        for kind, index in order:
+            micro_batch = micro_batches[index]
+            receive_from = "prev" if kind == "F" else "next"
+            if pending is not None and pending[0] != receive_from:
+                self._send(pending)
+                pending = None
+            paired = pending[1] if pending is not None else None
+            stage_input, grad_output = self._exchange(
+                micro_batch, send_next=paired if receive_from == "next" else None,
+                send_prev=paired if receive_from == "prev" else None,
+                recv_prev=kind == "F", recv_next=kind == "B")
+            if kind == "F":
+                output = self._forward(index, micro_batch, stage_input)
+                pending = ("next", output.detach(), micro_batch)
             else:
-                stage_input, _ = self._exchange(steady[index + 1], send_prev=grad_input,
-                                                recv_prev=True)
-        # Step 3: cool-down, the backwards of the warm-up micro-batches.
-        for backward_batch in backward_batches:
-            _, grad_output = self._exchange(backward_batch, recv_next=True)
-            grad_input = self._backward(grad_output)
-            self._exchange(backward_batch, send_prev=grad_input)
+                pending = ("prev", self._backward(index, grad_output), micro_batch)
+        if pending is not None:
+            self._send(pending)
+
+    def _send(self, pending: tuple[str, torch.Tensor | None, dict]) -> None:
+        direction, tensor, micro_batch = pending
+        if direction == "next":
+            self._exchange(micro_batch, send_next=tensor)
+        else:
+            self._exchange(micro_batch, send_prev=tensor)
 
     @torch.no_grad()
     def forward_only(self, micro_batch: dict[str, torch.Tensor], per_token: bool = False
@@ -239,14 +261,13 @@ class PipelineSchedule:
         self._per_token = per_token
         self._extras: list[dict[str, torch.Tensor]] = []
         self._losses: list[torch.Tensor] = []
-        self._in_flight: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+        self._in_flight: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._backwards_left = len(micro_batches)
         self._compute_seconds = 0.0
         start = time.perf_counter()
-        if self.schedule == "afab":
-            self._all_forward_all_backward(micro_batches)
-        else:
-            self._one_forward_one_backward(micro_batches)
+        self._run(all_forward_all_backward_order(count) if self.schedule == "afab"
+                  else one_forward_one_backward_order(dims.pipeline_parallel, dims.pp_rank,
+                                                      count), micro_batches)
         step_seconds = time.perf_counter() - start
         sync_shared_grads(self.stage, dims.embedding_group, self.grad_sync)
         loss = (torch.stack(self._losses).sum().float() if dims.is_last_stage

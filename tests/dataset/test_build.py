@@ -17,6 +17,7 @@ from dataset.chat_store import ChatTokenStore, Complement
 from dataset.prepare import prepare_once
 from dataset.sampler import StatefulDistributedSampler
 from parallel.local_ranks import run_on_ranks
+from tokenizer import load_tokenizer
 
 
 def write_sft(path: Path, tag: str, count: int) -> None:
@@ -46,16 +47,19 @@ def test_valid_files_and_cache_reuse(tmp_path, tiny_hf_tokenizer_dir):
     raw = tmp_path / "raw"
     write_sft(raw / "train.jsonl", "train", 12)
     write_sft(raw / "valid.jsonl", "valid", 5)
-    train, valid, _ = build_datasets("sft", raw, tiny_hf_tokenizer_dir, 64, num_workers=1)
+    train, valid, _ = build_datasets("sft", raw, load_tokenizer(tiny_hf_tokenizer_dir),
+                                     64, num_workers=1)
     assert (len(train), len(valid)) == (12, 5)
     caches = list((raw / CACHE_DIR_NAME).iterdir())
     done_time = (caches[0] / "DONE.json").stat().st_mtime_ns
-    again, _, _ = build_datasets("sft", raw, tiny_hf_tokenizer_dir, 64, num_workers=1)
+    again, _, _ = build_datasets("sft", raw, load_tokenizer(tiny_hf_tokenizer_dir),
+                                 64, num_workers=1)
     assert sample_keys(again) == sample_keys(train)
     assert list((raw / CACHE_DIR_NAME).iterdir()) == caches  # reused, not rebuilt
     assert (caches[0] / "DONE.json").stat().st_mtime_ns == done_time
     write_sft(raw / "train.jsonl", "changed", 7)  # changed data -> a new cache
-    changed, _, _ = build_datasets("sft", raw, tiny_hf_tokenizer_dir, 64, num_workers=1)
+    changed, _, _ = build_datasets("sft", raw, load_tokenizer(tiny_hf_tokenizer_dir),
+                                   64, num_workers=1)
     assert len(changed) == 7 and len(list((raw / CACHE_DIR_NAME).iterdir())) == 2
 
 
@@ -64,14 +68,16 @@ def test_seeded_fraction_split_is_disjoint_and_complete(tmp_path, tiny_hf_tokeni
     write_sft(raw / "data.jsonl", "only", 40)
     splits = {}
     for seed in (1, 1, 2):
-        train, valid, _ = build_datasets("sft", raw, tiny_hf_tokenizer_dir, 64, seed=seed,
+        train, valid, _ = build_datasets("sft", raw, load_tokenizer(tiny_hf_tokenizer_dir),
+                                         64, seed=seed,
                                          valid_ratio=0.1, num_workers=1)
         train_keys, valid_keys = set(sample_keys(train)), set(sample_keys(valid))
         assert len(valid_keys) == 4 and not train_keys & valid_keys
         assert len(train_keys | valid_keys) == 40
         splits.setdefault(seed, []).append(valid_keys)
     assert splits[1][0] == splits[1][1] and splits[1][0] != splits[2][0]
-    train, valid, _ = build_datasets("sft", raw, tiny_hf_tokenizer_dir, 64, valid_ratio=0.0,
+    train, valid, _ = build_datasets("sft", raw, load_tokenizer(tiny_hf_tokenizer_dir),
+                                     64, valid_ratio=0.0,
                                      num_workers=1)
     assert (len(train), len(valid)) == (40, 0)  # ratio 0: no validation samples at all
 
@@ -83,11 +89,12 @@ def test_pretrain_builds_index_and_refuses_other_tokenizer(tmp_path, tiny_hf_tok
         json.dumps({"text": f"document number {i} of the test corpus"}) + "\n" for i in range(40)))
     pretokenize_pretrain_data(tmp_path / "raw", tiny_hf_tokenizer_dir, tmp_path / "tok",
                               num_workers=1)
-    train, valid, collate = build_datasets("pretrain", tmp_path / "tok", tiny_hf_tokenizer_dir, 16)
+    train, valid, collate = build_datasets("pretrain", tmp_path / "tok",
+                                           load_tokenizer(tiny_hf_tokenizer_dir), 16)
     batch = collate([train[0], train[1]])
     assert batch["input_ids"].shape == batch["labels"].shape == (2, 16) and len(valid) >= 1
     with pytest.raises(ValueError, match="a.json"):
-        build_datasets("pretrain", tmp_path / "tok", tiny_sp_tokenizer_dir, 16)
+        build_datasets("pretrain", tmp_path / "tok", load_tokenizer(tiny_sp_tokenizer_dir), 16)
 
 
 def test_waiting_rank_times_out_on_its_own(tmp_path, monkeypatch):
@@ -101,7 +108,7 @@ def test_waiting_rank_times_out_on_its_own(tmp_path, monkeypatch):
 
 
 def build_and_sample(rank: int, world_size: int, raw: str, tokenizer_dir: str) -> dict:
-    train, _, _ = build_datasets("sft", raw, tokenizer_dir, 64, num_workers=1)
+    train, _, _ = build_datasets("sft", raw, load_tokenizer(tokenizer_dir), 64, num_workers=1)
     sampler = iter(StatefulDistributedSampler(len(train), rank, world_size, seed=3))
     indices = [next(sampler) for _ in range(6)]
     return {"caches": sorted(os.listdir(Path(raw) / CACHE_DIR_NAME)), "indices": indices,
@@ -118,7 +125,8 @@ def test_two_ranks_share_one_cache_and_see_disjoint_samples(tmp_path, tiny_hf_to
     results = run_on_ranks(build_and_sample, str(raw), str(tiny_hf_tokenizer_dir), world_size=2,
                            timeout=240)
     assert results[0]["caches"] == results[1]["caches"] and len(results[0]["caches"]) == 1
-    train, _, _ = build_datasets("sft", raw, tiny_hf_tokenizer_dir, 64, num_workers=1)
+    train, _, _ = build_datasets("sft", raw, load_tokenizer(tiny_hf_tokenizer_dir),
+                                 64, num_workers=1)
     stream = np.random.default_rng([3, 0]).permutation(len(train))[:12].tolist()  # design.md §3
     for step in range(6):  # global batch of step k = stream positions 2k, 2k+1
         batch = [results[0]["indices"][step], results[1]["indices"][step]]

@@ -30,7 +30,7 @@ from transformers import LlamaForCausalLM
 import generate
 import train_my_ddp
 from model import convert_to_hf
-from model.loading import load_model
+from model.loading import load_model, model_config_at
 from model.lora import LoraConfig, weights_fingerprint
 from model.lora_checkpoint import ADAPTERS_FILE, LORA_FILE
 from parallel_plan.memory_plan import plan_memory
@@ -38,7 +38,6 @@ from tests.train_helpers import records, run_on_two_ranks, train_losses
 from tests.trainer.test_train_stream import kill_all, torchrun
 from tokenizer import load_tokenizer
 from tools import tiny_hf_model
-from trainer.model_setup import model_config_at
 from utils.checkpoint import resolve_checkpoint
 from utils.cli_errors import run_main
 

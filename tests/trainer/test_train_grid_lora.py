@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
 from model import convert_to_hf
-from model.loading import load_model, resolve_model_dir
+from model.loading import load_model, model_config_at, resolve_model_dir
 from model.lora_checkpoint import ADAPTERS_FILE
 from parallel.local_ranks import run_on_ranks
 from tests.parallel.grid_helpers import ADAM_EPS
@@ -40,7 +40,6 @@ from tests.train_helpers import TINY_ARGS, data_args, records, run_main, train_l
 from tests.trainer.test_train_grid import _runs_on_rank
 from tools import tiny_hf_model
 from trainer.config_files import load_config_file
-from trainer.model_setup import model_config_at
 from trainer.options import TrainingOptions
 from trainer.setup import memory_plan
 from utils.cli_errors import run_main as run_cli

@@ -15,6 +15,7 @@ import train_my_ddp
 from dataset.build import build_datasets
 from tests.hf_cache_helpers import parquet_bytes, put_dataset_in_hf_cache, use_offline_hf_cache
 from tests.train_helpers import TINY_ARGS, run_main, train_losses
+from tokenizer import load_tokenizer
 from utils.cli_errors import run_main as cli_run_main
 from utils.readers import iter_records
 
@@ -78,8 +79,8 @@ def test_online_sft_and_dpo_render_a_hub_dataset_as_its_train_files(kind, data, 
             records = [record.data for record in iter_records(path)]
             datasets.Dataset.from_list(records).save_to_disk(tmp_path / "saved" / path.stem)
     for source, local in ((f"hf:org/{kind}", with_valid), (tmp_path / "saved", train_only)):
-        expected = build_datasets(kind, local, data["tokenizer"], 64, num_workers=0)
-        got = build_datasets(kind, source, data["tokenizer"], 64, num_workers=0)
+        expected = build_datasets(kind, local, load_tokenizer(data["tokenizer"]), 64, num_workers=0)
+        got = build_datasets(kind, source, load_tokenizer(data["tokenizer"]), 64, num_workers=0)
         for got_split, expected_split in zip(got[:2], expected[:2]):
             assert len(got_split) == len(expected_split) > 0
             for index in (0, len(got_split) - 1):

@@ -13,6 +13,7 @@ import pytest
 from dataset.build import build_datasets
 from tests.hf_cache_helpers import put_dataset_in_hf_cache, use_offline_hf_cache
 from tests.train_helpers import TINY_ARGS, run_main
+from tokenizer import load_tokenizer
 
 
 def chat(question: str, answer: str) -> dict:
@@ -91,6 +92,6 @@ def test_the_trainer_evaluates_on_the_datas_own_split_and_says_so(make, task, sp
              if text.startswith("validation:")]
     assert len(notes) == 1 and re.fullmatch(line + SCORED, notes[0]), notes
     if task == "sft":  # every train record trains when the data has its own validation split
-        train, valid, _ = build_datasets("sft", data_dir, tiny_hf_tokenizer_dir, 32,
+        train, valid, _ = build_datasets("sft", data_dir, load_tokenizer(tiny_hf_tokenizer_dir), 32,
                                          num_workers=0)
         assert (len(train), len(valid)) == ((10, 3) if "own split" in line else (9, 1))

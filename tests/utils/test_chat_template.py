@@ -64,7 +64,7 @@ def test_sft_dataset_trains_on_transformers_assistant_mask(pair, tmp_path):
     (tmp_path / "raw" / "train.jsonl").write_text(
         "".join(json.dumps({"messages": messages}) + "\n" for messages in conversations))
     (tmp_path / "raw" / "valid.jsonl").write_text(json.dumps({"messages": conversations[0]}))
-    train, _, _ = build_datasets("sft", tmp_path / "raw", ours.name_or_path, 1024,
+    train, _, _ = build_datasets("sft", tmp_path / "raw", ours, 1024,
                                  num_workers=1)
     expected = set()
     for messages in conversations:

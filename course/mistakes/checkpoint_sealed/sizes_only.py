@@ -1,0 +1,38 @@
+"""sizes compared, contents not: a flipped byte passes.
+
+A disk or a copy can change bytes without changing the size; only the sha256 recorded in the
+manifest tells. Hash every listed file (after the cheap size test).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from utils.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, MANIFEST, _read_manifest
+
+
+def verify_checkpoint(ckpt_dir: str | os.PathLike) -> str | None:
+    """None if `ckpt_dir` is a complete, intact checkpoint; otherwise the reason it is not."""
+    ckpt_dir = Path(ckpt_dir)
+    if not (ckpt_dir / MANIFEST).is_file():
+        return "no manifest.json (the save did not finish)"
+    try:
+        manifest = _read_manifest(ckpt_dir)
+    except (OSError, ValueError) as error:
+        return f"unreadable manifest.json: {error}"
+    if manifest.get("format") != CHECKPOINT_FORMAT or manifest.get("version") != CHECKPOINT_VERSION:
+        return (f"manifest format {manifest.get('format')!r} v{manifest.get('version')} is not "
+                f"{CHECKPOINT_FORMAT!r} v{CHECKPOINT_VERSION}")
+    files = manifest.get("files", {})
+    for relpath in manifest.get("required", files):
+        if relpath not in files:
+            return f"{relpath} is required but not in the manifest (an incomplete save)"
+    for relpath, expected in files.items():
+        path = ckpt_dir / relpath
+        if not path.is_file():
+            return f"{relpath} is missing"
+        size = path.stat().st_size
+        if size != expected["size"]:
+            return f"{relpath} has {size} bytes, manifest says {expected['size']} (truncated?)"
+    return None
