@@ -118,7 +118,8 @@ def load_weights(run_dir, step):
 # 2-rank layouts run in the slow lane (a spawn of 2 gloo ranks, each loss type in it).
 LAYOUTS = [
     pytest.param(1, ["--batch_size=4", "--gradient_accumulation_steps=2"], id="accumulation"),
-    pytest.param(2, ["--batch_size=4"], id="2 ranks", marks=pytest.mark.slow),
+    pytest.param(2, ["--batch_size=4", "--zero_stage=1", "--overlap_param_gather"],
+                 id="2 ranks ZeRO-1 overlapped gather", marks=pytest.mark.slow),
     pytest.param(2, ["--batch_size=2", "--gradient_accumulation_steps=2", "--zero_stage=3"],
                  id="2 ranks ZeRO-3 x accumulation", marks=pytest.mark.slow),
 ]
