@@ -46,6 +46,7 @@ def smoke_run_problem(name: str, returncode: int, stdout: str, stderr: str) -> s
     return None
 
 
+@pytest.mark.slow  # a minute of one-core work: it runs in the lane beside the others (Makefile)
 def test_every_bench_runs_its_smoke_mode_and_prints_json():
     assert len(BENCHES) >= 5
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tools.demo as demo
 from data.build_demo_corpus import pretrain_scenes, write_jsonl
 from data.dirty_corpus import BOILERPLATE
@@ -88,6 +90,7 @@ def run_demo_stages(root: Path, monkeypatch, *names: str) -> None:
                        capture_output=True, timeout=300)
 
 
+@pytest.mark.slow  # a minute of one-core work: it runs in the lane beside the others (Makefile)
 def test_clean_stage_leaves_exactly_the_tokens_the_demo_was_measured_on(tmp_path, monkeypatch):
     """The real corpus end to end (under a minute on 2 busy cores): the raw scenes with their
     dirty share -> the clean stage -> the tokenizer, pretokenize and sample index stages,
