@@ -101,7 +101,9 @@ def _sweep(old: Any, new: Any) -> None:
             for key, value in list(namespace.items()):
                 if value is bare_old or value is old:
                     setattr(module, key, bare_new)
-                elif isinstance(value, dict):  # a registry: {"allreduce": allreduce_hook}
+                elif type(value) is dict:  # a registry: {"allreduce": allreduce_hook}
+                    # (plain dicts only: other libraries' mapping classes may load on reading,
+                    # and fail, as transformers' lazy auto-model maps do once TRL is imported)
                     for item_key, item in list(value.items()):
                         if item is bare_old:
                             value[item_key] = bare_new
