@@ -7,8 +7,8 @@ apply_rotary` bound before the swap, a class attribute for a method, a registry 
 is done twice:
 
 1. In this process (`swap_everywhere`): the target's module is imported, and every module of
-   `sys.modules` whose namespace holds the original object (or a module-level dict holding
-   it, a registry) gets the replacement; a method is replaced on every class whose own
+   `sys.modules` whose namespace holds the original object (or a module-level plain dict
+   holding it, a registry) gets the replacement; a method is replaced on every class whose own
    `__dict__` holds it. Imports that run later read the defining module, which already holds
    the replacement. `restore` sweeps the other way, which also reaches the modules first
    imported (binding the replacement) during the check.
