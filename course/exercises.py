@@ -57,6 +57,7 @@ class Exercise:
 KERNELS = "tests/model/test_kernels.py"
 CONTEXT = "tests/parallel/test_context_parallel.py"
 SENTENCEPIECE = "tests/tokenizer/test_native_sentencepiece.py"
+GRPO_LOSS = "tests/trainer/test_grpo_loss.py"
 
 EXERCISES = [
     Exercise("bpe_merges", 1, "tokenizer.sentencepiece_bpe:sentencepiece_to_tokenizers",
@@ -144,6 +145,15 @@ EXERCISES = [
     Exercise("decode_batch_keep", 14, "server.batch:DecodeBatch.keep",
              ("tests/server/test_batch.py::test_rows_joining_and_leaving_decode_like_solo_sequences",),
              ("padding_not_cut", "cache_length_not_reduced")),
+    Exercise("grpo_advantages", 15, "trainer.grpo_loss:group_advantages",
+             (f"{GRPO_LOSS}::test_the_advantages_equal_trls",
+              "tests/trainer/test_train_grpo.py::test_a_reward_that_scores_nothing_teaches_nothing"),
+             ("batch_std_for_groups", "population_std", "no_epsilon", "nan_not_zeroed")),
+    Exercise("grpo_token_loss", 15, "trainer.grpo_loss:token_terms",
+             (f"{GRPO_LOSS}::test_the_loss_and_its_gradient_equal_trls",
+              f"{GRPO_LOSS}::test_the_first_iteration_is_on_policy"),
+             ("clip_without_the_min", "min_of_the_ratios", "kl_ratio_inverted",
+              "epsilons_swapped")),
 ]
 
 BY_NAME = {exercise.name: exercise for exercise in EXERCISES}

@@ -7,8 +7,8 @@ apply_rotary` bound before the swap, a class attribute for a method, a registry 
 is done twice:
 
 1. In this process (`swap_everywhere`): the target's module is imported, and every module of
-   `sys.modules` whose namespace holds the original object (or a module-level dict holding
-   it, a registry) gets the replacement; a method is replaced on every class whose own
+   `sys.modules` whose namespace holds the original object (or a module-level plain dict
+   holding it, a registry) gets the replacement; a method is replaced on every class whose own
    `__dict__` holds it. Imports that run later read the defining module, which already holds
    the replacement. `restore` sweeps the other way, which also reaches the modules first
    imported (binding the replacement) during the check.
@@ -101,7 +101,9 @@ def _sweep(old: Any, new: Any) -> None:
             for key, value in list(namespace.items()):
                 if value is bare_old or value is old:
                     setattr(module, key, bare_new)
-                elif isinstance(value, dict):  # a registry: {"allreduce": allreduce_hook}
+                elif type(value) is dict:  # a registry: {"allreduce": allreduce_hook}
+                    # (plain dicts only: other libraries' mapping classes may load on reading,
+                    # and fail, as transformers' lazy auto-model maps do once TRL is imported)
                     for item_key, item in list(value.items()):
                         if item is bare_old:
                             value[item_key] = bare_new

@@ -1,0 +1,27 @@
+"""the min taken over the two ratios instead of over the two products with A.
+
+−min(ρ, clip(ρ)) · A is right only for A > 0: with A < 0 the pessimistic term is the larger
+ratio, so the min must be of ρ · A and clip(ρ) · A.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.grpo_loss import TokenTerms
+
+
+def token_terms(policy_logps: torch.Tensor, old_logps: torch.Tensor,
+                reference_logps: torch.Tensor | None, advantages: torch.Tensor, *,
+                epsilon_low: float, epsilon_high: float, beta: float) -> TokenTerms:
+    advantages = advantages[:, None]
+    ratio = torch.exp(policy_logps - old_logps)
+    clipped_ratio = ratio.clamp(1 - epsilon_low, 1 + epsilon_high)
+    loss = -torch.min(ratio, clipped_ratio) * advantages
+    kl = torch.zeros_like(loss)
+    if beta != 0.0:
+        log_ref_over_policy = reference_logps - policy_logps
+        kl = torch.exp(log_ref_over_policy) - log_ref_over_policy - 1
+        loss = loss + beta * kl
+    return TokenTerms(loss, kl, (ratio < 1 - epsilon_low) & (advantages < 0),
+                      (ratio > 1 + epsilon_high) & (advantages > 0))
