@@ -290,9 +290,10 @@ def report_dir_of(args: argparse.Namespace) -> Path:
     report_dir, flag = Path(args.report_dir), f"--report_dir {args.report_dir}"
     if report_dir.is_dir() and is_run(report_dir):
         return report_dir
+    data = [*(("--data", path) for path in args.data or []),
+            *([("--prompts", args.prompts)] if args.prompts else [])]
     reads = [("--ckpt", args.ckpt), ("--tokenizer_dir", args.tokenizer_dir),
-             *(("--data", path) for path in args.data or [] if Path(path).exists()),
-             *([("--prompts", args.prompts)] if args.prompts else [])]
+             *((option, path) for option, path in data if Path(path).exists())]
     problem = overlap_problem(flag, report_dir, reads, "give a new or empty --report_dir")
     if problem:
         raise ValueError(problem)

@@ -4,8 +4,9 @@ FILE_OR_DIR --reward_fn module:function[,...]`) by the very code GRPO trains wit
 metrics.
 
 Step 1. the prompt records of --prompts are read as GRPO reads them (`load_prompts`: `prompt` a
-        string or a messages list, the other columns handed to the reward functions); --limit N
-        keeps the first N;
+        string or a messages list, the other columns handed to the reward functions; of a
+        `datasets` folder or a Hub dataset, its validation split, else test, as for --data);
+        --limit N keeps the first N;
 Step 2. K = --num_generations answers per prompt, at most --max_new_tokens tokens each, decoded
         by the serving engine (`sample_answers`), --batch_size prompts (x K answers) at a time
         behind a progress bar over the prompts. K = 1 is greedy unless --temperature is given;
@@ -58,6 +59,8 @@ from trainer.rollouts import (
     weighted_rewards,
 )
 from utils.conversation import stop_ids
+from utils.data_files import find_data_files
+from utils.dataset_splits import EVAL_SPLITS
 from utils.option_checks import range_problem
 from utils.run_ownership import is_run
 from utils.tokenizer_protocol import Tokenizer
@@ -126,7 +129,9 @@ def reward_option_problems(args: argparse.Namespace) -> list[str | None]:
 
 def load_rewards(args: argparse.Namespace, report_dir: Path) -> list[NamedReward]:
     """The --reward_fn functions, refused (one line) when one lies inside what is evaluated
-    (the checkpoint and its run, the prompts, the tokenizer) or where results go."""
+    (the checkpoint and its run, the prompts, the tokenizer) or where results go; before it,
+    a --prompts that names no data files is refused: both before the model loads."""
+    find_data_files(args.prompts, splits=EVAL_SPLITS, option="--prompts")
     model_dir = resolve_model_dir(args.ckpt)
     run_dir = model_dir.parent.parent  # a checkpoint's run (ckpt/step_N -> the run)
     return load_reward_functions(args.reward_fn, args.reward_weights, [
@@ -183,7 +188,7 @@ def evaluate_rewards(args: argparse.Namespace, model: torch.nn.Module, tokenizer
         raise ValueError(f"--max_new_tokens {args.max_new_tokens} leaves no room for a prompt "
                          f"in the model's {positions} positions: give fewer")
     records = load_prompts(args.prompts, tokenizer, positions - args.max_new_tokens,
-                           option="--prompts",
+                           option="--prompts", splits=EVAL_SPLITS,
                            room=f"the model's {positions} positions minus --max_new_tokens: "
                                 "lower --max_new_tokens")[:args.limit]
     sampling = AnswerSampling(args.num_generations, args.temperature or 0.0, args.top_p,

@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +46,7 @@ from trainer.options import GRPOOptions, TrainingOptions
 from trainer.rewards import NamedReward, load_reward_functions, score
 from utils.conversation import build_generation_prompt, check_messages, stop_ids
 from utils.data_files import find_data_files
+from utils.dataset_splits import TRAIN_SPLITS
 from utils.labels import IGNORE_INDEX
 from utils.readers import iter_records
 from utils.tokenizer_protocol import Tokenizer
@@ -63,15 +64,16 @@ class PromptRecord:
 
 
 def load_prompts(data_dir: str, tokenizer: Tokenizer, max_prompt_tokens: int, *,
-                 option: str = "--data_dir",
+                 option: str = "--data_dir", splits: Sequence[str] = TRAIN_SPLITS,
                  room: str = "--max_seq_len minus --max_completion_length: raise --max_seq_len"
                  ) -> list[PromptRecord]:
-    """Every record of the files `data_dir` names (jsonl, json, parquet, a `datasets` folder),
-    in order. A record without a usable `prompt`, or one longer than `max_prompt_tokens`, is
-    an error naming its file and line; `option` (which gave `data_dir`) and `room` (where the
-    limit comes from, and the fix) are the caller's words for its messages."""
+    """Every record of the files `data_dir` names (jsonl, json, parquet, a `datasets` folder or
+    Hub dataset: its first split of `splits`), in order. A record without a usable `prompt`, or
+    one longer than `max_prompt_tokens`, is an error naming its file and line; `option` (which
+    gave `data_dir`) and `room` (where the limit comes from, and the fix) are the caller's words
+    for its messages."""
     records = []
-    for path in find_data_files(data_dir):
+    for path in find_data_files(data_dir, splits=splits, option=option):
         for record in iter_records(path):
             prompt = record.data.get("prompt")
             where = f"{record.path}:{record.number}"

@@ -136,29 +136,38 @@ def test_pass_at_k_is_the_unbiased_estimator(answers, passed, k, expected):
     assert pass_at_k(answers, passed, k) == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("extra, reason", [
+@pytest.mark.parametrize("extra, reason, before_loading", [
     (["--reward_fn", "REWARDS:third_length", "--num_generations", "3", "--temperature", "0"],
-     "--num_generations 3 samples different answers to each prompt: give --temperature above 0"),
+     "--num_generations 3 samples different answers to each prompt: give --temperature above 0",
+     True),
     (["--reward_fn", "REWARDS:third_length", "--num_generations", "3"],
-     "--num_generations 3 samples different answers to each prompt: give --temperature above 0"),
+     "--num_generations 3 samples different answers to each prompt: give --temperature above 0",
+     True),
     (["--reward_fn", "no_such_rewards:third_length"],
-     "--reward_fn 'no_such_rewards:third_length': no module 'no_such_rewards'"),
-    (["--reward_fn", "PROMPTS/my_rewards.py:third_length"], "is inside"),
-    ([], "--prompts needs --reward_fn module:function"),
+     "--reward_fn 'no_such_rewards:third_length': no module 'no_such_rewards'", True),
+    (["--reward_fn", "PROMPTS/my_rewards.py:third_length"], "is inside", True),
+    ([], "--prompts needs --reward_fn module:function", True),
+    (["--reward_fn", "REWARDS:third_length", "--prompts", "PROMPTS/nothing"],
+     "--prompts PROMPTS/nothing: no such file or directory", True),
+    (["--reward_fn", "REWARDS:third_length", "--report_dir", "PROMPTS/results"],
+     "--report_dir PROMPTS/results is inside --prompts PROMPTS", True),
     (["--reward_fn", "REWARDS:third_length", "--max_new_tokens", "64"],
-     "--max_new_tokens 64 leaves no room for a prompt in the model's 64 positions"),
+     "--max_new_tokens 64 leaves no room for a prompt in the model's 64 positions", False),
     (["--reward_fn", "REWARDS:third_length", "--max_new_tokens", "62"],
-     "at most 2 fit (the model's 64 positions minus --max_new_tokens: lower --max_new_tokens)"),
+     "at most 2 fit (the model's 64 positions minus --max_new_tokens: lower --max_new_tokens)",
+     False),
 ], ids=["greedy-K", "no-temperature-K", "missing-module", "inside-the-prompts", "no-reward-fn",
-        "no-room", "prompt-too-long"])
+        "no-prompts", "report-in-prompts", "no-room", "prompt-too-long"])
 def test_bad_options_and_reward_modules_are_one_line(tmp_path, tiny_hf_tokenizer_dir, inputs,
-                                                     capsys, extra, reason):
+                                                     capsys, extra, reason, before_loading):
     _, _, prompts, rewards = inputs
     (prompts / "my_rewards.py").write_text(REWARD_MODULE)
     extra = [arg.replace("REWARDS", str(rewards)).replace("PROMPTS", str(prompts))
              for arg in extra]
+    reason = reason.replace("PROMPTS", str(prompts))
     assert cli_run_main(evaluate.main, argv(tmp_path, tiny_hf_tokenizer_dir, prompts,
                                             *extra)) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert "Traceback" not in err and reason in err.strip().splitlines()[-1], err
-    assert not (tmp_path / "report").exists()
+    assert ("dtype fp32" not in err) == before_loading, err  # load_for_inference says it
+    assert not (tmp_path / "report").exists() and not (prompts / "results").exists()
