@@ -1,8 +1,12 @@
-"""Judge a model on its own: loss / perplexity / bits per byte on a text file, and lm-eval tasks.
+"""Judge a model on its own: loss / perplexity / bits per byte on a text file, lm-eval tasks, and
+reward functions over a prompt set (mean reward, pass@1, pass@k).
 
     python -m tools.evaluate --ckpt out/demo_pretrain \\
         --data data/demo/pretrain/bilingual_zh_en.jsonl
     python -m tools.evaluate --ckpt out/demo_sft --lm_eval z2all_demo_skills,z2all_demo_choice
+    python -m tools.evaluate --ckpt out/demo_grpo --prompts data/demo/grpo \\
+        --reward_fn trainer.reward_functions:demo_task_correct --num_generations 8 \\
+        --temperature 1.0 --max_new_tokens 12 --limit 64
 
 `--ckpt` is anything `model.loading.load_model` takes (a run dir, a checkpoint, an HF Llama dir).
 
@@ -23,6 +27,12 @@ Step 3. the sums are turned into figures by the trainer's own `evaluate_language
 lm-evaluation-harness (`--lm_eval`, comma list of task names): the tasks shipped in
 tools/lm_eval_tasks/ (z2all_demo_skills, z2all_demo_choice) or any installed lm-eval task whose
 data is already local; run offline (no download is attempted) on tools/lm_eval_model.Z2allLM.
+
+Rewards (`--prompts` with `--reward_fn`, tools/reward_eval.py): K = `--num_generations` answers
+to each prompt record (GRPO's format), decoded by the serving engine (greedy for K = 1 unless
+`--temperature`), scored by the reward functions GRPO trains with: the mean reward (and each
+function's), pass@1 and pass@K (Chen et al. 2021's unbiased estimator; an answer passes at
+`--pass_threshold`). A reward function is code, never imported from what is evaluated.
 
 Results: a table per evaluation appended to `<run>/report.md`, and every result (with its
 settings) appended to `<run>/evaluations.json`, next to it. `--report_dir` chooses another
@@ -59,6 +69,12 @@ from model.loading import (
     resolve_model_dir,
 )
 from tools.lm_eval_model import Z2allLM
+from tools.reward_eval import (
+    add_reward_arguments,
+    evaluate_rewards,
+    load_rewards,
+    reward_option_problems,
+)
 from trainer.distributed_env import DistributedEnv
 from trainer.evaluation import evaluate_language_model
 from utils.atomic_io import atomic_write_json
@@ -257,7 +273,8 @@ def report_dir_of(args: argparse.Namespace) -> Path:
     """Where the results go: `--report_dir`, else the run `--ckpt` is (or is a checkpoint of).
     A run's own report.md and evaluations.json are appended to; any other `--report_dir` must be
     new, empty or hold only this tool's earlier results, and never be, hold or lie inside what
-    is evaluated (--ckpt, --data, --tokenizer_dir): nothing else is written into (one line)."""
+    is evaluated (--ckpt, --data, --prompts, --tokenizer_dir): nothing else is written into
+    (one line)."""
     if not args.report_dir:
         model_dir = resolve_model_dir(args.ckpt)
         for candidate in (Path(args.ckpt), model_dir.parent.parent):
@@ -273,8 +290,10 @@ def report_dir_of(args: argparse.Namespace) -> Path:
     report_dir, flag = Path(args.report_dir), f"--report_dir {args.report_dir}"
     if report_dir.is_dir() and is_run(report_dir):
         return report_dir
+    data = [*(("--data", path) for path in args.data or []),
+            *([("--prompts", args.prompts)] if args.prompts else [])]
     reads = [("--ckpt", args.ckpt), ("--tokenizer_dir", args.tokenizer_dir),
-             *(("--data", path) for path in args.data or [] if Path(path).exists())]
+             *((option, path) for option, path in data if Path(path).exists())]
     problem = overlap_problem(flag, report_dir, reads, "give a new or empty --report_dir")
     if problem:
         raise ValueError(problem)
@@ -339,32 +358,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq_len", type=int, default=None,
                         help="window length L (default: the run's --max_seq_len, else the "
                              "model's max_position_embeddings)")
-    parser.add_argument("--batch_size", type=int, default=8, help="windows / requests per batch")
+    parser.add_argument("--batch_size", type=int, default=8,
+                        help="windows / requests / prompts (x --num_generations) per batch")
     parser.add_argument("--max_batches", type=int, default=0,
                         help="stop --data after this many batches (0: the whole data)")
     parser.add_argument("--lm_eval", default=None,
                         help="comma list of lm-eval tasks, e.g. z2all_demo_skills,"
                              "z2all_demo_choice (shipped in tools/lm_eval_tasks/)")
     parser.add_argument("--limit", type=int, default=None,
-                        help="at most this many windows of --data, items per lm-eval task")
+                        help="at most this many windows of --data, items per lm-eval task, "
+                             "prompts of --prompts")
     parser.add_argument("--chat", choices=["auto", "yes", "no"], default="auto",
                         help="lm-eval prompts as a chat user turn (auto: yes for sft/dpo runs; "
                              "for an HF dir, yes if its tokenizer has a chat template)")
     parser.add_argument("--report_dir", default=None,
                         help="where report.md / evaluations.json go (default: the run dir)")
+    add_reward_arguments(parser)
     args = parser.parse_args(argv)
     configure_logging()
     raise_problems([range_problem("--batch_size", args.batch_size, 1),
                     range_problem("--seq_len", args.seq_len, 1),
                     range_problem("--max_batches", args.max_batches, 0),
-                    range_problem("--limit", args.limit, 1)])
-    if not args.data and not args.lm_eval:
-        raise ValueError("nothing to evaluate: give --data FILE_OR_DIR and/or --lm_eval TASKS")
+                    range_problem("--limit", args.limit, 1), *reward_option_problems(args)])
+    if not args.data and not args.lm_eval and not args.prompts:
+        raise ValueError("nothing to evaluate: give --data FILE_OR_DIR, --lm_eval TASKS and/or "
+                         "--prompts FILE_OR_DIR --reward_fn module:function")
     resolve_model_arguments(args)
     if snapshot_of(args.ckpt) and not args.report_dir:  # never write into the HF cache
         raise ValueError(f"--ckpt {args.ckpt} is a Hugging Face Hub snapshot: give "
                          "--report_dir DIR for the results")
     report_dir = report_dir_of(args)  # before any work
+    rewards = load_rewards(args, report_dir) if args.prompts else []
     model, tokenizer = load_for_inference(args)
     positions = model.config.max_position_embeddings
     seq_len = args.seq_len or run_config_value(args.ckpt, "max_seq_len") or positions
@@ -394,6 +418,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{task}: " + "  ".join(f"{k} {_cell(v)}" for k, v in values.items()))
         record_results(report_dir, "lm-evaluation-harness",
                        {**settings, "chat": chat, "limit": args.limit}, scores)
+    if args.prompts:
+        reward_settings, figures = evaluate_rewards(args, model, tokenizer, rewards)
+        print("  ".join(f"{key} {_cell(value)}" for key, value in figures.items()))
+        record_results(report_dir, "rewards", {"ckpt": args.ckpt, **reward_settings,
+                                               "batch_size": args.batch_size},
+                       {"prompts": figures})
     print(f"results appended to {report_dir / REPORT_FILE} and {report_dir / RESULTS_FILE}")
 
 

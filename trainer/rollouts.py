@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +46,7 @@ from trainer.options import GRPOOptions, TrainingOptions
 from trainer.rewards import NamedReward, load_reward_functions, score
 from utils.conversation import build_generation_prompt, check_messages, stop_ids
 from utils.data_files import find_data_files
+from utils.dataset_splits import TRAIN_SPLITS
 from utils.labels import IGNORE_INDEX
 from utils.readers import iter_records
 from utils.tokenizer_protocol import Tokenizer
@@ -62,13 +63,17 @@ class PromptRecord:
     columns: dict[str, Any]    # the record's other fields, for the reward functions
 
 
-def load_prompts(data_dir: str, tokenizer: Tokenizer, max_prompt_tokens: int
+def load_prompts(data_dir: str, tokenizer: Tokenizer, max_prompt_tokens: int, *,
+                 option: str = "--data_dir", splits: Sequence[str] = TRAIN_SPLITS,
+                 room: str = "--max_seq_len minus --max_completion_length: raise --max_seq_len"
                  ) -> list[PromptRecord]:
-    """Every record of the files --data_dir names (jsonl, json, parquet, a `datasets` folder),
-    in order. A record without a usable `prompt`, or one longer than `max_prompt_tokens`, is
-    an error naming its file and line."""
+    """Every record of the files `data_dir` names (jsonl, json, parquet, a `datasets` folder or
+    Hub dataset: its first split of `splits`), in order. A record without a usable `prompt`, or
+    one longer than `max_prompt_tokens`, is an error naming its file and line; `option` (which
+    gave `data_dir`) and `room` (where the limit comes from, and the fix) are the caller's words
+    for its messages."""
     records = []
-    for path in find_data_files(data_dir):
+    for path in find_data_files(data_dir, splits=splits, option=option):
         for record in iter_records(path):
             prompt = record.data.get("prompt")
             where = f"{record.path}:{record.number}"
@@ -85,12 +90,11 @@ def load_prompts(data_dir: str, tokenizer: Tokenizer, max_prompt_tokens: int
                                  f"a messages list; it has {sorted(record.data)[:8]}")
             if len(ids) > max_prompt_tokens:
                 raise ValueError(f"{where}: the prompt is {len(ids)} tokens; at most "
-                                 f"{max_prompt_tokens} fit (--max_seq_len minus "
-                                 "--max_completion_length): raise --max_seq_len")
+                                 f"{max_prompt_tokens} fit ({room})")
             columns = {key: value for key, value in record.data.items() if key != "prompt"}
             records.append(PromptRecord(prompt, ids, columns))
     if not records:
-        raise ValueError(f"--data_dir {data_dir}: no prompt records found")
+        raise ValueError(f"{option} {data_dir}: no prompt records found")
     return records
 
 
@@ -272,7 +276,7 @@ class RolloutData:
         completions = [answer_text(self.tokenizer, r.prompt, ids, stops)
                        for r, ids in zip(records, answers)]
         table = torch.tensor(score(self.rewards, [r.prompt for r in records], completions,
-                                   _columns(records, answers)), dtype=torch.float64)
+                                   reward_columns(records, answers)), dtype=torch.float64)
         metrics = reward_statistics(table, self.rewards, answers, group,
                                     self.grpo.max_completion_length, stops, self.env)
         advantages = group_advantages(weighted_rewards(table, self.rewards), group,
@@ -313,7 +317,7 @@ class RolloutData:
         return {}
 
 
-def _columns(records: list[PromptRecord], answers: list[list[int]]) -> dict[str, list[Any]]:
+def reward_columns(records: list[PromptRecord], answers: list[list[int]]) -> dict[str, list[Any]]:
     """The records' other fields as one list per field (None where a record lacks it), and
     the answers' token ids: the keyword arguments of every reward function."""
     names = list(dict.fromkeys(name for record in records for name in record.columns))
@@ -379,7 +383,7 @@ class RewardEvaluator:
         completions = [answer_text(self.tokenizer, r.prompt, ids, stops)
                        for r, ids in zip(self.prompts, answers)]
         table = torch.tensor(score(self.rewards, [r.prompt for r in self.prompts], completions,
-                                   _columns(self.prompts, answers)), dtype=torch.float64)
+                                   reward_columns(self.prompts, answers)), dtype=torch.float64)
         total = weighted_rewards(table, self.rewards)
         local = [float(len(self.prompts)), float(total.nansum())]
         local += [float(row.nansum()) for row in table]
