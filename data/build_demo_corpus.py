@@ -16,7 +16,7 @@ seed (same seed -> the same bytes), so every `make demo` trains on identical dat
     data/demo/dpo/train_{conversations,prompt}.jsonl    chosen = correct, rejected = near miss,
     data/demo/dpo/valid.jsonl                           in both DPO formats of docs/design.md §2.1
     data/demo/grpo/train.jsonl                    {"prompt": messages, "task", "answer"}: GRPO's
-                                                   prompts (add1, add2, reverse)
+                                                   prompts (add1, add2, copy, reverse)
     data/demo/eval/tasks.jsonl                    {"task", "prompt", "answer"}: held out; no
                                                    prompt here occurs in any other file
 
@@ -89,7 +89,7 @@ def raw_pretrain_files(scale: float, leak: tuple[str, str],
 
 
 Example = tuple[str, str, str]  # (task, prompt, answer)
-GRPO_TASKS = ("add1", "add2", "reverse")
+GRPO_TASKS = ("add1", "add2", "copy", "reverse")
 RecordMaker = Callable[[random.Random, list[Example]], dict[str, Any]]
 
 

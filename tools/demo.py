@@ -133,7 +133,7 @@ TOKENIZER = "tokenizer/demo_hf"
 OUT = "out"
 VOCAB = "512"  # small: made-up words split into letters and short pieces (see above)
 SFT_STEPS = 3000
-GRPO_STEPS = 60
+GRPO_STEPS = 300
 RUNS = ("pretrain", "sft", "dpo", "grpo")
 # Pretraining runs as 2 processes of our DDP with ZeRO-1 (the optimizer state sharded over the
 # ranks), as on a multi-GPU node: torchrun starts the ranks, gloo carries the gradients. SFT
@@ -202,8 +202,8 @@ def stages(dtype: str = "auto", seed: int = 1337) -> list[tuple[str, list[str]]]
         ("accuracy_dpo", ["-m", "tools.demo_eval", "--ckpt", f"{OUT}/demo_dpo",
                           "--tokenizer_dir", TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl",
                           f"--dtype={dtype}"]),
-        # GRPO from the DPO model on the skills it still misses (docs/demo.md): 8 answers per
-        # prompt sampled by the policy itself, rewarded 1 when the demo's grader says correct.
+        # GRPO from the DPO model on the four skills it is least sure of (docs/grpo.md): 8
+        # answers per prompt sampled by the policy itself, rewarded 1 when the grader says right
         ("grpo", [*TORCHRUN, "train_my_ddp.py", *train_common, "--task_type=grpo",
                   f"--init_from={OUT}/demo_dpo", f"--data_dir={DEMO}/grpo",
                   f"--out_dir={OUT}/demo_grpo", "--max_seq_len=128",
@@ -211,8 +211,8 @@ def stages(dtype: str = "auto", seed: int = 1337) -> list[tuple[str, list[str]]]
                   "--num_generations=8", "--max_completion_length=12",
                   "--reward_fn=trainer.reward_functions:demo_task_correct",
                   f"--max_iters={GRPO_STEPS}", "--warmup_iters=5", "--lr=1e-4", "--min_lr=1e-5",
-                  "--weight_decay=0.0", "--grpo_beta=0.04", "--eval_interval=30",
-                  "--eval_iters=8", "--save_interval=30"]),
+                  "--weight_decay=0.0", "--grpo_beta=0.04", "--eval_interval=100",
+                  "--eval_iters=8", "--save_interval=100"]),
         ("accuracy_grpo", ["-m", "tools.demo_eval", "--ckpt", f"{OUT}/demo_grpo",
                            "--tokenizer_dir", TOKENIZER, "--tasks", f"{DEMO}/eval/tasks.jsonl",
                            f"--dtype={dtype}"]),
@@ -299,19 +299,30 @@ def summary() -> list[str]:
                      f"log 2 = 0.693), chosen NLL {last['chosen_nll']:.3f}, "
                      f"reward margin {last['rewards/margins']:.3f}, "
                      f"reward accuracy {last['rewards/accuracies']:.0%}")
-    grpo_train = _records("grpo", "train")
-    if grpo_train:
-        first, last = grpo_train[0], grpo_train[-1]
-        lines.append(f"GRPO: reward (share of sampled answers graded correct) "
-                     f"{first['reward']:.0%} at step {first['step']} -> {last['reward']:.0%} at "
-                     f"step {last['step']}; groups all right or all wrong "
-                     f"{last['frac_reward_zero_std']:.0%}; KL to the DPO model {last['kl']:.3f}")
+    lines += grpo_lines(_records("grpo", "train"), _records("grpo", "eval"))
     for run in RUNS:
         samples = _records(run, "samples")
         for sample in samples[-1]["samples"] if samples else []:
             lines.append(f"[{run}] {sample['prompt']!r} -> {sample['completion']!r}")
     lines += [f"plot: {p}" for p in sorted(Path(OUT).glob("demo_*/plots/*.png"))]
     return lines
+
+
+def grpo_lines(train: list[dict], evals: list[dict]) -> list[str]:
+    """How GRPO's reward moved: the share of sampled answers graded correct (each step's
+    prompts differ, so averaged over the first and the last 5 logged steps), and of greedy
+    answers to the held-out prompts (first and last evaluation)."""
+    if not train or not evals:
+        return []
+    def mean(records: list[dict], key: str) -> float:
+        return sum(record[key] for record in records) / len(records)
+    first, last = train[:5], train[-5:]
+    return [f"GRPO: sampled answers right {mean(first, 'reward'):.0%} (steps "
+            f"{first[0]['step']}-{first[-1]['step']}) -> {mean(last, 'reward'):.0%} (steps "
+            f"{last[0]['step']}-{last[-1]['step']}); held-out greedy answers right "
+            f"{evals[0]['val_reward']:.0%} -> {evals[-1]['val_reward']:.0%}; groups all right "
+            f"or all wrong {mean(last, 'frac_reward_zero_std'):.0%}; KL to the DPO model "
+            f"{mean(last, 'kl'):.4f}"]
 
 
 def main(argv: list[str] | None = None) -> None:

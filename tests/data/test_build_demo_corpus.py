@@ -176,7 +176,7 @@ def test_grpo_prompts_are_chat_prompts_of_the_missed_skills_and_held_out(corpus)
         assert record.data["answer"] == reference_answer(record.data["task"],
                                                          message["content"])
         tasks.add(record.data["task"])
-    assert tasks == {"add1", "add2", "reverse"}
+    assert tasks == {"add1", "add2", "copy", "reverse"}
 
 
 def test_is_correct_matches_reference_and_ignores_only_whitespace():

@@ -136,3 +136,13 @@ def test_summary_starts_with_the_clean_stage_line(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "OUT", str(tmp_path / "out"))
     assert demo.summary() == ["corpus cleaned 10 documents -> 7 kept (70.0%), 1,000 -> 700 "
                               "bytes; dropped: exact_duplicate 2, too_few_words 1"]
+
+
+def test_the_grpo_line_averages_the_first_and_last_logged_steps():
+    train = [{"step": 10 * (i + 1), "reward": reward, "frac_reward_zero_std": 0.5, "kl": 0.01}
+             for i, reward in enumerate([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])]
+    evals = [{"step": 0, "val_reward": 0.25}, {"step": 100, "val_reward": 0.75}]
+    (line,) = demo.grpo_lines(train, evals)
+    assert "right 30% (steps 10-50) -> 80% (steps 60-100)" in line
+    assert "held-out greedy answers right 25% -> 75%" in line
+    assert demo.grpo_lines([], evals) == []
