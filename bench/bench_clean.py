@@ -11,8 +11,9 @@ near copy (1% of words changed) and an exact copy, plus generated junk, repeated
    the cost of cutting words/lines is included in every rule that uses them).
 3. Side by side, one process, same documents: our Gopher quality + repetition rules vs
    datatrove's GopherQualityFilter + GopherRepetitionFilter (target: ours >= 1.0x theirs);
-   our MinHash signature + band keys vs datasketch's MinHash + MinHashLSH.insert, both from
-   the same word lists (shingling included on both sides, as the clean stage does it).
+   our MinHash signatures + band keys vs datasketch's MinHash + MinHashLSH.insert, both from
+   the same word lists and num_perm (shingling included on both sides, both with
+   minhash.windows; ours signs the documents together, as a clean worker signs a batch).
 4. Peak resident memory of a single-process run at two corpus sizes.
 5. The MinHash band pass alone (cleaning/dedup.near_duplicates) on synthetic band keys of
    growing corpora, each in a fresh process: how far it raises the peak RSS, with every band
@@ -109,8 +110,8 @@ def side_by_side(texts: list[str]) -> None:
     perms = minhash.Permutations.make(128, 0)
     bands, rows = minhash.choose_bands(0.7, 128)
     word_lists = [normal_words(t) for t in texts]  # both sides start from the same words
-    ours_minhash = timed(lambda: [minhash.band_keys(minhash.document_signature(
-        words, 5, perms), bands, rows) for words in word_lists])
+    ours_minhash = timed(lambda: [minhash.band_keys(signature, bands, rows) for signature
+                                  in minhash.document_signatures(word_lists, 5, perms)])
     print(f"  ours:       filters {len(texts) / ours:,.0f} docs/s, "
           f"MinHash+bands {len(texts) / ours_minhash:,.0f} docs/s")
     try:
