@@ -61,8 +61,8 @@ def write_corpus(texts: list[str], folder: Path) -> int:
 
 def end_to_end(texts: list[str], scratch: Path, workers: list[int]) -> None:
     """MB/s per worker count. A first run on 3 documents starts the forkserver (once per
-    program: it imports the pipeline, tokenizer included, ~1-2 s), so that cost is shown
-    on its own line instead of being charged to whichever worker count runs first."""
+    program: it imports the worker pool's modules, no tokenizer), so that cost is shown on
+    its own line instead of being charged to whichever worker count runs first."""
     write_corpus(texts[:3], scratch / "warm_up")
     started = time.perf_counter()
     clean_pretrain_data(build_parser().parse_args(

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from data_preprocess import pipeline
+from data_preprocess import file_jobs
 from data_preprocess.cleaning import analyse, dedup, dropped, external_sort, filters, minhash
 from data_preprocess.cleaning.decontaminate import build_eval_index
 from data_preprocess.cleaning.report import CleanReport, write_reports
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--data_dir", required=True, help="folder (or file) of .jsonl/.json/.parquet/.txt, "
         "DIR@split, or hf:org/name[:config][@split] (utils/data_files.py)")
     add("--out_dir", required=True, help="where the cleaned .jsonl shards and report go")
-    add("--num_workers", type=int, default=pipeline.DEFAULT_WORKERS, help="0: in-process")
+    add("--num_workers", type=int, default=file_jobs.DEFAULT_WORKERS, help="0: in-process")
     add("--batch_size", type=int, default=256, help="documents per worker task")
     add("--text_key", nargs="+", default=["text"], help="record key(s) holding the text")
     add_boolean_flag(parser, "--skip_bad_records", help="skip and count malformed records")
@@ -156,7 +156,7 @@ def settings_fingerprint(settings: analyse.CleanSettings, text_key: Sequence[str
             "text_key": list(text_key), "skip_bad_records": skip_bad_records}
 
 
-def numbered_texts(job: pipeline.FileJob, text_key: Sequence[str], skip_bad_records: bool,
+def numbered_texts(job: file_jobs.FileJob, text_key: Sequence[str], skip_bad_records: bool,
                    stats: ReadStats) -> Iterator[tuple[int, str]]:
     """(line/record number, text) of every record, bad ones raised as file:line or counted."""
     keys = ["text"] if job.source.suffix.lower() == ".txt" else list(text_key)
@@ -170,18 +170,18 @@ def numbered_texts(job: pipeline.FileJob, text_key: Sequence[str], skip_bad_reco
         yield item.number, text
 
 
-def state_path(out_dir: Path, job: pipeline.FileJob, suffix: str) -> Path:
+def state_path(out_dir: Path, job: file_jobs.FileJob, suffix: str) -> Path:
     return out_dir / STATE_DIR / f"{job.relative}.{suffix}"
 
 
-def input_bar(jobs: list[pipeline.FileJob], description: str) -> tqdm:
+def input_bar(jobs: list[file_jobs.FileJob], description: str) -> tqdm:
     """A bar over the files' bytes (a total known before reading, so it shows an ETA), on a
     terminal only: a log or a pipe would keep every redraw."""
     return tqdm(total=sum(job.source.stat().st_size for job in jobs), desc=description,
                 unit="B", unit_scale=True, dynamic_ncols=True, disable=None)
 
 
-def analyse_file(job: pipeline.FileJob, out_dir: Path, expected: dict[str, Any],
+def analyse_file(job: file_jobs.FileJob, out_dir: Path, expected: dict[str, Any],
                  pool: ProcessPoolExecutor | None, args: argparse.Namespace,
                  progress: tqdm) -> dict[str, Any]:
     """Pass 1 for one file: every document's verdict (sidecar) and band keys (.npy)."""
@@ -207,7 +207,7 @@ def analyse_file(job: pipeline.FileJob, out_dir: Path, expected: dict[str, Any],
     return sidecar
 
 
-def load_analysis(job: pipeline.FileJob, out_dir: Path,
+def load_analysis(job: file_jobs.FileJob, out_dir: Path,
                   expected: dict[str, Any]) -> dict[str, Any] | None:
     """A finished analysis made with exactly these settings from this very file, or None."""
     try:
@@ -218,12 +218,12 @@ def load_analysis(job: pipeline.FileJob, out_dir: Path,
     return sidecar if done and all(sidecar.get(k) == v for k, v in expected.items()) else None
 
 
-def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.CleanSettings,
+def analyse_all(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse.CleanSettings,
                 fingerprint: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     analyses: list[dict[str, Any] | None] = []
     for job in jobs:
         analyses.append(load_analysis(job, out_dir, {**fingerprint,
-                                                     **pipeline.source_identity(job.source)}))
+                                                     **file_jobs.source_identity(job.source)}))
     todo = [i for i, done in enumerate(analyses) if done is None]
     print(f"analysing {len(todo)} of {len(jobs)} files ({len(jobs) - len(todo)} already done)")
     pool = None
@@ -234,7 +234,7 @@ def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.C
     progress = input_bar([jobs[i] for i in todo], "analysing")
     try:
         for i in todo:
-            expected = {**fingerprint, **pipeline.source_identity(jobs[i].source)}
+            expected = {**fingerprint, **file_jobs.source_identity(jobs[i].source)}
             analyses[i] = analyse_file(jobs[i], out_dir, expected, pool, args, progress)
     finally:
         progress.close()
@@ -243,7 +243,7 @@ def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.C
     return [analysis for analysis in analyses if analysis is not None]
 
 
-def decide_drops(jobs: list[pipeline.FileJob], analyses: list[dict[str, Any]], out_dir: Path,
+def decide_drops(jobs: list[file_jobs.FileJob], analyses: list[dict[str, Any]], out_dir: Path,
                  settings: analyse.CleanSettings,
                  sort_records: int) -> list[dict[int, tuple[str, Any]]]:
     """Pass 2, over the whole corpus: {record number: (rule, value)} of every dropped
@@ -303,7 +303,7 @@ def rule_details(settings: analyse.CleanSettings,
                                "datatrove": "MinhashDedupFilter"}}
 
 
-def dropped_documents(jobs: list[pipeline.FileJob], drops: list[dict[int, tuple[str, Any]]],
+def dropped_documents(jobs: list[file_jobs.FileJob], drops: list[dict[int, tuple[str, Any]]],
                       args: argparse.Namespace) -> Iterator[tuple[str, dict[str, Any]]]:
     """(rule, record) of every dropped document in source order, its text normalised as a
     shard's would be (files without drops are not read)."""
@@ -318,7 +318,7 @@ def dropped_documents(jobs: list[pipeline.FileJob], drops: list[dict[int, tuple[
                              "source": job.relative, "line": number, "value": value}
 
 
-def write_shard(job: pipeline.FileJob, drops: dict[int, tuple[str, Any]], out_dir: Path,
+def write_shard(job: file_jobs.FileJob, drops: dict[int, tuple[str, Any]], out_dir: Path,
                 run: str, args: argparse.Namespace) -> dict[str, Any]:
     """Pass 3 for one file: its kept documents, normalised, as CLEAN/<relative>.jsonl."""
     shard = job.prefix.with_name(job.prefix.name + ".jsonl")
@@ -345,19 +345,19 @@ def write_shard(job: pipeline.FileJob, drops: dict[int, tuple[str, Any]], out_di
     return {**sidecar, "reused": False}
 
 
-def owned_outputs(jobs: list[pipeline.FileJob]) -> list[str]:
+def owned_outputs(jobs: list[file_jobs.FileJob]) -> list[str]:
     """Every name below --out_dir a run writes: one shard per input, the two reports
     (cleaning/report.py), and the state folder, which is the tool's alone."""
     return [*(f"{job.output_stem}.jsonl" for job in jobs), "clean_report.json",
             "clean_report.md", f"{STATE_DIR}/"]
 
 
-def analyse_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
+def analyse_share(jobs: list[file_jobs.FileJob], share: TaskShare, out_dir: Path,
                   settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
     """An array task: pass 1 for its share of the files, into the shared CLEAN/.clean/ (one
     file per input, so tasks never write the same file), under its own ledger."""
     state = f"{STATE_DIR}/"
-    pipeline.claim_out_dir("clean_pretrain_data", out_dir, [state], share,
+    file_jobs.claim_out_dir("clean_pretrain_data", out_dir, [state], share,
                            [name for name in owned_outputs(jobs) if name != state])
     mine = share.take(jobs)
     fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
@@ -377,11 +377,11 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
                          "--num_tasks/--task_index): an array task only analyses; drop it here")
     settings = settings_from(args)
     out_dir = Path(args.out_dir)
-    jobs = pipeline.plan_file_jobs(args.data_dir, out_dir,
+    jobs = file_jobs.plan_file_jobs(args.data_dir, out_dir,
                                    [("--decontaminate", path) for path in args.decontaminate])
     if not share.alone:
         return analyse_share(jobs, share, out_dir, settings, args)
-    pipeline.claim_out_dir("clean_pretrain_data", out_dir, owned_outputs(jobs))
+    file_jobs.claim_out_dir("clean_pretrain_data", out_dir, owned_outputs(jobs))
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
               f"hashes; S-curve 50% point at Jaccard "
@@ -394,7 +394,7 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
     fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
     analyses = analyse_all(jobs, out_dir, settings, fingerprint, args)
     drops = decide_drops(jobs, analyses, out_dir, settings, args.minhash_sort_records)
-    inputs = [[job.relative, pipeline.source_identity(job.source)] for job in jobs]
+    inputs = [[job.relative, file_jobs.source_identity(job.source)] for job in jobs]
     run = hashlib.sha256(json.dumps([fingerprint, inputs]).encode()).hexdigest()
     report, reused = CleanReport(), 0
     progress = input_bar(jobs, "writing")
