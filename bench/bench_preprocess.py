@@ -30,7 +30,7 @@ import numpy as np
 from bench import figures
 from bench.size_flags import bench_parser
 from data.toy_corpus import multilingual_corpus
-from data_preprocess import worker_pool
+from data_preprocess import tokenizer_workers, worker_pool
 from data_preprocess.build_pretrain_sample_index_map import build_sample_index
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
 from utils.data_files import iter_texts_from
@@ -60,12 +60,13 @@ def tokenizer_dir(texts: list[str], scratch: Path, use_demo: bool) -> Path:
 
 def count_tokens(texts: list[str]) -> int:
     """In a worker: the bare encode_batch call, returning only a count (nothing to transfer)."""
-    return sum(len(ids) for ids in worker_pool.worker_state()["tokenizer"].encode_batch(texts))
+    tokenizer = tokenizer_workers.worker_state()["tokenizer"]
+    return sum(len(ids) for ids in tokenizer.encode_batch(texts))
 
 
 def raw_tokens_per_second(texts: list[str], tokenizer: Path, num_workers: int) -> float:
     started = time.perf_counter()
-    pool = worker_pool.make_worker_pool(num_workers, tokenizer, {})
+    pool = tokenizer_workers.make_worker_pool(num_workers, tokenizer, {})
     try:
         batches = worker_pool.batched(texts, BATCH_SIZE)
         total = sum(worker_pool.ordered_map(pool, count_tokens, batches, 4 * num_workers))

@@ -3,6 +3,10 @@
 Files, in reading order:
 - indexed_dataset.py: the Megatron MMIDIDX `.bin`/`.idx` format, with a byte-level worked
   example, its writer and its memory-mapped reader;
+- file_jobs.py: one job per input file, its mirrored output prefix, the output folder's claim
+  (shared by the pretokenizers and the clean stage);
+- worker_pool.py -> tokenizer_workers.py: an ordered pool of workers that die with the
+  program, and the pretokenizers' workers that each hold a tokenizer;
 - pipeline.py: what every pretokenize command shares (one output pair per input file, skip
   finished files, an ordered pool of tokenizer workers, crash safety, the run report);
 - pretokenize_pretrain_data.py: pretraining text -> documents ending in `<|endoftext|>`;

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from data_preprocess import pipeline
+from data_preprocess import file_jobs
 from data_preprocess.cleaning import (
     analyse,
     corpus_dedup,
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--data_dir", required=True, help="folder (or file) of .jsonl/.json/.parquet/.txt, "
         "DIR@split, or hf:org/name[:config][@split] (utils/data_files.py)")
     add("--out_dir", required=True, help="where the cleaned .jsonl shards and report go")
-    add("--num_workers", type=int, default=pipeline.DEFAULT_WORKERS, help="0: in-process")
+    add("--num_workers", type=int, default=file_jobs.DEFAULT_WORKERS, help="0: in-process")
     add("--batch_size", type=int, default=256, help="documents per worker task")
     add("--text_key", nargs="+", default=["text"], help="record key(s) holding the text")
     add_boolean_flag(parser, "--skip_bad_records", help="skip and count malformed records")
@@ -181,7 +181,7 @@ def rule_details(settings: analyse.CleanSettings,
                                "datatrove": "MinhashDedupFilter"}}
 
 
-def dropped_documents(jobs: list[pipeline.FileJob], drops: list[dict[int, tuple[str, Any]]],
+def dropped_documents(jobs: list[file_jobs.FileJob], drops: list[dict[int, tuple[str, Any]]],
                       args: argparse.Namespace) -> Iterator[tuple[str, dict[str, Any]]]:
     """(rule, record) of every dropped document in source order, its text normalised as a
     shard's would be (files without drops are not read)."""
@@ -196,7 +196,7 @@ def dropped_documents(jobs: list[pipeline.FileJob], drops: list[dict[int, tuple[
                              "source": job.relative, "line": number, "value": value}
 
 
-def clean_corpus(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.CleanSettings,
+def clean_corpus(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse.CleanSettings,
                  args: argparse.Namespace, merging: bool) -> dict[str, Any]:
     """Stage all (every pass here; what earlier stages left for this run is reused) or merge
     (every stage's output required): the report, the dropped documents and the one ledger."""
@@ -210,7 +210,7 @@ def clean_corpus(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.
         refuse_until("merge", [f"{STATE_DIR}/{job.relative}.written.json" for job in jobs
                                if written_record(job, out_dir, run) is None], out_dir,
                      "write (every task)")
-    pipeline.claim_out_dir("clean_pretrain_data", out_dir, owned_outputs(jobs))
+    file_jobs.claim_out_dir("clean_pretrain_data", out_dir, owned_outputs(jobs))
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
               f"hashes; S-curve 50% point at Jaccard "
@@ -286,7 +286,7 @@ def clean_pretrain_data(args: argparse.Namespace) -> dict[str, Any]:
                          f"plain command), not to --stage {stage}; drop it here")
     settings = settings_from(args)
     out_dir = Path(args.out_dir)
-    jobs = pipeline.plan_file_jobs(args.data_dir, out_dir,
+    jobs = file_jobs.plan_file_jobs(args.data_dir, out_dir,
                                    [("--decontaminate", path) for path in args.decontaminate])
     if stage == "analyse":
         return analyse_share(jobs, share, out_dir, settings, args)

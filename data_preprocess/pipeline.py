@@ -1,8 +1,10 @@
 """What every pretokenize entry point shares: one output per input file, skip what is done,
-tokenize in an ordered pool of worker processes (worker_pool.py), and report what happened.
+tokenize in an ordered pool of worker processes (tokenizer_workers.py), and report what
+happened.
 
 The life of one input file `D/sub/a.jsonl` with `--out_dir O`:
-1. `plan_file_jobs` maps it to the output prefix `O/sub/a` (relative paths are mirrored), and
+1. `plan_file_jobs` (file_jobs.py) maps it to the output prefix `O/sub/a` (relative paths are
+   mirrored), and
    `claim_out_dir` checks that O is the tool's own and deletes its outputs of inputs that are
    gone (utils/data_output_dir.py, docs/design.md §2.4a).
 2. If `O/sub/a.json` (the sidecar) exists and records the same source size, mtime, tokenizer
@@ -26,9 +28,8 @@ import argparse
 import collections
 import contextlib
 import json
-import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,20 +38,26 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from data_preprocess.file_jobs import (
+    DEFAULT_WORKERS,
+    FileJob,
+    claim_out_dir,
+    plan_file_jobs,
+    source_identity,
+)
 from data_preprocess.indexed_dataset import IndexedDatasetWriter, prefix_paths, token_dtype
-from data_preprocess.worker_pool import batched, make_worker_pool, ordered_map
+from data_preprocess.tokenizer_workers import make_worker_pool
+from data_preprocess.worker_pool import batched, ordered_map
 from tokenizer import load_tokenizer
 from utils.array_tasks import THE_ONLY_TASK, TaskShare, add_task_arguments, task_share
 from utils.atomic_io import atomic_write_json
 from utils.boolean_flags import add_boolean_flag
-from utils.data_files import is_data_spec, locate_data
-from utils.data_output_dir import LEDGER, OutputLedger, check_apart, task_ledger_name
+from utils.data_files import is_data_spec
 from utils.option_checks import raise_problems, range_problem
 from utils.readers import ReadStats
 
 SIDECAR_VERSION = 1
 REPORT_FILE = "pretokenize_report.json"
-DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, inputs: str, batch_size: int,
@@ -79,68 +86,6 @@ def check_options(num_workers: int, batch_size: int, max_seq_len: int | None = N
                     range_problem("--batch_size", batch_size, 1),
                     range_problem("--max_seq_len", max_seq_len, 2)])
     return task_share(num_tasks, task_index)
-
-
-@dataclass(frozen=True)
-class FileJob:
-    source: Path  # the raw input file
-    relative: str  # its path relative to the data dir, as recorded in sidecars and reports
-    prefix: Path  # output prefix: `<prefix>.bin`, `<prefix>.idx`, `<prefix>.json`
-
-    @property
-    def sidecar_path(self) -> Path:
-        return self.prefix.with_name(self.prefix.name + ".json")
-
-    @property
-    def output_stem(self) -> str:
-        """`sub/a` for the input `sub/a.jsonl`: its outputs' names below out_dir, unsuffixed."""
-        return Path(self.relative).with_suffix("").as_posix()
-
-
-def plan_file_jobs(data_dir: str | Path, out_dir: Path,
-                   other_inputs: Sequence[tuple[str, str | Path | None]] = ()) -> list[FileJob]:
-    """One job per data file `data_dir` names (a folder, its split, a Hub dataset:
-    utils/data_files.py), in sorted order, their paths below its folder mirrored under out_dir.
-    out_dir must lie apart from the data's folder and `other_inputs` (utils/data_output_dir.py)."""
-    located = locate_data(Path(data_dir).resolve() if Path(data_dir).exists() else data_dir)
-    check_apart(out_dir, [("--data_dir", located.root), *other_inputs])
-    out_dir = Path(out_dir).resolve()
-    jobs, owners = [], {}
-    for source, relative in zip(located.files, located.relative_names()):
-        prefix = out_dir / Path(relative).with_suffix("")
-        if prefix in owners:
-            raise ValueError(f"{owners[prefix]} and {relative} would both be written to {prefix}.*"
-                             "; rename one of them")
-        owners[prefix] = relative
-        jobs.append(FileJob(source, relative, prefix))
-    if not jobs:
-        raise FileNotFoundError(f"no .jsonl/.json/.parquet/.txt files under {data_dir}")
-    return jobs
-
-
-def claim_out_dir(tool: str, out_dir: Path, planned: list[str],
-                  share: TaskShare = THE_ONLY_TASK, others: Sequence[str] = ()) -> None:
-    """Before any output is written: refuse an out_dir that is not `tool`'s own (new, empty or
-    its earlier output), then delete its earlier outputs that this run does not write again,
-    those of sources that are gone (utils/data_output_dir.py). `planned`: every name (relative
-    to out_dir) this task writes; `others`: what the other array tasks write (kept)."""
-    twice = sorted(name for name, count in collections.Counter([*planned, *others]).items()
-                   if count > 1)
-    if twice:
-        raise ValueError(f"{out_dir / twice[0]} would be written twice (an input's output and "
-                         "another's, or a report); rename that input")
-    ledger = OutputLedger.claim(out_dir, tool,
-                                name=LEDGER if share.alone else task_ledger_name(share.label))
-    if removed := ledger.begin(planned, keep=others):
-        shown = ", ".join(removed[:3]) + (", ..." if len(removed) > 3 else "")
-        print(f"removed {len(removed)} earlier outputs of inputs that are gone from {out_dir}: "
-              f"{shown}")
-
-
-def source_identity(source: Path) -> dict[str, int]:
-    """Size and mtime (ns) of a raw file: cheap to check, and they change when it is rewritten."""
-    stat = source.stat()
-    return {"source_size": stat.st_size, "source_mtime": stat.st_mtime_ns}
 
 
 def finished_sidecar(job: FileJob, expected: dict[str, Any]) -> dict[str, Any] | None:

@@ -26,10 +26,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from data_preprocess import pipeline
+from data_preprocess import file_jobs, pipeline
 from data_preprocess.chat_records import RecordFormatError, dpo_messages, sft_messages
 from data_preprocess.indexed_dataset import IndexedDatasetWriter
-from data_preprocess.worker_pool import worker_state
+from data_preprocess.tokenizer_workers import worker_state
 from utils.conversation import render_conversations
 from utils.option_parser import OptionParser
 from utils.readers import BadRecordError, ReadStats, iter_records
@@ -97,13 +97,13 @@ def encode_chat_records(records: list[tuple[int, dict[str, Any]]]) -> EncodedCha
                         np.array(mask, dtype=np.uint8), lengths, bad, too_long, truncated)
 
 
-def numbered_records(job: pipeline.FileJob, stats: ReadStats, counts: pipeline.FileCounts, *,
+def numbered_records(job: file_jobs.FileJob, stats: ReadStats, counts: pipeline.FileCounts, *,
                      skip_bad_records: bool) -> Iterator[tuple[int, dict[str, Any]]]:
     for record in iter_records(job.source, skip_bad_records=skip_bad_records, stats=stats):
         yield record.number, record.data
 
 
-def write_chats(job: pipeline.FileJob, writers: list[IndexedDatasetWriter],
+def write_chats(job: file_jobs.FileJob, writers: list[IndexedDatasetWriter],
                 encoded: EncodedChats, counts: pipeline.FileCounts, *, kind: str,
                 skip_bad_records: bool) -> None:
     """Main process: raise on (or count) malformed records, append the rest to both pairs."""
@@ -126,7 +126,7 @@ def write_chats(job: pipeline.FileJob, writers: list[IndexedDatasetWriter],
 def pretokenize_chat_data(kind: str, data_dir: str | Path, tokenizer_dir: str | Path,
                           max_seq_len: int, out_dir: str | Path | None = None,
                           system_prompt: str | None = None,
-                          num_workers: int = pipeline.DEFAULT_WORKERS,
+                          num_workers: int = file_jobs.DEFAULT_WORKERS,
                           skip_bad_records: bool = False,
                           batch_size: int = DEFAULT_BATCH_SIZE,
                           num_tasks: int | None = None,

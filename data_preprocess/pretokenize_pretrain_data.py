@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from data_preprocess import pipeline
+from data_preprocess import file_jobs, pipeline
 from data_preprocess.indexed_dataset import IndexedDatasetWriter
-from data_preprocess.worker_pool import worker_state
+from data_preprocess.tokenizer_workers import worker_state
 from utils.cli_errors import run_main
 from utils.option_parser import OptionParser
 from utils.readers import ReadStats, iter_texts
@@ -47,7 +47,7 @@ def encode_documents(texts: list[str]) -> tuple[np.ndarray, list[int]]:
     return np.array(flat, dtype=worker_state()["dtype"]), lengths
 
 
-def non_empty_texts(job: pipeline.FileJob, stats: ReadStats, counts: pipeline.FileCounts, *,
+def non_empty_texts(job: file_jobs.FileJob, stats: ReadStats, counts: pipeline.FileCounts, *,
                     text_key: Sequence[str], skip_bad_records: bool) -> Iterator[str]:
     """Main process: the file's texts in order; empty/whitespace-only ones counted, not sent."""
     for text in iter_texts(job.source, text_key, skip_bad_records=skip_bad_records, stats=stats):
@@ -57,7 +57,7 @@ def non_empty_texts(job: pipeline.FileJob, stats: ReadStats, counts: pipeline.Fi
             counts.skipped["empty"] += 1
 
 
-def write_documents(job: pipeline.FileJob, writers: list[IndexedDatasetWriter],
+def write_documents(job: file_jobs.FileJob, writers: list[IndexedDatasetWriter],
                     encoded: tuple[np.ndarray, list[int]], counts: pipeline.FileCounts) -> None:
     """Main process: one encoded batch -> the file's .bin, one document per text."""
     tokens, lengths = encoded
@@ -70,7 +70,7 @@ def write_documents(job: pipeline.FileJob, writers: list[IndexedDatasetWriter],
 def pretokenize_pretrain_data(data_dir: str | Path, tokenizer_dir: str | Path,
                               out_dir: str | Path | None = None,
                               text_key: Sequence[str] = ("text",),
-                              num_workers: int = pipeline.DEFAULT_WORKERS,
+                              num_workers: int = file_jobs.DEFAULT_WORKERS,
                               skip_bad_records: bool = False,
                               batch_size: int = DEFAULT_BATCH_SIZE,
                               num_tasks: int | None = None,

@@ -48,7 +48,7 @@ from data_preprocess.build_pretrain_sample_index_map import (
     build_sample_index,
     index_path,
 )
-from data_preprocess.pipeline import DEFAULT_WORKERS
+from data_preprocess.file_jobs import DEFAULT_WORKERS
 from data_preprocess.pretokenize_chat import pretokenize_chat_data
 from dataset.chat_store import (
     ChatTokenStore,

@@ -7,7 +7,7 @@ each document's keys; clean_pretrain_data.py compares them across the whole corp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -53,25 +53,34 @@ def init_worker(settings: CleanSettings) -> None:
                   perms=minhash.Permutations.make(settings.num_perm, settings.seed))
 
 
-def verdict(number: int, raw_text: str) -> Verdict:
+def verdict(number: int, raw_text: str) -> tuple[Verdict, list[str] | None]:
+    """The document's verdict without its band keys, and its words if MinHash must sign it
+    (`analyse_batch` signs a whole batch's survivors at once)."""
     settings: CleanSettings = _STATE["settings"]
     text = normalise_unicode(raw_text, settings.unicode_form)
     size = len(raw_text.encode("utf-8"))
     if not text.strip():
-        return Verdict(number, size, ("empty", 0), None, None)
+        return Verdict(number, size, ("empty", 0), None, None), None
     if failure := first_failure(text, list(settings.filter_groups), settings.filter_options):
-        return Verdict(number, size, failure, None, None)
+        return Verdict(number, size, failure, None, None), None
     words = normal_words(text)
     if settings.eval_index and (gram := settings.eval_index.first_match(words)):
-        return Verdict(number, size, ("eval_contamination", gram), None, None)
-    keys = None
-    if "minhash" in settings.dedup:
-        signature = minhash.document_signature(words, settings.shingle_words, _STATE["perms"])
-        keys = minhash.band_keys(signature, settings.bands, settings.rows)
-    return Verdict(number, size, None, exact_key(words) if "exact" in settings.dedup else None,
-                   keys)
+        return Verdict(number, size, ("eval_contamination", gram), None, None), None
+    exact = exact_key(words) if "exact" in settings.dedup else None
+    return Verdict(number, size, None, exact, None), words if "minhash" in settings.dedup else None
 
 
 def analyse_batch(batch: list[tuple[int, str]]) -> list[Verdict]:
-    """In a worker: (record number, text) pairs -> their verdicts, in the same order."""
-    return [verdict(number, text) for number, text in batch]
+    """In a worker: (record number, text) pairs -> their verdicts, in the same order. The
+    survivors' MinHash signatures are taken together (minhash.document_signatures: one
+    block of many documents' shingles, numpy's per-call cost paid once per block)."""
+    settings: CleanSettings = _STATE["settings"]
+    pairs = [verdict(number, text) for number, text in batch]
+    signed = [i for i, (_, words) in enumerate(pairs) if words is not None]
+    signatures = minhash.document_signatures([pairs[i][1] for i in signed],
+                                             settings.shingle_words, _STATE["perms"])
+    verdicts = [each for each, _ in pairs]
+    for i, sig in zip(signed, signatures):
+        verdicts[i] = replace(verdicts[i], band_keys=minhash.band_keys(sig, settings.bands,
+                                                                       settings.rows))
+    return verdicts

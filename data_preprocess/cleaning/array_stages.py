@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from data_preprocess import pipeline
+from data_preprocess import file_jobs
 from data_preprocess.cleaning import analyse, corpus_dedup
 from data_preprocess.cleaning.file_passes import (
     STATE_DIR,
@@ -49,10 +49,11 @@ def refuse_until(stage: str, missing: list[str], out_dir: Path, earlier: str) ->
                          f"--stage {earlier} first, with the same options")
 
 
-def finished_analyses(stage: str, jobs: list[pipeline.FileJob], out_dir: Path,
+def finished_analyses(stage: str, jobs: list[file_jobs.FileJob], out_dir: Path,
                       fingerprint: dict[str, Any]) -> list[dict[str, Any]]:
     """Every job's analysis, made with these settings from these very files, or a refusal."""
-    analyses = [load_analysis(job, out_dir, {**fingerprint, **pipeline.source_identity(job.source)})
+    analyses = [load_analysis(job, out_dir,
+                              {**fingerprint, **file_jobs.source_identity(job.source)})
                 for job in jobs]
     refuse_until(stage, [f"{STATE_DIR}/{job.relative}.analysis.json"
                          for job, analysis in zip(jobs, analyses) if analysis is None],
@@ -60,16 +61,16 @@ def finished_analyses(stage: str, jobs: list[pipeline.FileJob], out_dir: Path,
     return [analysis for analysis in analyses if analysis is not None]
 
 
-def claim_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
-                shard_jobs: Sequence[pipeline.FileJob] = ()) -> None:
+def claim_share(jobs: list[file_jobs.FileJob], share: TaskShare, out_dir: Path,
+                shard_jobs: Sequence[file_jobs.FileJob] = ()) -> None:
     """A stage's claim on --out_dir: it writes the state folder and the shards of
     `shard_jobs`; everything else the command writes is the other tasks' (kept)."""
     planned = [f"{STATE_DIR}/", *(f"{job.output_stem}.jsonl" for job in shard_jobs)]
-    pipeline.claim_out_dir("clean_pretrain_data", out_dir, planned, share,
+    file_jobs.claim_out_dir("clean_pretrain_data", out_dir, planned, share,
                            [name for name in owned_outputs(jobs) if name not in planned])
 
 
-def analyse_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
+def analyse_share(jobs: list[file_jobs.FileJob], share: TaskShare, out_dir: Path,
                   settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
     """Stage analyse (array): pass 1 for its share of the files, into the shared CLEAN/.clean/
     (one file per input, so tasks never write the same file), under its own ledger."""
@@ -83,7 +84,7 @@ def analyse_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
     return {"task": share.label, "files": [job.relative for job in mine]}
 
 
-def buckets_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
+def buckets_share(jobs: list[file_jobs.FileJob], share: TaskShare, out_dir: Path,
                   settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
     """Stage buckets (array): the candidate pairs of its share of the LSH bands, over every
     file's band keys (cleaning/corpus_dedup.py)."""
@@ -100,7 +101,7 @@ def buckets_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
     return {"task": share.label, "bands": bands}
 
 
-def clusters_once(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.CleanSettings,
+def clusters_once(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse.CleanSettings,
                   args: argparse.Namespace) -> dict[str, Any]:
     """Stage clusters (one task): exact copies and near-duplicate clusters over every band's
     pairs; the duplicates per file go to CLEAN/.clean/duplicates.json for the write stage."""
@@ -122,7 +123,7 @@ def clusters_once(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse
     return {"duplicates": count}
 
 
-def write_share(jobs: list[pipeline.FileJob], share: TaskShare, out_dir: Path,
+def write_share(jobs: list[file_jobs.FileJob], share: TaskShare, out_dir: Path,
                 settings: analyse.CleanSettings, args: argparse.Namespace) -> dict[str, Any]:
     """Stage write (array): the shards of its share of the files, each with a record of what
     it holds (`<file>.written.json`) that the merge reads instead of the shard."""

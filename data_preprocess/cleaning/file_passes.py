@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from data_preprocess import pipeline
+from data_preprocess import file_jobs
 from data_preprocess.cleaning import analyse
 from data_preprocess.cleaning.text import normalise_unicode
 from data_preprocess.worker_pool import batched, ordered_map, start_pool
@@ -56,7 +56,7 @@ def settings_fingerprint(settings: analyse.CleanSettings, text_key: Sequence[str
             "text_key": list(text_key), "skip_bad_records": skip_bad_records}
 
 
-def numbered_texts(job: pipeline.FileJob, text_key: Sequence[str], skip_bad_records: bool,
+def numbered_texts(job: file_jobs.FileJob, text_key: Sequence[str], skip_bad_records: bool,
                    stats: ReadStats) -> Iterator[tuple[int, str]]:
     """(line/record number, text) of every record, bad ones raised as file:line or counted."""
     keys = ["text"] if job.source.suffix.lower() == ".txt" else list(text_key)
@@ -70,18 +70,18 @@ def numbered_texts(job: pipeline.FileJob, text_key: Sequence[str], skip_bad_reco
         yield item.number, text
 
 
-def state_path(out_dir: Path, job: pipeline.FileJob, suffix: str) -> Path:
+def state_path(out_dir: Path, job: file_jobs.FileJob, suffix: str) -> Path:
     return out_dir / STATE_DIR / f"{job.relative}.{suffix}"
 
 
-def input_bar(jobs: list[pipeline.FileJob], description: str) -> tqdm:
+def input_bar(jobs: list[file_jobs.FileJob], description: str) -> tqdm:
     """A bar over the files' bytes (a total known before reading, so it shows an ETA), on a
     terminal only: a log or a pipe would keep every redraw."""
     return tqdm(total=sum(job.source.stat().st_size for job in jobs), desc=description,
                 unit="B", unit_scale=True, dynamic_ncols=True, disable=None)
 
 
-def analyse_file(job: pipeline.FileJob, out_dir: Path, expected: dict[str, Any],
+def analyse_file(job: file_jobs.FileJob, out_dir: Path, expected: dict[str, Any],
                  pool: ProcessPoolExecutor | None, args: argparse.Namespace,
                  progress: tqdm) -> dict[str, Any]:
     """Pass 1 for one file: every document's verdict (sidecar) and band keys (.npy)."""
@@ -107,7 +107,7 @@ def analyse_file(job: pipeline.FileJob, out_dir: Path, expected: dict[str, Any],
     return sidecar
 
 
-def load_analysis(job: pipeline.FileJob, out_dir: Path,
+def load_analysis(job: file_jobs.FileJob, out_dir: Path,
                   expected: dict[str, Any]) -> dict[str, Any] | None:
     """A finished analysis made with exactly these settings from this very file, or None."""
     try:
@@ -118,12 +118,12 @@ def load_analysis(job: pipeline.FileJob, out_dir: Path,
     return sidecar if done and all(sidecar.get(k) == v for k, v in expected.items()) else None
 
 
-def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.CleanSettings,
+def analyse_all(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse.CleanSettings,
                 fingerprint: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     analyses: list[dict[str, Any] | None] = []
     for job in jobs:
         analyses.append(load_analysis(job, out_dir, {**fingerprint,
-                                                     **pipeline.source_identity(job.source)}))
+                                                     **file_jobs.source_identity(job.source)}))
     todo = [i for i, done in enumerate(analyses) if done is None]
     print(f"analysing {len(todo)} of {len(jobs)} files ({len(jobs) - len(todo)} already done)")
     pool = None
@@ -134,7 +134,7 @@ def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.C
     progress = input_bar([jobs[i] for i in todo], "analysing")
     try:
         for i in todo:
-            expected = {**fingerprint, **pipeline.source_identity(jobs[i].source)}
+            expected = {**fingerprint, **file_jobs.source_identity(jobs[i].source)}
             analyses[i] = analyse_file(jobs[i], out_dir, expected, pool, args, progress)
     finally:
         progress.close()
@@ -143,11 +143,11 @@ def analyse_all(jobs: list[pipeline.FileJob], out_dir: Path, settings: analyse.C
     return [analysis for analysis in analyses if analysis is not None]
 
 
-def shard_path(job: pipeline.FileJob) -> Path:
+def shard_path(job: file_jobs.FileJob) -> Path:
     return job.prefix.with_name(job.prefix.name + ".jsonl")
 
 
-def write_shard(job: pipeline.FileJob, drops: dict[int, tuple[str, Any]], out_dir: Path,
+def write_shard(job: file_jobs.FileJob, drops: dict[int, tuple[str, Any]], out_dir: Path,
                 run: str, args: argparse.Namespace) -> dict[str, Any]:
     """Pass 3 for one file: its kept documents, normalised, as CLEAN/<relative>.jsonl."""
     shard = shard_path(job)
@@ -174,22 +174,22 @@ def write_shard(job: pipeline.FileJob, drops: dict[int, tuple[str, Any]], out_di
     return {**sidecar, "reused": False}
 
 
-def owned_outputs(jobs: list[pipeline.FileJob]) -> list[str]:
+def owned_outputs(jobs: list[file_jobs.FileJob]) -> list[str]:
     """Every name below --out_dir a run writes: one shard per input, the two reports
     (cleaning/report.py), and the state folder, which is the tool's alone."""
     return [*(f"{job.output_stem}.jsonl" for job in jobs), "clean_report.json",
             "clean_report.md", f"{STATE_DIR}/"]
 
 
-def run_id(fingerprint: dict[str, Any], jobs: list[pipeline.FileJob]) -> str:
+def run_id(fingerprint: dict[str, Any], jobs: list[file_jobs.FileJob]) -> str:
     """What a shard sidecar and every stage's hand-over file name: a hash of the settings and
     of every input's size and mtime, so a file made for other options or inputs is never
     taken for this run's."""
-    inputs = [[job.relative, pipeline.source_identity(job.source)] for job in jobs]
+    inputs = [[job.relative, file_jobs.source_identity(job.source)] for job in jobs]
     return hashlib.sha256(json.dumps([fingerprint, inputs]).encode()).hexdigest()
 
 
-def written_record(job: pipeline.FileJob, out_dir: Path, run: str) -> dict[str, Any] | None:
+def written_record(job: file_jobs.FileJob, out_dir: Path, run: str) -> dict[str, Any] | None:
     """What the write stage left for the merge about one shard (its `write_shard` result), if
     it wrote or kept that shard for this very run."""
     try:

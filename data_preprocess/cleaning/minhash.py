@@ -20,37 +20,33 @@ pair (Broder 1997; Leskovec, Rajaraman & Ullman, "Mining of Massive Datasets", c
 
 from __future__ import annotations
 
-import collections
 import hashlib
-import itertools
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 MERSENNE_PRIME = (1 << 61) - 1  # p: a prime larger than every 32-bit shingle hash
 MAX_HASH = (1 << 32) - 1  # signatures keep 32 bits: half the memory, collisions still rare
+T = TypeVar("T")
 
 
-SHINGLES_PER_CHUNK = 8192  # permuted at once: k x 8,192 x 8 bytes = 8 MiB at k = 128
+SHINGLES_PER_BLOCK = 16_384  # permuted at once: a few 128 KiB arrays, in one core's L2 cache
 
 
-def iter_shingles(words: Iterable[str], n: int) -> Iterator[str]:
-    """Every word n-gram in text order, repeats included, from a sliding window (nothing but
-    the window is held); a document of at most n words is one shingle of all of it."""
-    window: collections.deque[str] = collections.deque(maxlen=n)
-    words = iter(words)
-    window.extend(itertools.islice(words, n))
-    yield " ".join(window)
-    for word in words:
-        window.append(word)
-        yield " ".join(window)
+def windows(items: Sequence[T], n: int) -> Iterator[tuple[T, ...]]:
+    """Every run of n consecutive items, in order, repeats included (zip over n shifted
+    views: no Python loop per window); fewer than n items make one run of all of them."""
+    if len(items) < n:
+        return iter([tuple(items)])
+    return zip(*(items[shift:] for shift in range(n)))
 
 
-def shingles(words: list[str], n: int) -> set[str]:
+def shingles(words: Sequence[str], n: int) -> set[str]:
     """The set of word n-grams (the document as MinHash sees it; step 1 above)."""
-    return set(iter_shingles(words, n))
+    return set(map(" ".join, windows(words, n)))
 
 
 def shingle_hashes(shingle_set: Iterable[str]) -> np.ndarray:
@@ -78,54 +74,99 @@ class Permutations:
         return len(self.a)
 
 
-def fold_mod_mersenne(values: np.ndarray) -> np.ndarray:
+def signature(hashes: np.ndarray, perms: Permutations,
+              starts: Sequence[int] | np.ndarray = (0,)) -> np.ndarray:
+    """The k minimums of each document's shingles: a (documents, k) uint32 array.
+
+    `hashes` holds the shingle hashes of one or more documents laid end to end; document d's
+    run begins at `starts[d]` (increasing; a run is never empty). With the default, all of
+    `hashes` is one document. Worked example, 2 permutations, starts = [0, 3]:
+        hashes          [h0 h1 h2 | h3 h4]
+        permutation 0   [ 9  4  7 |  5  8]  -> minimums [4, 5]  (column 0 of the result)
+        permutation 1   [ 2  6  3 |  1  0]  -> minimums [2, 0]  (column 1)
+    Step 1: one permutation at a time, applied to every shingle of the block: (a_i x + b_i)
+    with scalars a_i, b_i, so numpy runs each line as one vector loop (a (k, shingles) matrix
+    with broadcast (k, 1) operands ran 1.7x slower). The arithmetic wraps modulo 2^64 as
+    datasketch's does, so its own (a, b) give its values.
+    Step 2: mod p by folding (`fold_mod_mersenne`); values >= p after the fold (a chance of
+    about 8 in 2^61 each) still need their last subtraction, and one max over the block says
+    whether any do, cheaper than a masked subtraction.
+    Step 3: keep the low 32 bits (& MAX_HASH) and take each document's minimum with
+    np.minimum.reduceat over the runs."""
+    starts = np.asarray(starts, dtype=np.intp)
+    result = np.full((len(starts), perms.num_perm), MAX_HASH, dtype=np.uint32)
+    if hashes.size == 0:
+        return result
+    permuted, high = np.empty_like(hashes), np.empty_like(hashes)
+    low_bits = np.empty(hashes.shape, dtype=np.uint32)
+    for i, (a, b) in enumerate(zip(perms.a[:, 0], perms.b[:, 0])):
+        np.multiply(hashes, a, out=permuted)  # Step 1
+        permuted += b
+        fold_mod_mersenne(permuted, high)  # Step 2
+        if permuted.max() >= MERSENNE_PRIME:
+            np.subtract(permuted, np.uint64(MERSENNE_PRIME), out=permuted,
+                        where=permuted >= np.uint64(MERSENNE_PRIME))
+        np.copyto(low_bits, permuted, casting="unsafe")  # Step 3: the cast keeps the low 32 bits
+        result[:, i] = np.minimum.reduceat(low_bits, starts)
+    return result
+
+
+def fold_mod_mersenne(values: np.ndarray, high: np.ndarray) -> None:
     """values reduced mod p = 2^61 - 1 *up to one p*, in place, without a division (numpy's %
     is a slow integer division): write x = hi * 2^61 + lo; since 2^61 = p + 1,
-    x = hi + lo (mod p), and hi + lo < 2^61 + 8 is x mod p, or x mod p + p when it is >= p."""
-    high = values >> np.uint64(61)
+    x = hi + lo (mod p), and hi + lo < 2^61 + 8 is x mod p, or x mod p + p when it is >= p.
+    `high`: scratch space of the same shape, so that a loop allocates nothing."""
+    np.right_shift(values, np.uint64(61), out=high)
     values &= np.uint64(MERSENNE_PRIME)
     values += high
-    return values
 
 
-def signature(hashes: np.ndarray, perms: Permutations) -> np.ndarray:
-    """The k minimums over all shingles: a (k,) uint32 array (all MAX_HASH if no shingles).
-    One (k, shingles) product: every permutation applied to every shingle at once. The
-    arithmetic wraps modulo 2^64 as datasketch's does, so its own (a, b) give its values.
-    Folded values >= p (a chance of about 8 in 2^61 each) still need their last subtraction;
-    one max over the block says whether any do, cheaper than a masked subtraction."""
-    if hashes.size == 0:
-        return np.full(perms.num_perm, MAX_HASH, dtype=np.uint32)
-    permuted = perms.a * hashes[None, :]
-    permuted += perms.b
-    fold_mod_mersenne(permuted)
-    if permuted.max() >= MERSENNE_PRIME:
-        np.subtract(permuted, np.uint64(MERSENNE_PRIME), out=permuted,
-                    where=permuted >= np.uint64(MERSENNE_PRIME))
-    return permuted.astype(np.uint32).min(axis=1)  # the cast keeps the low 32 bits (& MAX_HASH)
-
-
-def chunk_hashes(words: Sequence[str], n: int, start: int, stop: int) -> np.ndarray:
+def window_hashes(words: Sequence[str], n: int, start: int, stop: int) -> np.ndarray:
     """The CRC-32 (as `shingle_hashes`) of the shingles starting at words start .. stop-1,
-    repeats included (they cannot change a minimum), in one C-level map over the chunk."""
-    shingle_texts = [" ".join(words[i:i + n]).encode("utf-8") for i in range(start, stop)]
-    return np.fromiter(map(zlib.crc32, shingle_texts), dtype=np.uint64,
-                       count=len(shingle_texts))
+    repeats included (they cannot change a minimum). Each word is encoded once; joining and
+    hashing run in C over `windows` of the encoded words, with no Python code per shingle."""
+    encoded = list(map(str.encode, words[start:stop + n - 1]))
+    return np.fromiter(map(zlib.crc32, map(b" ".join, windows(encoded, n))), dtype=np.uint64,
+                       count=stop - start)
 
 
-def document_signature(words: Sequence[str], n: int, perms: Permutations,
-                       shingles_per_chunk: int = SHINGLES_PER_CHUNK) -> np.ndarray:
-    """`signature` of the document's shingles, taken `shingles_per_chunk` at a time.
+def shingle_blocks(documents: Sequence[Sequence[str]], n: int, shingles_per_block: int
+                   ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(hashes, starts, owners) blocks of at most `shingles_per_block` shingle hashes, the
+    documents' runs laid end to end: run r begins at starts[r] and belongs to document
+    owners[r]. A document longer than the room left is cut across blocks."""
+    pieces: list[np.ndarray] = []
+    starts: list[int] = []
+    owners: list[int] = []
+    filled = 0
+    for owner, words in enumerate(documents):
+        count = max(len(words) - n + 1, 1)  # at most n words: one shingle of all of them
+        done = 0
+        while done < count:
+            take = min(count - done, shingles_per_block - filled)
+            pieces.append(window_hashes(words, n, done, done + take))
+            starts.append(filled)
+            owners.append(owner)
+            filled, done = filled + take, done + take
+            if filled == shingles_per_block:
+                yield np.concatenate(pieces), np.array(starts), np.array(owners)
+                pieces, starts, owners, filled = [], [], [], 0
+    if pieces:
+        yield np.concatenate(pieces), np.array(starts), np.array(owners)
 
-    A minimum over all shingles is the minimum of the chunks' minimums, and a repeated shingle
-    cannot change a minimum, so this equals `signature(shingle_hashes(shingles(words, n)))`
-    while holding one chunk: permuting every shingle at once needs k x 8 bytes per shingle
-    (a 50 MB document asked for 8 GiB)."""
-    result = np.full(perms.num_perm, MAX_HASH, dtype=np.uint32)
-    count = max(len(words) - n + 1, 1)  # at most n words: one shingle of all of them
-    for start in range(0, count, shingles_per_chunk):
-        hashes = chunk_hashes(words, n, start, min(start + shingles_per_chunk, count))
-        np.minimum(result, signature(hashes, perms), out=result)
+
+def document_signatures(documents: Sequence[Sequence[str]], n: int, perms: Permutations,
+                        shingles_per_block: int = SHINGLES_PER_BLOCK) -> np.ndarray:
+    """The signature of each document's word n-grams: a (documents, k) uint32 array.
+
+    Many documents share one block (numpy's per-call cost is paid per block, not per
+    document), and a long one spans several: a minimum over all shingles is the minimum of
+    the blocks' minimums, and a repeated shingle cannot change a minimum, so row d equals
+    `signature(shingle_hashes(shingles(documents[d], n)))` while holding one block (permuting
+    a 50 MB document's shingles at once would need gigabytes)."""
+    result = np.full((len(documents), perms.num_perm), MAX_HASH, dtype=np.uint32)
+    for hashes, starts, owners in shingle_blocks(documents, n, shingles_per_block):
+        result[owners] = np.minimum(result[owners], signature(hashes, perms, starts))
     return result
 
 

@@ -44,8 +44,8 @@ def test_jaccard_estimate_within_expected_error_of_truth_and_datasketch():
         first, second = set_pair(rng, jaccard)
         true = len(first & second) / len(first | second)
         ours = minhash.estimate_jaccard(
-            minhash.signature(minhash.shingle_hashes(first), perms),
-            minhash.signature(minhash.shingle_hashes(second), perms))
+            minhash.signature(minhash.shingle_hashes(first), perms)[0],
+            minhash.signature(minhash.shingle_hashes(second), perms)[0])
         theirs = their_minhash(first).jaccard(their_minhash(second))
         sigma = math.sqrt(true * (1 - true) / NUM_PERM)
         assert abs(ours - true) <= 4 * sigma, (true, ours)
@@ -58,8 +58,8 @@ def test_jaccard_estimate_within_expected_error_of_truth_and_datasketch():
                np.sqrt(np.mean(np.square(errors_theirs)))) < 0.4
 
 
-@pytest.mark.parametrize("shingles_per_chunk", [7, minhash.SHINGLES_PER_CHUNK])
-def test_signatures_and_estimates_equal_datasketch_given_its_permutations(shingles_per_chunk):
+@pytest.mark.parametrize("shingles_per_block", [7, minhash.SHINGLES_PER_BLOCK])
+def test_signatures_and_estimates_equal_datasketch_given_its_permutations(shingles_per_block):
     """Same shingle hash (CRC-32), same seed, same permutations (datasketch's "legacy" scheme,
     (a h + b) mod p with its own (a, b), whose products overflow 64 bits: our arithmetic must
     wrap as theirs does): every signature entry equals datasketch's, so every Jaccard estimate
@@ -76,8 +76,8 @@ def test_signatures_and_estimates_equal_datasketch_given_its_permutations(shingl
     sketches = [sketch(normal_words(text)) for text in texts]
     a, b = sketches[0].permutations
     perms = minhash.Permutations(a[:, None], b[:, None])
-    ours = [minhash.document_signature(normal_words(text), 5, perms, shingles_per_chunk)
-            for text in texts]
+    ours = minhash.document_signatures([normal_words(text) for text in texts], 5, perms,
+                                       shingles_per_block)
     for sig, theirs in zip(ours, sketches):
         assert np.array_equal(sig, theirs.hashvalues)
     for i in range(len(texts)):
@@ -96,7 +96,7 @@ def test_signature_is_the_plain_formula_even_where_folding_lands_on_or_past_p(b)
                                  np.array([[b], [b]], dtype=np.uint64))
     expected = [min((((a * h + b) % 2**64) % minhash.MERSENNE_PRIME) & minhash.MAX_HASH
                     for h in range(8)) for a in (1, 3)]
-    assert minhash.signature(hashes, perms).tolist() == expected
+    assert minhash.signature(hashes, perms)[0].tolist() == expected
 
 
 def test_s_curve_matches_simulated_banding():
@@ -118,7 +118,7 @@ def our_clusters(texts: list[str], threshold: float, tmp_path) -> dict[int, int]
     bands, rows = minhash.choose_bands(threshold, NUM_PERM)
     perms = minhash.Permutations.make(NUM_PERM, seed=0)
     keys = np.stack([minhash.band_keys(minhash.signature(minhash.shingle_hashes(
-        minhash.shingles(normal_words(text), 5)), perms), bands, rows) for text in texts])
+        minhash.shingles(normal_words(text), 5)), perms)[0], bands, rows) for text in texts])
     np.save(tmp_path / "keys.npy", keys)
     return dedup.near_duplicates([dedup.BandFile(tmp_path / "keys.npy", 0, len(texts))], bands,
                                  skip=np.empty(0, np.int64), work_dir=tmp_path,
