@@ -14,12 +14,12 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load
 
 import train_my_ddp
 from tests.train_helpers import (
     TINY_ARGS,
     data_args,
-    final_weights,
     records,
     run_main,
     run_on_two_ranks,
@@ -95,32 +95,34 @@ def grpo_run(argv, run_dir, *extra):
     return [*argv, f"--out_dir={run_dir}", "--max_iters=3", "--log_interval=1", *extra]
 
 
-def assert_same_run(run_dir, reference_dir, step):
+def assert_same_run(run_dir, reference_dir, step, weights):
     ours, theirs = records(run_dir, "train"), records(reference_dir, "train")
     assert [r["step"] for r in ours] == [r["step"] for r in theirs]
     for mine, reference in zip(ours, theirs):
         for key in ("loss", "grad_norm", "reward", "kl", "completion_length"):
             assert mine[key] == pytest.approx(reference[key], rel=1e-4, abs=1e-6), key
-    ours_weights = load_weights(run_dir, step)
-    for name, tensor in load_weights(reference_dir, step).items():
+    ours_weights = load_weights(run_dir, step, weights)
+    for name, tensor in load_weights(reference_dir, step, weights).items():
         # Adam divides by sqrt(v): a rounding-level gradient difference moves a weight whose
         # gradient is near 0 by up to ~lr x 1e-3
         torch.testing.assert_close(ours_weights[name], tensor, rtol=1e-3, atol=1e-4)
 
 
-def load_weights(run_dir, step):
-    from safetensors.torch import load
-
-    return load(final_weights(run_dir, step))
+def load_weights(run_dir, step, weights):
+    return load((run_dir / "ckpt" / f"step_{step:06d}" / weights).read_bytes())
 
 
-# (name, ranks, options): each equals one process with the whole global batch (batch 8). The
-# 2-rank layouts run in the slow lane (a spawn of 2 gloo ranks, each loss type in it).
+# (ranks, layout, options of both runs): each equals one process with the whole global batch
+# (batch 8). The 2-rank layouts run in the slow lane (a spawn of 2 gloo ranks, each loss type
+# in it).
 LAYOUTS = [
-    pytest.param(1, ["--batch_size=4", "--gradient_accumulation_steps=2"], id="accumulation"),
-    pytest.param(2, ["--batch_size=4", "--zero_stage=1", "--overlap_param_gather"],
+    pytest.param(1, ["--batch_size=4", "--gradient_accumulation_steps=2"], [],
+                 id="accumulation"),
+    pytest.param(2, ["--batch_size=4", "--zero_stage=1", "--overlap_param_gather"], [],
                  id="2 ranks ZeRO-1 overlapped gather", marks=pytest.mark.slow),
-    pytest.param(2, ["--batch_size=2", "--gradient_accumulation_steps=2", "--zero_stage=3"],
+    pytest.param(2, ["--batch_size=4", "--zero_stage=2"], ["--lora_rank=4", "--lora_alpha=8"],
+                 id="2 ranks ZeRO-2 LoRA", marks=pytest.mark.slow),
+    pytest.param(2, ["--batch_size=2", "--gradient_accumulation_steps=2", "--zero_stage=3"], [],
                  id="2 ranks ZeRO-3 x accumulation", marks=pytest.mark.slow),
 ]
 LOSS_TYPES = {"grpo": ["--grpo_loss_type=grpo"],
@@ -128,20 +130,21 @@ LOSS_TYPES = {"grpo": ["--grpo_loss_type=grpo"],
               "dr_grpo": ["--grpo_loss_type=dr_grpo", "--scale_rewards=batch"]}
 
 
-@pytest.mark.parametrize(("ranks", "layout"), LAYOUTS)
+@pytest.mark.parametrize(("ranks", "layout", "both"), LAYOUTS)
 def test_one_global_batch_is_one_objective_on_every_layout(tmp_path, grpo_inputs, ranks,
-                                                           layout):
+                                                           layout, both):
     """Every loss type (dr_grpo with the batch's std: its all-reduce) on the layout equals one
-    process: losses, grad norms, rewards, KL and the final weights."""
+    process: losses, grad norms, rewards, KL and the final weights (LoRA: its adapters)."""
     _, _, argv = grpo_inputs
-    runs = {loss: grpo_run(argv, tmp_path / loss, *layout, *options)
+    runs = {loss: grpo_run(argv, tmp_path / loss, *layout, *both, *options)
             for loss, options in LOSS_TYPES.items()}
     assert ([run_main(run) for run in runs.values()] if ranks == 1
             else run_on_two_ranks(*runs.values())) == [0] * len(runs)
+    weights = "lora_adapters.safetensors" if both else "model.safetensors"
     for loss, options in LOSS_TYPES.items():
         reference = tmp_path / f"{loss}_one_process"
-        assert run_main(grpo_run(argv, reference, "--batch_size=8", *options)) == 0
-        assert_same_run(tmp_path / loss, reference, 3)
+        assert run_main(grpo_run(argv, reference, "--batch_size=8", *both, *options)) == 0
+        assert_same_run(tmp_path / loss, reference, 3, weights)
 
 
 @pytest.mark.parametrize("extra", [
