@@ -19,7 +19,8 @@ demo: venv
 
 # The `slow` tests (the README's, docs' and course's commands run in order, multi-node loopback
 # runs, the course's exercise checks, the benches' smoke runs, the demo's clean stage, GRPO's
-# 2-rank layouts: minutes of mostly waiting or one-core work) run beside the others, whose
+# 2-rank layouts, torch.compile, the monitor's kill-and-restart runs: minutes of mostly waiting
+# or one-core work) run beside the others, whose
 # multi-rank tests leave a core idle much of the time. Both runs must pass; the slow run's output is printed after the main one's.
 test: venv
 	@slow_log=$$(mktemp); \

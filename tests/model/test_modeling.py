@@ -271,6 +271,7 @@ def test_parameters_are_read_only_inside_their_own_module_forward(tie):
     assert checker.outside == set(), sorted(checker.outside)
 
 
+@pytest.mark.slow  # torch.compile's work is one core's: it runs in the lane beside the others
 def test_compiled_blocks_give_the_eager_loss_and_grads():
     """`--compile`: torch.compile per decoder block changes speed, not results (and not the
     parameter names a checkpoint stores)."""

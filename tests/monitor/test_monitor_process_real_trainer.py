@@ -120,6 +120,7 @@ def kill_mid_checkpoint(run_dir: Path, pid: int, after_step: int) -> int:
         os.kill(pid, signal.SIGCONT)
 
 
+@pytest.mark.slow  # mostly waiting for kills and restarts: it runs in the lane beside the others
 def test_three_sigkills_one_mid_checkpoint_end_byte_identical(data, tmp_path):
     full, run_dir = tmp_path / "full", tmp_path / "supervised"
     assert run_main([*trainer_args(data), f"--out_dir={full}"]) == 0
@@ -173,6 +174,7 @@ def rank_pids(leader: int) -> list[int]:
     return children
 
 
+@pytest.mark.slow  # mostly waiting for the hang to be seen
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds torchrun's ranks via /proc")
 def test_a_stopped_rank_of_torchrun_is_detected_and_the_run_restarted(data, tmp_path):
     args = [*trainer_args(data), "--max_iters=12", "--save_interval=3"]  # later ones win
