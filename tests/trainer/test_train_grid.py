@@ -105,6 +105,7 @@ def test_unsupported_grids_are_refused_in_one_line(changes, expected):
     assert expected in _problems(**changes)
 
 
+@pytest.mark.slow  # 4 ranks killed and restarted, mostly waiting: in the lane beside the others
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds torchrun's ranks via /proc")
 def test_kill9_on_a_2x2_grid_then_resume_is_bitwise(data, tmp_path):
     """torchrun with 4 ranks (TP2 x PP2), SIGKILL to every process at a random step after the
