@@ -43,6 +43,7 @@ from trainer.forward_steps import ReferenceLogProbs
 from trainer.global_batch import Batch
 from trainer.grpo_loss import group_advantages
 from trainer.options import GRPOOptions, TrainingOptions
+from trainer.reward_functions import completion_text, prompt_text
 from trainer.rewards import NamedReward, load_reward_functions, score
 from utils.conversation import build_generation_prompt, check_messages, stop_ids
 from utils.data_files import find_data_files
@@ -392,8 +393,8 @@ class RewardEvaluator:
         metrics = {"val_reward": totals[1] / count, "val_loss": -totals[1] / count,
                    **{f"val_rewards/{reward.name}": total / count
                       for reward, total in zip(self.rewards, totals[2:])}}
-        samples = [{"prompt": str(record.prompt), "completion": str(completion),
-                    "reward": float(reward)}
+        samples = [{"prompt": prompt_text(record.prompt),  # a messages prompt: its last turn
+                    "completion": completion_text(completion), "reward": float(reward)}
                    for record, completion, reward in zip(self.prompts[:SAMPLES_SHOWN],
                                                          completions, total)
                    ] if self.env.is_main else []

@@ -88,7 +88,8 @@ def test_a_tiny_policy_learns_a_users_reward(tmp_path, grpo_inputs):
     evaluation = records(run_dir, "eval")[-1]
     assert evaluation["val_reward"] == pytest.approx(-evaluation["val_loss"])
     samples = records(run_dir, "samples")[-1]["samples"]
-    assert samples and all("reward" in sample for sample in samples)
+    assert samples and all(isinstance(sample["reward"], float) for sample in samples)
+    assert {sample["prompt"] for sample in samples} <= set(PROMPTS)
 
 
 def grpo_run(argv, run_dir, *extra):
