@@ -43,6 +43,7 @@ from trainer.forward_steps import ReferenceLogProbs
 from trainer.global_batch import Batch
 from trainer.grpo_loss import group_advantages
 from trainer.options import GRPOOptions, TrainingOptions
+from trainer.parallelize import ParallelRun
 from trainer.reward_functions import completion_text, prompt_text
 from trainer.rewards import NamedReward, load_reward_functions, score
 from utils.conversation import build_generation_prompt, check_messages, stop_ids
@@ -113,6 +114,7 @@ def sample_answers(model: torch.nn.Module, tokenizer: Tokenizer, prompts: list[l
     """The new token ids of each prompt (stop token included when it came), all prompts
     decoded together by the serving engine; temperature 0 is greedy."""
     answers: list[list[int]] = [[] for _ in prompts]
+    stops = stop_ids(tokenizer)
 
     def collect(row: int) -> Callable[[int | Finished], None]:
         def deliver(event: int | Finished) -> None:
@@ -123,7 +125,7 @@ def sample_answers(model: torch.nn.Module, tokenizer: Tokenizer, prompts: list[l
         return deliver
 
     requests = [GenerationRequest(prompt_ids=ids, max_new_tokens=max_new_tokens,
-                                  stop_ids=stop_ids(tokenizer),
+                                  stop_ids=stops,
                                   sampling=SamplingParams(temperature, top_p=top_p, seed=seed),
                                   deliver=collect(row))
                 for row, (ids, seed) in enumerate(zip(prompts, seeds))]
@@ -236,14 +238,14 @@ class RolloutData:
         self.prompts_per_rank = batch_size * accumulation // grpo.num_generations
         self.sampler = StatefulDistributedSampler(len(prompts), env.rank, env.world_size, seed)
         self.round: Round | None = None
-        self.whole_model: WholeModel | None = None
+        self.policy: ParallelRun | None = None
         self.reference: ReferenceLogProbs | None = None
 
-    def use_policy(self, whole_model: WholeModel, reference: ReferenceLogProbs | None) -> None:
-        """The policy that samples (`whole_model()`: every rank enters it; inside, each holds
-        the whole model: trainer/parallelize.py) and the reference (None when β = 0). Given
-        after the model is built, which happens after the data (a checkpoint restores both)."""
-        self.whole_model, self.reference = whole_model, reference
+    def use_policy(self, policy: ParallelRun, reference: ReferenceLogProbs | None) -> None:
+        """The policy that samples, spread over ranks as the run holds it (trainer/
+        parallelize.py), and the reference (None when β = 0). Given after the model is built,
+        which happens after the data (a checkpoint restores both)."""
+        self.policy, self.reference = policy, reference
 
     def __iter__(self) -> Iterator[Batch]:
         uses = self.grpo.grpo_iterations * self.accumulation
@@ -265,7 +267,8 @@ class RolloutData:
         seeds = [answer_seed(self.seed, position, answer) for position, _ in drawn
                  for answer in range(group)]
         stops = stop_ids(self.tokenizer)
-        with self.whole_model() as model:
+        self.policy.optimizer.finish_param_sync()  # ZeRO-1 may still be gathering the weights
+        with self.policy.whole_model() as model:  # every rank enters; each holds the whole model
             answers = sample_answers(model, self.tokenizer, [r.ids for r in records], seeds,
                                      self.grpo.max_completion_length, self.grpo.temperature,
                                      self.grpo.top_p)

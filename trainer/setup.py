@@ -210,7 +210,7 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     forward_step = build_forward_step(data_options.task_type, options.dpo, options.grpo,
                                       reference)
     if data_options.task_type == "grpo":
-        data.use_policy(parallel.whole_model, reference() if options.grpo.grpo_beta else None)
+        data.use_policy(parallel, reference() if options.grpo.grpo_beta else None)
 
     counters = Counters()
     if saved_state is not None:
