@@ -5,8 +5,9 @@ exactly what a user types; the demo only strings them together, times them and s
 
     corpus -> clean it -> tokenizers -> pretokenized tokens + sample index -> pretrain a
     tiny model -> SFT on the demo skills -> task accuracy -> DPO on near-miss pairs -> task
-    accuracy -> plots; then: what cleaning dropped, val loss before/after pretraining,
-    accuracies, sample generations.
+    accuracy -> GRPO on the model's own graded answers -> task accuracy -> plots; then: what
+    cleaning dropped, val loss before/after pretraining, accuracies, GRPO's reward, sample
+    generations.
 
 Every stage leaves files the next one starts from (data/demo/..., tokenizer/demo_hf,
 out/demo_*/ckpt), so one stage can be re-run alone:
@@ -34,10 +35,11 @@ Two options differ from the defaults, each for the demo's data:
 It takes seconds (7 CPU-s for 5 MB on one core).
 
 Sized for 2 CPU cores: a 1.0M-parameter model (preset "tiny" with a 512-token vocabulary),
-400 pretraining + 3000 SFT + 100 DPO steps. Precision is `--dtype=auto`: each run times a
-matmul in fp32 and bf16 and takes bf16 (fp32 master weights) only where it is >= 1.3x faster;
-on an AVX2-only CPU bf16 is emulated and ~30x slower, so fp32 is chosen there. The training
-stages show a progress bar with the time left (tools/stage_progress.py).
+400 pretraining + 3000 SFT + 100 DPO + 300 GRPO steps (docs/grpo.md). Precision is
+`--dtype=auto`: each run times a matmul in fp32 and bf16 and takes bf16 (fp32 master weights)
+only where it is >= 1.3x faster; on an AVX2-only CPU bf16 is emulated and ~30x slower, so fp32
+is chosen there. The training stages show a progress bar with the time left
+(tools/stage_progress.py).
 
 Pretraining and SFT run as 2 ranks of our DDP (torchrun, one thread each; pretraining also
 shards the optimizer state, ZeRO-1; global batch 16 = 8 x 2 ranks, so the loss curve equals
