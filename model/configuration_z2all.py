@@ -145,7 +145,7 @@ class Z2allConfig:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> Z2allConfig:
         values = read_config_json(path)
-        if values.get("model_type", "z2all") != "z2all":
+        if not is_z2all_config(values):
             raise ValueError(f"{path}: model_type is {values['model_type']!r}, not 'z2all' "
                              "(for a Hugging Face Llama directory use Z2allForCausalLM.from_hf)")
         return cls.from_dict(values, source=str(path))
@@ -204,6 +204,12 @@ def read_config_json(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a JSON object of config fields")
     return values
+
+
+def is_z2all_config(values: dict[str, Any]) -> bool:
+    """A config.json's fields are ours (`"model_type": "z2all"`, or none in older saves), not
+    a Hugging Face model's."""
+    return values.get("model_type", "z2all") == "z2all"
 
 
 FUNCTION_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

@@ -47,7 +47,7 @@ from model.loading import (
     resolve_model_dir,
 )
 from model.lora import LoraConfig, lora_state_dict
-from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint, read_lora_checkpoint
+from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint, read_lora_record
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM
 from model.run_tokenizer import default_tokenizer_dir, model_tokenizer
 from tokenizer import PretrainedTokenizer
@@ -152,7 +152,7 @@ def check_out_dir(out: str | os.PathLike, ckpt: str, model_dir: Path,
     flag = f"--out {out}"
     reads = [("the source", place) for place in [*_model_places(ckpt), *_model_places(model_dir)]]
     if is_lora_checkpoint(model_dir):
-        base = read_lora_checkpoint(model_dir)[1]["path"]
+        base = read_lora_record(model_dir)[1]["path"]
         reads += [("the LoRA base", place) for place in _model_places(base)]
     reads.append(("the tokenizer", tokenizer_dir or default_tokenizer_dir(ckpt, model_dir)))
     problem = overlap_problem(flag, out, reads, "export into a new or empty directory outside "

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from model.configuration_z2all import Z2allConfig, read_config_json
+from model.configuration_z2all import Z2allConfig, is_z2all_config, read_config_json
 from model.hf_llama_mapping import config_from_hf
 from model.lora import (
     LoraConfig,
@@ -40,7 +40,12 @@ from model.lora import (
     merge_and_unload,
     weights_fingerprint,
 )
-from model.lora_checkpoint import LORA_FILE, is_lora_checkpoint, read_lora_checkpoint
+from model.lora_checkpoint import (
+    LORA_FILE,
+    is_lora_checkpoint,
+    read_lora_checkpoint,
+    read_lora_record,
+)
 from model.modeling_z2all import CONFIG_FILE, WEIGHTS_FILE, Z2allForCausalLM, hf_weight_files
 from model.run_tokenizer import default_tokenizer_dir, model_tokenizer
 from tokenizer import PretrainedTokenizer, load_tokenizer
@@ -54,19 +59,19 @@ def is_hf_model_dir(path: Path) -> bool:
     """A Hugging Face model directory: a config.json that is not ours (`from_hf` then accepts
     a Llama or says in one line why not)."""
     config_file = path / CONFIG_FILE
-    if not config_file.is_file():
-        return False
-    return read_config_json(config_file).get("model_type", "z2all") != "z2all"
+    return config_file.is_file() and not is_z2all_config(read_config_json(config_file))
 
 
 def resolve_model_dir(path: str | os.PathLike) -> Path:
-    """The directory whose weights `load_model(path)` reads (see the module docstring)."""
+    """The directory whose weights `load_model(path)` reads (see the module docstring): an HF
+    dir or a bare save as it is, anything else through its verified checkpoints."""
     path = Path(path)
+    if is_hf_model_dir(path):
+        return path
     has_weights = (((path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file())
                    or (path / LORA_FILE).is_file())
-    is_bare_save = has_weights and not (path / MANIFEST).exists() and not is_step_dir(path)
-    if is_hf_model_dir(path) or is_bare_save:
-        return path
+    if has_weights and not (path / MANIFEST).exists() and not is_step_dir(path):
+        return path  # a bare save: nothing to verify it against
     return resolve_checkpoint(path)  # verifies; raises CheckpointError with the reason
 
 
@@ -106,12 +111,14 @@ class ModelFiles:
 def model_files_at(model_dir: Path) -> ModelFiles:
     """The config (and where the weights are) of the model whose weights are in `model_dir`."""
     if is_lora_checkpoint(model_dir):
-        return model_files_at(resolve_model_dir(read_lora_checkpoint(model_dir)[1]["path"]))
+        _, base = read_lora_record(model_dir)
+        return model_files_at(resolve_model_dir(base["path"]))
     config_file = model_dir / CONFIG_FILE
-    if is_hf_model_dir(model_dir):
-        return ModelFiles(model_dir, config_from_hf(read_config_json(config_file),
-                                                    source=str(config_file)), is_hf=True)
-    return ModelFiles(model_dir, Z2allConfig.from_json_file(config_file), is_hf=False)
+    values = read_config_json(config_file)  # read once: it says which kind, and the shapes
+    if is_z2all_config(values):
+        return ModelFiles(model_dir, Z2allConfig.from_dict(values, source=str(config_file)),
+                          is_hf=False)
+    return ModelFiles(model_dir, config_from_hf(values, source=str(config_file)), is_hf=True)
 
 
 def model_config_at(model_dir: Path) -> Z2allConfig:

@@ -66,11 +66,17 @@ def save_lora_checkpoint(model: Any, config: LoraConfig, base: dict[str, Any],
 def read_lora_checkpoint(directory: str | os.PathLike
                          ) -> tuple[LoraConfig, dict[str, Any], dict[str, Any]]:
     """(the LoRA config, the base reference, the saved adapters) of a LoRA checkpoint."""
+    config, base = read_lora_record(directory)
+    return config, base, load_file(Path(directory) / ADAPTERS_FILE)
+
+
+def read_lora_record(directory: str | os.PathLike) -> tuple[LoraConfig, dict[str, Any]]:
+    """(the LoRA config, the base reference) from a LoRA checkpoint's `lora.json`, without
+    reading its adapters (enough to find, and plan, its base)."""
     record_file = Path(directory) / LORA_FILE
     record = json.loads(record_file.read_text(encoding="utf-8"))
     if record.get("format") != LORA_FORMAT or record.get("version") not in READABLE_VERSIONS:
         raise ValueError(f"{record_file}: not a {LORA_FORMAT} record of version "
                          f"{' or '.join(map(str, READABLE_VERSIONS))} "
                          f"(format {record.get('format')!r}, version {record.get('version')!r})")
-    config = LoraConfig(**record["lora"])
-    return config, record["base"], load_file(Path(directory) / ADAPTERS_FILE)
+    return LoraConfig(**record["lora"]), record["base"]
