@@ -37,15 +37,13 @@ RUN_CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
 
-def save_run_tokenizer(tokenizer_or_dir: Any, run_dir: str | os.PathLike) -> Path:
+def save_run_tokenizer(tokenizer: Tokenizer, run_dir: str | os.PathLike) -> Path:
     """Keep a copy of the run's tokenizer in `<run_dir>/tokenizer/` (written to a temporary
     directory, then renamed into place: a crash leaves the old copy or the new one). An earlier
     copy is replaced only in a directory marked as a z2all run and only when it holds nothing
     but a tokenizer's files (utils/run_ownership.py): anything else there (code, a user's
     notes) is not the run's to delete. A copy of the same tokenizer (a resumed run) is left as
     it is: the other ranks read it while rank 0 saves."""
-    tokenizer = (load_tokenizer(tokenizer_or_dir)
-                 if isinstance(tokenizer_or_dir, (str, os.PathLike)) else tokenizer_or_dir)
     run_dir = Path(run_dir)
     target = run_dir / RUN_TOKENIZER_DIR
     if target.exists() and not (run_dir / RUN_MARKER).is_file():

@@ -50,7 +50,7 @@ def make_lora_run(tmp_path, base_kind: str, tokenizer_dir=None, **model_override
     save_checkpoint(tmp_path / "run" / "ckpt", 20, lambda tmp_dir: save_lora_checkpoint(
         model, LORA, reference, tmp_dir))
     if tokenizer_dir is not None:
-        save_run_tokenizer(base_path, tmp_path / "run")
+        save_run_tokenizer(load_tokenizer(base_path), tmp_path / "run")
     return model.eval(), base_path, tmp_path / "run"
 
 

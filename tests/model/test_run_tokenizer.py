@@ -49,7 +49,7 @@ def hf_llama3_dir(tmp_path, llama3_tokenizer_dir):
 def test_saved_run_tokenizer_is_the_same_tokenizer(tmp_path, tiny_hf_tokenizer_dir,
                                                    llama3_tokenizer_dir):
     for source in (tiny_hf_tokenizer_dir, llama3_tokenizer_dir):
-        copy = save_run_tokenizer(source, tmp_path / source.name)
+        copy = save_run_tokenizer(load_tokenizer(source), tmp_path / source.name)
         original, saved = load_tokenizer(source), load_tokenizer(copy)
         assert type(saved) is type(original) and saved.fingerprint == original.fingerprint
         messages = random_conversation(random.Random(0))
@@ -68,11 +68,11 @@ def test_resaving_the_same_tokenizer_leaves_the_copy_other_ranks_read(
     run = tmp_path / "run"
     run.mkdir()
     (run / RUN_MARKER).touch()
-    copy = save_run_tokenizer(tiny_hf_tokenizer_dir, run)
+    copy = save_run_tokenizer(load_tokenizer(tiny_hf_tokenizer_dir), run)
     before = {path.name: path.stat().st_ino for path in copy.iterdir()}
-    save_run_tokenizer(tiny_hf_tokenizer_dir, run)
+    save_run_tokenizer(load_tokenizer(tiny_hf_tokenizer_dir), run)
     assert {path.name: path.stat().st_ino for path in copy.iterdir()} == before
-    save_run_tokenizer(llama3_tokenizer_dir, run)
+    save_run_tokenizer(load_tokenizer(llama3_tokenizer_dir), run)
     assert load_tokenizer(copy).fingerprint == load_tokenizer(llama3_tokenizer_dir).fingerprint
     assert sorted(path.name for path in run.iterdir()) == sorted([RUN_MARKER, "tokenizer"])
 
@@ -84,12 +84,12 @@ def test_a_run_tokenizer_holding_what_no_save_writes_is_never_replaced(
     run = tmp_path / "run"
     run.mkdir()
     (run / RUN_MARKER).touch()
-    copy = save_run_tokenizer(tiny_hf_tokenizer_dir, run)
+    copy = save_run_tokenizer(load_tokenizer(tiny_hf_tokenizer_dir), run)
     (copy / foreign).parent.mkdir(exist_ok=True)
     (copy / foreign).write_text("mine\n")
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
     with pytest.raises(ValueError, match=f"tokenizer/{foreign.split('/')[0]} is not a tokenizer"):
-        save_run_tokenizer(llama3_tokenizer_dir, run)
+        save_run_tokenizer(load_tokenizer(llama3_tokenizer_dir), run)
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
     assert sorted(path.name for path in run.iterdir()) == sorted([RUN_MARKER, "tokenizer"])
 
@@ -99,7 +99,7 @@ def test_run_dir_tokenizer_found_from_any_directory_and_others_refused(
     model = small_model("gqa", vocab_size=512,
                         tokenizer_fingerprint=load_tokenizer(tiny_hf_tokenizer_dir).fingerprint)
     step_dir = save_checkpoint(tmp_path / "run" / "ckpt", 3, model.save_pretrained)
-    save_run_tokenizer(tiny_hf_tokenizer_dir, tmp_path / "run")
+    save_run_tokenizer(load_tokenizer(tiny_hf_tokenizer_dir), tmp_path / "run")
     monkeypatch.chdir(tmp_path / "run" / "ckpt")  # anywhere but where the run started
     for ckpt in (tmp_path / "run", step_dir):
         tokenizer = model_tokenizer(ckpt, model.config, load_model(ckpt)[1])
