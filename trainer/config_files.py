@@ -97,7 +97,6 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
                  if k not in PER_INVOCATION}
         explicit = _whole_grid(explicit)
         merged = {**TrainingOptions.from_dict(saved).to_dict(), **explicit}
-        _check_same_snapshots(saved, explicit)
         notes = _resume_changes(saved, explicit)
     options = TrainingOptions.from_dict(merged)
     check_options(options)
@@ -117,25 +116,14 @@ def _whole_grid(explicit: dict[str, Any]) -> dict[str, Any]:
     return {**{name: default_value(name) for name in GRID_SHAPE}, **explicit}
 
 
-def _check_same_snapshots(saved: dict[str, Any], explicit: dict[str, Any]) -> None:
-    """A resumed run refuses a Hub model or tokenizer other than the snapshot it started from
-    (the id's branch may have moved on since)."""
-    for name in HUB_OPTIONS:
-        was, now = snapshot_of(saved.get(name)), snapshot_of(explicit.get(name))
-        if was and now and was != now:
-            raise ValueError(
-                f"--resume: --{name} {now['id']} is snapshot {now['snapshot']}, but the run "
-                f"started from {was['id']} snapshot {was['snapshot']}: add --revision "
-                f"{was['snapshot']} (or leave --{name} out) to continue it")
-
-
 def _resume_changes(saved: dict[str, Any], explicit: dict[str, Any]) -> list[str]:
     """A note per option changed on --resume, or a warning where the change breaks bitwise
-    identity (said once, by rank 0); a change of the model's shape, the data's sample length
-    or a LoRA run's base cannot be honoured (the checkpoint holds that model and that data
-    position) and is refused."""
+    identity (said once, by rank 0); another Hub snapshot of the model or tokenizer, a change
+    of the model's shape, the data's sample length or a LoRA run's base cannot be honoured
+    (the checkpoint holds that model and that data position) and is refused."""
     changed = {name: value for name, value in explicit.items()
                if name in saved and not _same_value(name, saved[name], value)}
+    _check_same_snapshots(saved, explicit)
     fixed_names = FIXED_ON_LORA_RESUME if saved.get("lora_rank") else FIXED_ON_RESUME
     fixed = [f"--{name}={value!r} (the run has {saved[name]!r})"
              for name, value in changed.items() if name in fixed_names]
@@ -158,6 +146,18 @@ def _same_value(name: str, saved: Any, value: Any) -> bool:
     if name in PATH_OPTIONS and saved is not None and value is not None:
         return Path(saved).resolve() == Path(value).resolve()
     return saved == value
+
+
+def _check_same_snapshots(saved: dict[str, Any], explicit: dict[str, Any]) -> None:
+    """A resumed run refuses a Hub model or tokenizer other than the snapshot it started from
+    (the id's branch may have moved on since)."""
+    for name in HUB_OPTIONS:
+        was, now = snapshot_of(saved.get(name)), snapshot_of(explicit.get(name))
+        if was and now and was != now:
+            raise ValueError(
+                f"--resume: --{name} {now['id']} is snapshot {now['snapshot']}, but the run "
+                f"started from {was['id']} snapshot {was['snapshot']}: add --revision "
+                f"{was['snapshot']} (or leave --{name} out) to continue it")
 
 
 def _warn_ignored_lora_options(explicit: dict[str, Any], options: TrainingOptions) -> None:
