@@ -12,10 +12,10 @@ tokenizer is settled before any data is read:
 and recorded in config.json as an absolute path (so the run works from any directory).
 
 The model a run continues or starts from is resolved once, by rank 0 for every rank: the
---init_from model by `init_source` when the options are checked (which directory holds its
-weights, after a checkpoint's manifest verifies, and its config), the resumed checkpoint by
-`resumed_source`; that `ModelSource` is what the tokenizer check, the memory plan and the
-model build read.
+--init_from model by `trainer.option_validation.check_init_from` when the options are checked
+(which directory holds its weights, after a checkpoint's manifest verifies, and its config),
+the resumed checkpoint by `resumed_source`; that `ModelSource` is what the tokenizer check,
+the memory plan and the model build read.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from model.loading import (
     load_model_at,
     lora_base_reference,
     model_files_at,
-    resolve_model_dir,
 )
 from model.lora import LoraConfig, apply_lora
 from model.lora_checkpoint import is_lora_checkpoint
@@ -59,12 +58,6 @@ class ModelSource:
     @property
     def config(self) -> Z2allConfig:
         return self.files.config
-
-
-def init_source(init_from: str) -> ModelSource:
-    """--init_from resolved (a run dir's newest verified checkpoint, an HF dir, ...)."""
-    directory = resolve_model_dir(init_from)
-    return ModelSource(init_from, directory, model_files_at(directory))
 
 
 def resumed_source(run_dir: Path, resume_dir: Path | None) -> ModelSource | None:

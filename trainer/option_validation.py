@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from model.loading import check_weight_files
+from model.loading import check_weight_files, model_files_at, resolve_model_dir
 from optimizer.data_parallel_factory import check_zero_options
 from parallel.parallel_dims import check_context_parallel_length
 from parallel_plan.llama_shapes import check_parallel_shapes
-from trainer.model_setup import DEMO_TOKENIZER_DIR, ModelSource, init_source, preset_model_config
+from trainer.model_setup import DEMO_TOKENIZER_DIR, ModelSource, preset_model_config
 from trainer.options import TrainingOptions
 from utils.data_files import is_data_spec, locate_data
 from utils.option_checks import raise_problems, range_problem
@@ -110,12 +110,14 @@ def check_init_from(options: TrainingOptions) -> ModelSource | None:
     no --init_from, or on --resume)."""
     if options.model.init_from is None or options.run.resume:
         return None
-    source = init_source(options.model.init_from)
-    check_weight_files(source.files.weight_files())
+    # which directory holds its weights: a run's newest verified checkpoint, an HF dir, ...
+    directory = resolve_model_dir(options.model.init_from)
+    files = model_files_at(directory)
+    check_weight_files(files.weight_files())
     lora = options.lora.config()
     if lora is not None:
-        lora.check_fits(source.config)
-    return source
+        lora.check_fits(files.config)
+    return ModelSource(options.model.init_from, directory, files)
 
 
 def _combination_problems(options: TrainingOptions) -> list[str]:
