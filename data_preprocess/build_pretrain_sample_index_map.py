@@ -49,7 +49,7 @@ from data_preprocess.indexed_dataset import IndexedDataset
 from utils.atomic_io import atomic_open, atomic_write_json
 from utils.cli_errors import run_main
 from utils.data_files import find_data_files
-from utils.data_output_dir import OutputLedger
+from utils.data_output_dir import LEDGER, OutputLedger
 from utils.option_checks import raise_problems, range_problem
 from utils.option_parser import OptionParser
 from utils.run_directory import read_json_or_none
@@ -71,20 +71,21 @@ def claim_index_files(data_dir: str | Path, max_seq_len: int) -> None:
     are recorded there before they are written, so a later pretokenize run into the folder
     knows them; an existing one must be listed there as this tool's, or be (or sit beside) a
     z2all-sample-index sidecar. Anything else under those names is refused, not replaced."""
-    ledger = OutputLedger.read(data_dir)
     names = [name for split in ("train", "valid")
              for name in (index_path(data_dir, max_seq_len, split).name,
                           index_path(data_dir, max_seq_len, split).name + ".json")]
+    ledgers = OutputLedger.read_all(data_dir)  # the plain one first, then array tasks' ones
+    plain = next((ledger for ledger in ledgers if ledger.name == LEDGER), None)
     for name in names:
         path = Path(data_dir) / name
-        if not path.exists() or (ledger is not None and ledger.files.get(name) == TOOL):
+        if not path.exists() or (plain is not None and plain.files.get(name) == TOOL):
             continue
         sidecar = read_json_or_none(path if name.endswith(".json") else Path(f"{path}.json"))
         if sidecar is None or sidecar.get("format") != INDEX_FORMAT:
             raise ValueError(f"--data_dir {data_dir}: {path} is not a sample index this tool "
                              f"wrote (no {INDEX_FORMAT} sidecar), and the index is written "
                              "under that name; move it away")
-    if ledger is not None or OutputLedger.read_all(data_dir):  # array tasks' ledgers only: too
+    if ledgers:  # where an array task's ledger is the only one, too
         OutputLedger.record(data_dir, names, TOOL)
 
 
