@@ -147,9 +147,11 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer: Tokenizer,
         valid_sidecar = index_path(data_dir, max_seq_len, "valid").with_suffix(".ibin.json")
         prepare_once(valid_sidecar, build_index, f"the L={max_seq_len} sample index of "
                      f"{data_dir}", prepare_timeout_s)  # valid is written after train
-        return (PretokDatasetWithIndex(data_dir, max_seq_len, "train", len(tokenizer)),
-                PretokDatasetWithIndex(data_dir, max_seq_len, "valid", len(tokenizer)),
-                default_collate)
+        train, valid = (PretokDatasetWithIndex(data_dir, max_seq_len, split, len(tokenizer))
+                        for split in ("train", "valid"))
+        return train, valid, default_collate
+
+    valid_source = validation_source(data_dir)  # None: part of train is held out instead
 
     def store_of(spec: str | Path) -> ChatTokenStore:
         store_dir = chat_store_dir(task_type, spec, tokenizer.name_or_path, tokenizer.fingerprint,
@@ -157,7 +159,7 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer: Tokenizer,
                                    prepare_timeout_s)
         return ChatTokenStore(store_dir, task_type, tokenizer.fingerprint, max_seq_len)
 
-    store, valid_source = store_of(data_dir), validation_source(data_dir)
+    store = store_of(data_dir)
     if valid_source is None:
         train_ids, valid_ids = split_train_valid(store, valid_ratio, seed)
         valid_store = store
@@ -209,8 +211,8 @@ def build_stream_datasets(config: DataConfig, tokenizer: Tokenizer, seed: int, *
                               seed, system_prompt=system_prompt,
                               skip_bad_records=config.skip_bad_records,
                               holdout_every=0 if valid_source else round(1 / DEFAULT_VALID_RATIO))
-    dataset = StreamDataset(find_sources(config.data_dir, config.data_mix), settings, rank,
-                            world_size, config.num_workers)
+    sources = find_sources(config.data_dir, config.data_mix)
+    dataset = StreamDataset(sources, settings, rank, world_size, config.num_workers)
     # Validation: the held-out records of `dataset`, or every record of the data's own split.
     held_out = dataset if valid_source is None else StreamDataset(
         find_sources(valid_source), replace(settings, holdout_every=1), rank, world_size,
