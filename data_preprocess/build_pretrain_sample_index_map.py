@@ -52,7 +52,6 @@ from utils.data_files import find_data_files
 from utils.data_output_dir import LEDGER, OutputLedger
 from utils.option_checks import raise_problems, range_problem
 from utils.option_parser import OptionParser
-from utils.run_directory import read_json_or_none
 
 INDEX_FORMAT, INDEX_VERSION = "z2all-sample-index", 1
 TOOL = "build_pretrain_sample_index_map"  # the writer it records in a folder's ledger
@@ -63,6 +62,16 @@ DEFAULT_SEED = 1337
 
 def index_path(data_dir: str | Path, max_seq_len: int, split: str) -> Path:
     return Path(data_dir) / f"{split}_L{max_seq_len}.ibin"
+
+
+def is_index_sidecar(path: Path) -> bool:
+    """Whether `path` is a sample index's sidecar (of any split, length or version): a JSON
+    object naming INDEX_FORMAT. A missing, torn or foreign file is not."""
+    try:
+        sidecar = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(sidecar, dict) and sidecar.get("format") == INDEX_FORMAT
 
 
 def claim_index_files(data_dir: str | Path, max_seq_len: int) -> None:
@@ -80,8 +89,7 @@ def claim_index_files(data_dir: str | Path, max_seq_len: int) -> None:
         path = Path(data_dir) / name
         if not path.exists() or (plain is not None and plain.files.get(name) == TOOL):
             continue
-        sidecar = read_json_or_none(path if name.endswith(".json") else Path(f"{path}.json"))
-        if sidecar is None or sidecar.get("format") != INDEX_FORMAT:
+        if not is_index_sidecar(path if name.endswith(".json") else Path(f"{path}.json")):
             raise ValueError(f"--data_dir {data_dir}: {path} is not a sample index this tool "
                              f"wrote (no {INDEX_FORMAT} sidecar), and the index is written "
                              "under that name; move it away")
