@@ -49,10 +49,9 @@ from data_preprocess.indexed_dataset import IndexedDataset
 from utils.atomic_io import atomic_open, atomic_write_json
 from utils.cli_errors import run_main
 from utils.data_files import find_data_files
-from utils.data_output_dir import OutputLedger
+from utils.data_output_dir import LEDGER, OutputLedger
 from utils.option_checks import raise_problems, range_problem
 from utils.option_parser import OptionParser
-from utils.run_directory import read_json_or_none
 
 INDEX_FORMAT, INDEX_VERSION = "z2all-sample-index", 1
 TOOL = "build_pretrain_sample_index_map"  # the writer it records in a folder's ledger
@@ -65,26 +64,36 @@ def index_path(data_dir: str | Path, max_seq_len: int, split: str) -> Path:
     return Path(data_dir) / f"{split}_L{max_seq_len}.ibin"
 
 
+def is_index_sidecar(path: Path) -> bool:
+    """Whether `path` is a sample index's sidecar (of any split, length or version): a JSON
+    object naming INDEX_FORMAT. A missing, torn or foreign file is not."""
+    try:
+        sidecar = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(sidecar, dict) and sidecar.get("format") == INDEX_FORMAT
+
+
 def claim_index_files(data_dir: str | Path, max_seq_len: int) -> None:
     """The index replaces only files it wrote itself (docs/design.md §2.5): where a z2all tool
     keeps a ledger (utils/data_output_dir.py, e.g. the pretokenizer's output), its four names
     are recorded there before they are written, so a later pretokenize run into the folder
     knows them; an existing one must be listed there as this tool's, or be (or sit beside) a
     z2all-sample-index sidecar. Anything else under those names is refused, not replaced."""
-    ledger = OutputLedger.read(data_dir)
     names = [name for split in ("train", "valid")
              for name in (index_path(data_dir, max_seq_len, split).name,
                           index_path(data_dir, max_seq_len, split).name + ".json")]
+    ledgers = OutputLedger.read_all(data_dir)  # the plain one first, then array tasks' ones
+    plain = next((ledger for ledger in ledgers if ledger.name == LEDGER), None)
     for name in names:
         path = Path(data_dir) / name
-        if not path.exists() or (ledger is not None and ledger.files.get(name) == TOOL):
+        if not path.exists() or (plain is not None and plain.files.get(name) == TOOL):
             continue
-        sidecar = read_json_or_none(path if name.endswith(".json") else Path(f"{path}.json"))
-        if sidecar is None or sidecar.get("format") != INDEX_FORMAT:
+        if not is_index_sidecar(path if name.endswith(".json") else Path(f"{path}.json")):
             raise ValueError(f"--data_dir {data_dir}: {path} is not a sample index this tool "
                              f"wrote (no {INDEX_FORMAT} sidecar), and the index is written "
                              "under that name; move it away")
-    if ledger is not None or OutputLedger.read_all(data_dir):  # array tasks' ledgers only: too
+    if ledgers:  # where an array task's ledger is the only one, too
         OutputLedger.record(data_dir, names, TOOL)
 
 

@@ -33,6 +33,7 @@ from data_preprocess.tokenizer_workers import worker_state
 from utils.conversation import render_conversations
 from utils.option_parser import OptionParser
 from utils.readers import BadRecordError, ReadStats, iter_records
+from utils.tokenizer_protocol import Tokenizer
 
 KINDS = {"sft": 1, "dpo": 2}  # sequences per document (sample)
 MASK_SUFFIX = ".mask"
@@ -56,44 +57,55 @@ def conversations_of(kind: str, data: dict[str, Any]) -> list[list[dict[str, str
     return [prompt + chosen, prompt + rejected]
 
 
-def fit_to_length(sequences: list[tuple[list[int], list[int]]], max_seq_len: int
-                  ) -> list[tuple[list[int], list[int]]] | None:
-    """One sample's rendered sequences cut to max_seq_len, or None (`too_long`) when a cut one
-    has no trained token left. Also used by the streaming dataset, so both paths agree."""
-    cut = [(ids[:max_seq_len], loss_mask[:max_seq_len]) for ids, loss_mask in sequences]
-    if not all(any(loss_mask[1:]) for _, loss_mask in cut):  # position 0 is never a target
-        return None
-    return cut
+class RenderedSample(NamedTuple):
+    """One sample's sequences as (ids, loss_mask) cut to max_seq_len; None when a cut one has
+    no trained token left (`too_long`)."""
+
+    sequences: list[tuple[list[int], list[int]]] | None
+    truncated: bool  # a sequence was longer than max_seq_len
+
+
+def render_samples(samples: list[list[list[dict[str, str]]]], tokenizer: Tokenizer,
+                   system_prompt: str | None, max_seq_len: int) -> list[RenderedSample]:
+    """Each sample's conversations (`conversations_of`) rendered, all in one batched encode,
+    and cut by the truncation policy above. The pretokenizer's workers and the streaming
+    dataset (dataset/stream_samples.py) both call it, so both paths agree."""
+    rendered = iter(render_conversations(
+        tokenizer, [messages for conversations in samples for messages in conversations],
+        system_prompt))
+    fitted = []
+    for conversations in samples:
+        sequences = [next(rendered) for _ in conversations]
+        cut = [(ids[:max_seq_len], loss_mask[:max_seq_len]) for ids, loss_mask in sequences]
+        trains = all(any(loss_mask[1:]) for _, loss_mask in cut)  # position 0 is never a target
+        fitted.append(RenderedSample(cut if trains else None,
+                                     any(len(ids) > max_seq_len for ids, _ in sequences)))
+    return fitted
 
 
 def encode_chat_records(records: list[tuple[int, dict[str, Any]]]) -> EncodedChats:
     """In a worker: (record number, record) pairs -> rendered, truncated ids and masks."""
-    kind, max_seq_len = worker_state()["kind"], worker_state()["max_seq_len"]
-    conversations, numbers, bad = [], [], []
+    state = worker_state()
+    samples, bad = [], []
     for number, data in records:
         try:
-            conversations += conversations_of(kind, data)
-            numbers.append(number)
+            samples.append(conversations_of(state["kind"], data))
         except RecordFormatError as error:
             bad.append((number, error.reason, error.detail))
-    rendered = render_conversations(worker_state()["tokenizer"], conversations,
-                                    worker_state()["system_prompt"])
-    per_sample = KINDS[kind]
     tokens: list[int] = []
     mask: list[int] = []
     lengths, too_long, truncated = [], 0, 0
-    for sample in range(len(numbers)):
-        sequences = rendered[sample * per_sample: (sample + 1) * per_sample]
-        cut = fit_to_length(sequences, max_seq_len)
-        if cut is None:
+    for sample in render_samples(samples, state["tokenizer"], state["system_prompt"],
+                                 state["max_seq_len"]):
+        if sample.sequences is None:
             too_long += 1
             continue
-        truncated += any(len(ids) > max_seq_len for ids, _ in sequences)
-        for ids, loss_mask in cut:
+        truncated += sample.truncated
+        for ids, loss_mask in sample.sequences:
             tokens += ids
             mask += loss_mask
             lengths.append(len(ids))
-    return EncodedChats(np.array(tokens, dtype=worker_state()["dtype"]),
+    return EncodedChats(np.array(tokens, dtype=state["dtype"]),
                         np.array(mask, dtype=np.uint8), lengths, bad, too_long, truncated)
 
 

@@ -11,7 +11,8 @@ sft, dpo  data_dir holds either pretokenized output (pretokenize_sft_data / _dpo
           dataset's: `~/.cache/z2all/<org>--<name>/<task>_<key>/`), where key hashes the data
           files' paths, sizes and mtimes, the tokenizer fingerprint, max_seq_len and the
           system prompt: changing any of them builds a new cache, a repeated run reuses the old
-          one. Train/valid: the data's own `validation` (else `test`) split when it has one
+          one (dataset/chat_store.py `chat_store_dir`). Train/valid: the data's own
+          `validation` (else `test`) split when it has one
           (a DatasetDict, a Hub dataset, `DIR@train` beside `DIR@validation`:
           utils/data_files.py `validation_spec`), rendered into a cache of its own, and all of
           train trains; else, from train, files named valid* or eval* are validation, else a
@@ -32,9 +33,6 @@ worker processes that tokenize load it again from its directory, `tokenizer.name
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -49,11 +47,10 @@ from data_preprocess.build_pretrain_sample_index_map import (
     index_path,
 )
 from data_preprocess.file_jobs import DEFAULT_WORKERS
-from data_preprocess.pretokenize_chat import pretokenize_chat_data
 from dataset.chat_store import (
     ChatTokenStore,
+    chat_store_dir,
     find_store_sidecars,
-    other_task_problem,
     split_train_valid,
 )
 from dataset.data_config import DataConfig
@@ -64,34 +61,11 @@ from dataset.prepare import DEFAULT_PREPARE_TIMEOUT_S, prepare_once
 from dataset.sft_packing import PackingSFTCollator
 from dataset.stream import StreamDataset, StreamLoader, StreamSettings, holdout_items
 from dataset.stream_shards import find_sources
-from utils.atomic_io import atomic_write_json
-from utils.data_files import DataFiles, locate_data, validation_spec
+from utils.data_files import validation_spec
 from utils.tokenizer_protocol import Tokenizer
 
 TASK_TYPES = ("pretrain", "sft", "dpo")
 PAD_TO_MULTIPLE_OF = 8  # padded batches' lengths: tensor cores like multiples of 8
-CACHE_DIR_NAME = ".z2all_cache"  # hidden: the readers skip it when listing raw files
-
-
-def cache_key(located: DataFiles, kind: str, fingerprint: str, max_seq_len: int,
-              system_prompt: str | None) -> tuple[str, dict[str, Any]]:
-    """A short hash of everything the cached samples depend on (and the inputs, for the record)."""
-    files = [{"path": name, "size": path.stat().st_size, "mtime_ns": path.stat().st_mtime_ns}
-             for path, name in zip(located.files, located.relative_names())]
-    identity = {"kind": kind, "files": files, "tokenizer": fingerprint,
-                "max_seq_len": max_seq_len, "system_prompt": system_prompt}
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    return digest, identity
-
-
-def default_cache_dir(located: DataFiles) -> Path:
-    """Where rendered samples are cached: `<data_dir>/.z2all_cache` (hidden, so never read as
-    data); for a Hub dataset, whose snapshot z2all never writes into, the user's cache
-    (`$XDG_CACHE_HOME`, else ~/.cache) under z2all/<org>--<name>/."""
-    if located.hub_id is not None:
-        user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        return user_cache / "z2all" / located.hub_id.replace("/", "--")
-    return located.root / CACHE_DIR_NAME
 
 
 def check_pretok_tokenizer(data_dir: Path, fingerprint: str) -> None:
@@ -100,28 +74,6 @@ def check_pretok_tokenizer(data_dir: Path, fingerprint: str) -> None:
         if sidecar["tokenizer"] != fingerprint:
             raise ValueError(f"{prefix}.json: made with tokenizer {sidecar['tokenizer']}, but "
                              f"--tokenizer_dir has {fingerprint}; re-run pretokenization")
-
-
-def chat_store_dir(kind: str, data_dir: str | Path, tokenizer_dir: str | Path, fingerprint: str,
-                   max_seq_len: int, system_prompt: str | None, cache_dir: str | Path | None,
-                   num_workers: int, prepare_timeout_s: float) -> Path:
-    """The folder of pretokenized samples: data_dir itself, or the cache built from it."""
-    if find_store_sidecars(data_dir, kind):
-        return Path(data_dir)
-    if problem := other_task_problem(data_dir, kind):  # before any cache is made
-        raise ValueError(problem)
-    located = locate_data(data_dir)
-    key, identity = cache_key(located, kind, fingerprint, max_seq_len, system_prompt)
-    store_dir = Path(cache_dir or default_cache_dir(located)) / f"{kind}_{key}"
-    done_path = store_dir / "DONE.json"
-
-    def build() -> None:
-        pretokenize_chat_data(kind, data_dir, tokenizer_dir, max_seq_len, out_dir=store_dir,
-                              system_prompt=system_prompt, num_workers=num_workers)
-        atomic_write_json(done_path, identity)  # last: the cache is complete
-
-    prepare_once(done_path, build, f"the {kind} cache of {data_dir}", prepare_timeout_s)
-    return store_dir
 
 
 def build_datasets(task_type: str, data_dir: str | Path, tokenizer: Tokenizer,
@@ -147,9 +99,11 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer: Tokenizer,
         valid_sidecar = index_path(data_dir, max_seq_len, "valid").with_suffix(".ibin.json")
         prepare_once(valid_sidecar, build_index, f"the L={max_seq_len} sample index of "
                      f"{data_dir}", prepare_timeout_s)  # valid is written after train
-        return (PretokDatasetWithIndex(data_dir, max_seq_len, "train", len(tokenizer)),
-                PretokDatasetWithIndex(data_dir, max_seq_len, "valid", len(tokenizer)),
-                default_collate)
+        train, valid = (PretokDatasetWithIndex(data_dir, max_seq_len, split, len(tokenizer))
+                        for split in ("train", "valid"))
+        return train, valid, default_collate
+
+    valid_source = validation_source(data_dir)  # None: part of train is held out instead
 
     def store_of(spec: str | Path) -> ChatTokenStore:
         store_dir = chat_store_dir(task_type, spec, tokenizer.name_or_path, tokenizer.fingerprint,
@@ -157,7 +111,7 @@ def build_datasets(task_type: str, data_dir: str | Path, tokenizer: Tokenizer,
                                    prepare_timeout_s)
         return ChatTokenStore(store_dir, task_type, tokenizer.fingerprint, max_seq_len)
 
-    store, valid_source = store_of(data_dir), validation_source(data_dir)
+    store = store_of(data_dir)
     if valid_source is None:
         train_ids, valid_ids = split_train_valid(store, valid_ratio, seed)
         valid_store = store
@@ -209,8 +163,8 @@ def build_stream_datasets(config: DataConfig, tokenizer: Tokenizer, seed: int, *
                               seed, system_prompt=system_prompt,
                               skip_bad_records=config.skip_bad_records,
                               holdout_every=0 if valid_source else round(1 / DEFAULT_VALID_RATIO))
-    dataset = StreamDataset(find_sources(config.data_dir, config.data_mix), settings, rank,
-                            world_size, config.num_workers)
+    sources = find_sources(config.data_dir, config.data_mix)
+    dataset = StreamDataset(sources, settings, rank, world_size, config.num_workers)
     # Validation: the held-out records of `dataset`, or every record of the data's own split.
     held_out = dataset if valid_source is None else StreamDataset(
         find_sources(valid_source), replace(settings, holdout_every=1), rank, world_size,

@@ -1,7 +1,11 @@
 """Pretokenized SFT/DPO samples on disk, and how they are split into train and valid.
 
 A store is a folder written by data_preprocess/pretokenize_chat.py: per input file an ids pair,
-a `.mask` pair and a sidecar. Samples are numbered across files in sorted path order:
+a `.mask` pair and a sidecar. The trainer's (`chat_store_dir`) is its --data_dir itself when
+that holds one, else the online cache: the raw records rendered once, by the same code, into
+`<data_dir>/.z2all_cache/<task>_<key>/` (a Hub dataset's: under the user's cache), where key
+hashes what the samples depend on (`cache_key`). Samples are numbered across files in sorted
+path order:
 
     files:    a.jsonl (3 samples)   b.jsonl (2 samples)
     sample:   0 1 2                 3 4          (sample 3 = document 0 of b)
@@ -17,18 +21,24 @@ the fly (`Complement`), so memory is O(valid samples) however large the store.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from data_preprocess.indexed_dataset import IndexedDataset
-from data_preprocess.pretokenize_chat import MASK_SUFFIX
-from utils.data_files import find_data_files
+from data_preprocess.pretokenize_chat import MASK_SUFFIX, pretokenize_chat_data
+from dataset.prepare import prepare_once
+from utils.atomic_io import atomic_write_json
+from utils.data_files import DataFiles, find_data_files, locate_data
 
 VALID_FILE_PREFIXES = ("valid", "eval")
+CACHE_DIR_NAME = ".z2all_cache"  # hidden: the readers skip it when listing raw files
 
 
 def find_store_sidecars(directory: str | Path, kind: str) -> list[tuple[Path, dict]]:
@@ -67,6 +77,49 @@ def other_task_problem(data_dir: str | Path, task_type: str) -> str | None:
             return (f"--data_dir={data_dir}: this is {described}, not {task_type} records "
                     f"(use --task_type={fix}, or point --data_dir at raw {task_type} records)")
     return None
+
+
+def cache_key(located: DataFiles, kind: str, fingerprint: str, max_seq_len: int,
+              system_prompt: str | None) -> tuple[str, dict[str, Any]]:
+    """A short hash of everything the cached samples depend on (and the inputs, for the record)."""
+    files = [{"path": name, "size": path.stat().st_size, "mtime_ns": path.stat().st_mtime_ns}
+             for path, name in zip(located.files, located.relative_names())]
+    identity = {"kind": kind, "files": files, "tokenizer": fingerprint,
+                "max_seq_len": max_seq_len, "system_prompt": system_prompt}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return digest, identity
+
+
+def default_cache_dir(located: DataFiles) -> Path:
+    """Where rendered samples are cached: `<data_dir>/.z2all_cache` (hidden, so never read as
+    data); for a Hub dataset, whose snapshot z2all never writes into, the user's cache
+    (`$XDG_CACHE_HOME`, else ~/.cache) under z2all/<org>--<name>/."""
+    if located.hub_id is not None:
+        user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return user_cache / "z2all" / located.hub_id.replace("/", "--")
+    return located.root / CACHE_DIR_NAME
+
+
+def chat_store_dir(kind: str, data_dir: str | Path, tokenizer_dir: str | Path, fingerprint: str,
+                   max_seq_len: int, system_prompt: str | None, cache_dir: str | Path | None,
+                   num_workers: int, prepare_timeout_s: float) -> Path:
+    """The folder of pretokenized samples: data_dir itself, or the cache built from it."""
+    if find_store_sidecars(data_dir, kind):
+        return Path(data_dir)
+    if problem := other_task_problem(data_dir, kind):  # before any cache is made
+        raise ValueError(problem)
+    located = locate_data(data_dir)
+    key, identity = cache_key(located, kind, fingerprint, max_seq_len, system_prompt)
+    store_dir = Path(cache_dir or default_cache_dir(located)) / f"{kind}_{key}"
+    done_path = store_dir / "DONE.json"
+
+    def build() -> None:
+        pretokenize_chat_data(kind, data_dir, tokenizer_dir, max_seq_len, out_dir=store_dir,
+                              system_prompt=system_prompt, num_workers=num_workers)
+        atomic_write_json(done_path, identity)  # last: the cache is complete
+
+    prepare_once(done_path, build, f"the {kind} cache of {data_dir}", prepare_timeout_s)
+    return store_dir
 
 
 class ChatTokenStore:

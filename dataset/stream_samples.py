@@ -34,9 +34,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from data_preprocess.chat_records import RecordFormatError
-from data_preprocess.pretokenize_chat import conversations_of, fit_to_length
+from data_preprocess.pretokenize_chat import conversations_of, render_samples
 from dataset.dataset_sft import chat_item
-from utils.conversation import render_conversations
 from utils.readers import BadRecordError, Record, text_of
 from utils.tokenizer_protocol import Tokenizer
 
@@ -165,15 +164,15 @@ def chat_samples(records: Iterator[Record | BadRecordError], start: Position, *,
             reject(BadRecordError(record.path, record.number, error.reason, error.detail),
                    skip_bad_records, skipped)
             continue
-        rendered = render_conversations(tokenizer, conversations, system_prompt)
-        fitted = fit_to_length(rendered, seq_len)
-        if fitted is None:
+        sample = render_samples([conversations], tokenizer, system_prompt, seq_len)[0]
+        if sample.sequences is None:
             skipped["too_long"] += 1
             continue
-        if any(len(ids) > seq_len for ids, _ in rendered):
+        if sample.truncated:
             skipped["cut_to_fit"] += 1
         sides = [{key: tensor.numpy() for key, tensor in
-                  chat_item(np.array(ids), np.array(mask)).items()} for ids, mask in fitted]
+                  chat_item(np.array(ids), np.array(mask)).items()}
+                 for ids, mask in sample.sequences]
         item = sides[0] if kind == "sft" else {
             f"{side}_{key}": value for side, sequence in zip(("chosen", "rejected"), sides)
             for key, value in sequence.items()}

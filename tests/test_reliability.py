@@ -26,7 +26,8 @@ from data_preprocess import build_pretrain_sample_index_map, pipeline, pretokeni
 from data_preprocess import pretokenize_pretrain_data as pretrain_cli
 from data_preprocess.chat_records import RecordFormatError, dpo_messages, sft_messages
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
-from dataset.build import CACHE_DIR_NAME, build_datasets
+from dataset.build import build_datasets
+from dataset.chat_store import CACHE_DIR_NAME
 from dataset.dataset_pretrain import PretokDatasetWithIndex
 from model.configuration_z2all import Z2allConfig
 from model.modeling_z2all import Z2allForCausalLM

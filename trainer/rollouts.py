@@ -358,11 +358,12 @@ def build_rollouts(options: TrainingOptions, tokenizer: Tokenizer, env: Distribu
         print(f"GRPO: {len(train)} training prompts ({prompts_per_step} per step x "
               f"{grpo.num_generations} answers), {len(valid)} held out for evaluation; "
               f"rewards: {', '.join(reward.name for reward in rewards)}", flush=True)
+    evaluator = RewardEvaluator(valid, rewards, tokenizer, grpo.max_completion_length, env)
     data = RolloutData(train, grpo, tokenizer, rewards, env,
                        batch_size=optimization.batch_size,
                        accumulation=optimization.gradient_accumulation_steps,
                        seed=optimization.seed)
-    return data, RewardEvaluator(valid, rewards, tokenizer, grpo.max_completion_length, env)
+    return data, evaluator
 
 
 # ---- evaluation -----------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import pytest
 
 from data_preprocess.indexed_dataset import IndexedDatasetWriter
 from data_preprocess.pretokenize_pretrain_data import pretokenize_pretrain_data
-from dataset.build import CACHE_DIR_NAME, build_datasets
-from dataset.chat_store import ChatTokenStore, Complement
+from dataset.build import build_datasets
+from dataset.chat_store import CACHE_DIR_NAME, ChatTokenStore, Complement
 from dataset.prepare import prepare_once
 from dataset.sampler import StatefulDistributedSampler
 from parallel.local_ranks import run_on_ranks
