@@ -85,6 +85,13 @@ class RunDirMoved(OSError):
     """The run directory was moved or replaced while the run wrote it (a runtime failure)."""
 
 
+def run_dir_moved(run_dir: Path, step: int) -> RunDirMoved:
+    """The error a trainer stops with once `RunLock.in_place` turned False during `step`."""
+    return RunDirMoved(f"run dir {run_dir} was moved or replaced during step {step}: "
+                       "stopped without writing into what now has its name; continue the run "
+                       "with --resume where it was moved")
+
+
 def _describe(record: str) -> str:
     try:
         holder = json.loads(record)
