@@ -20,7 +20,8 @@ write them through this module, and a file name or format exists once:
                                              run has its own supervisor (`supervisor_files`)
 
 The module has four parts:
-1. the lock (`RunLock`, `lock_holder`): one writer per run directory;
+1. the lock (`RunLock`, `lock_holder`): one writer per run directory, and `run_dir_moved`,
+   the error a trainer stops with once the directory it locked was moved;
 2. the heartbeat (`write_heartbeat`, `heartbeat_step`, `HeartbeatWatch`): "slow" or "hung";
 3. the checkpoints index (`checkpoints_dir`, `newest_checkpoint_step`): how far a restart
    would resume from;
