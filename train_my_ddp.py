@@ -67,7 +67,7 @@ from trainer.throughput import ThroughputMeter
 from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, run_main
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
-from utils.run_directory import RunDirInUse, RunDirMoved, RunLock, write_heartbeat
+from utils.run_directory import RunDirInUse, RunLock, run_dir_moved, write_heartbeat
 from utils.run_ownership import RunDirHoldsARun, claim_run_dir, earlier_run
 
 
@@ -121,11 +121,11 @@ def train(run: Run, stop_signal: StopSignal, claim: RunDirClaim) -> int:
         if moved_votes:
             raise run_dir_moved(place.run_dir, counters.step)
         stop_requested = stop_votes > 0
-        diverged = is_diverged(place.precision, nonfinite_votes, grad_norm)
         counters.tokens_seen += int(step_tokens)
         report.meter.end_step(step_tokens, steps.ddp.comm_bytes_last_step)
         if env.is_main:
             write_heartbeat(place.run_dir, counters.step)
+        diverged = is_diverged(place.precision, nonfinite_votes, grad_norm)
 
         finished = counters.step == report.stop_step or stop_requested
         if counters.step % options.run.log_interval == 0 or finished or diverged:
@@ -145,12 +145,6 @@ def train(run: Run, stop_signal: StopSignal, claim: RunDirClaim) -> int:
               flush=True)
         return stop_signal.exit_code()
     return 0
-
-
-def run_dir_moved(run_dir: Path, step: int) -> RunDirMoved:
-    return RunDirMoved(f"run dir {run_dir} was moved or replaced during step {step}: "
-                       "stopped without writing into what now has its name; continue the run "
-                       "with --resume where it was moved")
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from parallel_plan.memory_plan import measure_memory
-from trainer.distributed_env import DistributedEnv, all_reduce_sum
+from trainer.distributed_env import DistributedEnv, all_reduce_sum, all_reduce_sum_lists
 from trainer.report import write_report
 from trainer.rollouts import RolloutData
 from trainer.setup import Reporting, Run, RunPlace, Stepping
@@ -74,20 +74,22 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
     """The step's loss (and task extras), the global batch's: each rank holds its replica's
     sum of shares (trainer/global_batch.py), the same on every rank of a replica, so their
     average over the ranks; with the LR, gradient norm, tokens and throughput. Collective:
-    every rank calls it at the same steps."""
+    every rank calls it at the same steps, and all it sums over the ranks is one all-reduce."""
     env, steps, report = run.place.env, run.steps, run.report
-    names = ["loss", *extra_sums]
-    sums = all_reduce_sum([float(loss_sum), *map(float, extra_sums.values())], env)
-    counts = {}
-    if run.place.options.data.skip_bad_records:  # counted, never silent
-        (counts["bad_records_skipped"],) = all_reduce_sum([float(steps.data.skipped_records())],
-                                                          env)
+    shares = {"loss": float(loss_sum)} | {name: float(value) for name, value in extra_sums.items()}
+    skipped = ({"bad_records_skipped": float(steps.data.skipped_records())}  # never silent
+               if run.place.options.data.skip_bad_records else {})
     # Streamed records dropped or cut (the same metric names on every rank; pretokenized data
     # has none here: the pretokenizer reported them). Shown once they happen.
     policy = steps.data.policy_counts()
-    totals = all_reduce_sum([float(count) for count in policy.values()], env) if policy else []
-    counts |= {name: int(total) for name, total in zip(policy, totals) if total}
-    averages = {name: total / env.world_size for name, total in zip(names, sums)}
+    # The first line also checks the memory plan printed at start-up (Adam state exists now).
+    mine = {} if report.memory_measured else measure_memory(steps.ddp, steps.optimizer)
+    sums, skipped_total, policy_totals, memory_totals = all_reduce_sum_lists(
+        [[*shares.values()], [*skipped.values()], [float(count) for count in policy.values()],
+         _rank_slots(mine, env)], env)
+    counts = dict(zip(skipped, skipped_total))
+    counts |= {name: int(total) for name, total in zip(policy, policy_totals) if total}
+    averages = {name: total / env.world_size for name, total in zip(shares, sums)}
     if isinstance(steps.data, RolloutData):  # the round's rewards, already global
         averages |= steps.data.step_metrics()
     throughput = report.meter.report()
@@ -96,24 +98,30 @@ def log_training(run: Run, lr: float, grad_norm: float, stepped: bool, loss_sum:
         counts.update(bubble_theory=stats.bubble_theory, bubble_measured=stats.bubble_measured)
     report.log.log("train", steps.counters.step, **counts, lr=lr, grad_norm=grad_norm,
                 skipped=not stepped, tokens=steps.counters.tokens_seen, **averages, **throughput)
-    if not report.memory_measured:  # the plan printed at start-up, checked (Adam state exists)
+    if mine:
         report.memory_measured = True
-        per_rank = _measured_memory_of_every_rank(steps, env)
+        per_rank = _per_rank(mine, memory_totals, env.world_size)
         report.log.log("memory", steps.counters.step, quiet=True, **per_rank[0], per_rank=per_rank)
     report.progress.update(steps.counters.step, throughput.get("tokens_per_sec", 0.0),
                         averages["loss"])
 
 
-def _measured_memory_of_every_rank(steps: Stepping, env: DistributedEnv
-                                   ) -> list[dict[str, int]]:
-    """`measure_memory` of each rank, in rank order (collective: a sum of vectors in which
-    each rank fills its own slots). On a grid the ranks differ: stage, slices, shards."""
-    mine = measure_memory(steps.ddp, steps.optimizer)
+def _rank_slots(mine: dict[str, int], env: DistributedEnv) -> list[float]:
+    """This rank's `measure_memory` in its own slots of a vector that the all-reduce sums over
+    the ranks, and `_per_rank` reads back in rank order (on a grid the ranks differ: stage,
+    slices, shards). Two ranks measuring {params: 10, grads: 4} and {params: 12, grads: 6}
+    send [10, 4, 0, 0] and [0, 0, 12, 6]; the sum [10, 4, 12, 6] is both, in order."""
     slots = [0.0] * (len(mine) * env.world_size)
     slots[env.rank * len(mine):(env.rank + 1) * len(mine)] = map(float, mine.values())
-    summed = all_reduce_sum(slots, env)  # float64: exact for byte counts below 2^53
+    return slots
+
+
+def _per_rank(mine: dict[str, int], summed: list[float], world_size: int
+              ) -> list[dict[str, int]]:
+    """`_rank_slots`' sum read back: each rank's measurement, in rank order (float64 is exact
+    for byte counts below 2^53)."""
     return [dict(zip(mine, map(int, summed[rank * len(mine):(rank + 1) * len(mine)])))
-            for rank in range(env.world_size)]
+            for rank in range(world_size)]
 
 
 def stop_diverged(run: Run, what: str) -> None:

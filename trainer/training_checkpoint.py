@@ -107,6 +107,7 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
 
     A full disk ends the run with a `DiskFullError` that names the checkpoint being written and
     the newest earlier one, which the temp-dir-then-rename protocol leaves untouched."""
+    required = required_files(optimizer, env.world_size, lora=lora is not None)  # for sealing
     previous = list_checkpoints(ckpt_root)
     intact = (f"the previous checkpoint {previous[-1][1]} is intact" if previous
               else "no earlier checkpoint exists")
@@ -130,8 +131,7 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
         with writing_together(env, what):
             if env.is_main:
                 finish_checkpoint(tmp_dir, step, keep_last=keep_last, val_loss=val_loss,
-                                  required=required_files(optimizer, env.world_size,
-                                                          lora=lora is not None))
+                                  required=required)
     return ckpt_root / step_dir_name(step)
 
 

@@ -20,7 +20,8 @@ write them through this module, and a file name or format exists once:
                                              run has its own supervisor (`supervisor_files`)
 
 The module has four parts:
-1. the lock (`RunLock`, `lock_holder`): one writer per run directory;
+1. the lock (`RunLock`, `lock_holder`): one writer per run directory, and `run_dir_moved`,
+   the error a trainer stops with once the directory it locked was moved;
 2. the heartbeat (`write_heartbeat`, `heartbeat_step`, `HeartbeatWatch`): "slow" or "hung";
 3. the checkpoints index (`checkpoints_dir`, `newest_checkpoint_step`): how far a restart
    would resume from;
@@ -83,6 +84,13 @@ class RunDirInUse(RuntimeError):
 
 class RunDirMoved(OSError):
     """The run directory was moved or replaced while the run wrote it (a runtime failure)."""
+
+
+def run_dir_moved(run_dir: Path, step: int) -> RunDirMoved:
+    """The error a trainer stops with once `RunLock.in_place` turned False during `step`."""
+    return RunDirMoved(f"run dir {run_dir} was moved or replaced during step {step}: "
+                       "stopped without writing into what now has its name; continue the run "
+                       "with --resume where it was moved")
 
 
 def _describe(record: str) -> str:
