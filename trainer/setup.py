@@ -4,11 +4,11 @@
     ... the loop in train_my_ddp.py steps run.steps.ddp / .optimizer on batches of .data ...
 
 The order of the build, and why:
-1. precision: rank 0 decides (on a CPU `auto` times fp32 vs bf16) and every rank follows, since
+1. the resume point: rank 0 verifies the run's checkpoints, newest first, and names one to every
+   rank (refused at once if its optimizer state is of a layout this run cannot read);
+2. precision: rank 0 decides (on a CPU `auto` times fp32 vs bf16) and every rank follows, since
    ranks that measured alike on a busy machine could still disagree, and then their gradients
-   would not mix;
-2. the resume point: rank 0 verifies the run's checkpoints, newest first, and names one to every
-   rank (refused at once if its optimizer state is of a layout this run cannot read); then the
+   would not mix (the two decisions of rank 0, one after the other, before any work); then the
    tokenizer, refused if it is not the model's (trainer/model_setup.py): only
    then are the run's config and its tokenizer copy written (a failed start must not
    overwrite them);
@@ -162,11 +162,11 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     before the model is built; rank 0 warns if its plan does not fit."""
     run_dir = Path(options.run.out_dir)
     data_options, optimization = options.data, options.optimization
-    precision = broadcast_from_main(resolve_dtype(options.system.dtype, env.device)
-                                    if env.is_main else None, env)
     resume_candidates = (valid_checkpoints(run_dir) if options.run.resume and env.is_main
                          else iter(()))
     resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
+    precision = broadcast_from_main(resolve_dtype(options.system.dtype, env.device)
+                                    if env.is_main else None, env)
     source = resumed_source(run_dir, resume_dir) or init
     tokenizer = run_tokenizer(data_options, source)
     trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
