@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,14 +47,13 @@ from optimizer import TrainingOptimizer
 from optimizer.adamw import adamw_implementation
 from optimizer.optimizer import DataParallelModel
 from parallel.context_parallel.flash_blocks import ring_kernel
-from parallel_plan.memory_plan import MemoryPlan, plan_memory
 from trainer.config_files import save_config
 from trainer.data_share import DataShare, data_share, saved_data_leader_ranks
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
 from trainer.evaluation import Evaluator, eval_loader
 from trainer.forward_steps import ForwardStep, build_forward_step, build_reference
 from trainer.lr_schedule import LRSchedule
-from trainer.memory_fit import MemoryBudget
+from trainer.memory_fit import MemoryBudget, memory_plan
 from trainer.metrics import MetricsLogger
 from trainer.model_setup import (
     ModelSource,
@@ -65,11 +63,7 @@ from trainer.model_setup import (
     run_tokenizer,
 )
 from trainer.options import TrainingOptions
-from trainer.parallelize import (
-    ParallelRun,
-    effective_zero_stage,
-    parallelize,
-)
+from trainer.parallelize import ParallelRun, parallelize
 from trainer.progress import TrainingProgress
 from trainer.rng_state import seed_everything
 from trainer.rollouts import RewardEvaluator, build_rollouts
@@ -194,11 +188,10 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
     budget = budget or MemoryBudget(env.rank)
-    budget.measure(memory_plan(options, planned_model_config(
-        options.model, data_options.max_seq_len, tokenizer, source), env.world_size,
-        env.rank, precision.dtype).total, env)
-    if env.is_main and (warning := budget.fit_warning()):
-        print(warning, file=sys.stderr, flush=True)
+    planned_config = planned_model_config(options.model, data_options.max_seq_len, tokenizer,
+                                          source)
+    budget.measure(memory_plan(options, planned_config, env.world_size, env.rank,
+                               precision.dtype).total, env)
     if env.is_main and data_options.task_type != "grpo":  # the validation set's size and source
         print(validation_note(data_options, len(valid_dataset), eval_samples), flush=True)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
@@ -311,26 +304,6 @@ def _print_memory_plan(place: RunPlace, steps: Stepping) -> None:
                             place.precision.dtype).total
         print(f"  stage {stage} (rank {rank}): total {total / 2**30:.3f} GiB  {total:,} B",
               flush=True)
-
-
-def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, rank: int,
-                dtype: str) -> MemoryPlan:
-    """Rank `rank`'s bytes for params, grads, optimizer state and activations, predicted from
-    the options (parallel_plan/memory_plan.py); after the first step every rank's measured bytes
-    are logged next to it (`"kind": "memory"`, trainer/loop_actions.py). With context
-    parallelism a rank holds the activations of S/C tokens of each sequence, and the
-    data-parallel states are sharded over the dp x cp group."""
-    parallel, optimization = options.parallel, options.optimization
-    return plan_memory(config, world_size, effective_zero_stage(parallel), dtype,
-                       optimization.batch_size, options.data.max_seq_len,
-                       options.model.activation_checkpointing,
-                       grad_reduce_in_fp32=parallel.grad_reduce_in_fp32,
-                       bucket_size=parallel.bucket_size, rank=rank,
-                       tensor_parallel=parallel.tensor_parallel,
-                       pipeline_parallel=parallel.pipeline_parallel,
-                       pp_schedule=parallel.pp_schedule,
-                       micro_batches=optimization.gradient_accumulation_steps,
-                       lora=options.lora.config(), context_parallel=parallel.context_parallel)
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,
