@@ -38,7 +38,6 @@ import torch
 
 from dataset.build import validation_note
 from dataset.train_data import TrainData, build_train_data
-from model.configuration_z2all import Z2allConfig
 from model.kernels import kernel_choices
 from model.lora import apply_lora
 from model.modeling_z2all import Z2allForCausalLM, kernels_already_reported
@@ -67,7 +66,7 @@ from trainer.parallelize import ParallelRun, parallelize
 from trainer.progress import TrainingProgress
 from trainer.rng_state import seed_everything
 from trainer.rollouts import RewardEvaluator, build_rollouts
-from trainer.throughput import ThroughputMeter
+from trainer.throughput import ThroughputMeter, whole_shape
 from trainer.trackers import Trackers
 from trainer.training_checkpoint import restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
@@ -196,6 +195,7 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
         print(validation_note(data_options, len(valid_dataset), eval_samples), flush=True)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
         options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir, init)
+    kernels = kernel_line(options, model, env, precision.dtype)  # for the start-up lines
     reference = functools.partial(build_reference, options.model.init_from, env.device,
                                   precision.dtype, lora=options.lora.config() is not None,
                                   split_reference=parallel.split_like_policy,
@@ -230,7 +230,7 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
                        forward_step=forward_step, data=data, counters=counters, share=share,
                        global_batch=global_batch),
         report=Reporting(log=log, meter=meter, progress=progress, evaluator=evaluator,
-                         kernels=kernel_line(options, model, env, precision.dtype)))
+                         kernels=kernels))
     _log_start(run)
     return run
 
@@ -275,13 +275,6 @@ def _log_start(run: Run) -> None:
         if place.resumed_from is not None and steps.counters.step >= report.stop_step:
             print(f"note: the run is already at step {steps.counters.step} = --max_iters: "
                   "nothing to train; raise --max_iters to continue it", flush=True)
-
-
-def whole_shape(config: Z2allConfig) -> Z2allForCausalLM:
-    """The whole model without memory (its parameter and adapter counts and FLOPs, however it
-    is split over ranks)."""
-    with torch.device("meta"):
-        return Z2allForCausalLM(config)
 
 
 def _print_memory_plan(place: RunPlace, steps: Stepping) -> None:
