@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,7 +40,6 @@ from trainer.config_files import options_from_argv
 from trainer.distributed_env import (
     DistributedEnv,
     all_reduce_sum,
-    broadcast_from_main,
     check_on_main,
     init_distributed,
     shutdown_distributed,
@@ -59,7 +56,8 @@ from trainer.loop_actions import (
 )
 from trainer.memory_fit import out_of_memory_explained
 from trainer.option_validation import check_init_from, check_paths
-from trainer.options import RunOptions, TrainingOptions
+from trainer.options import TrainingOptions
+from trainer.run_claim import RunDirClaim, exclusive_run_dir
 from trainer.setup import Run, RunPlace, Stepping, build_run
 from trainer.shared_filesystem import check_shared_filesystem
 from trainer.stop_signal import StopSignal
@@ -67,8 +65,8 @@ from trainer.throughput import ThroughputMeter
 from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, run_main
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
-from utils.run_directory import RunDirInUse, RunLock, run_dir_moved, write_heartbeat
-from utils.run_ownership import RunDirHoldsARun, claim_run_dir, earlier_run
+from utils.run_directory import run_dir_moved, write_heartbeat
+from utils.run_ownership import earlier_run
 
 
 def train_step(steps: Stepping, meter: ThroughputMeter, env: DistributedEnv,
@@ -162,44 +160,6 @@ def stop_if_moved_meanwhile(place: RunPlace, step: int, claim: RunDirClaim) -> I
         if place.env.is_main:
             raise run_dir_moved(place.run_dir, step) from None
         raise ReportedElsewhere(EXIT_RUNTIME_FAILURE) from None
-
-
-@dataclass
-class RunDirClaim:
-    notes: list[str]               # to print at start
-    lock: RunLock | None = None    # rank 0's
-    started: bool = False          # the loop began: from then on the run dir is the run's record
-
-    def moved(self) -> bool:
-        """Rank 0: the run dir was moved or replaced since it was locked (other ranks: False)."""
-        return self.lock is not None and not self.lock.in_place()
-
-
-@contextlib.contextmanager
-def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[RunDirClaim]:
-    """Rank 0 claims the run dir (`claim_run_dir`: its lock first, then a fresh run refuses one
-    holding another run or moves it aside with --overwrite) and holds the lock while the run
-    lasts; every rank exits at once on a problem. A start that fails before the loop removes
-    the directory it created, so nothing that looks like a run is left behind."""
-    run_dir = Path(run_options.out_dir)
-    created = env.is_main and not run_dir.exists()
-    claim, problem = RunDirClaim([]), None
-    if env.is_main:
-        try:  # every rank must hear of a problem, or they wait
-            claim.lock, claim.notes = claim_run_dir(run_dir, run_options.resume,
-                                                    run_options.overwrite)
-        except (RunDirInUse, RunDirHoldsARun, OSError) as error:
-            problem = str(error)
-    problem = broadcast_from_main(problem, env)
-    if problem:
-        raise ValueError(problem)  # bad input: exit code 2
-    try:
-        yield claim
-    finally:
-        if claim.lock is not None:
-            claim.lock.release()
-            if created and not claim.started:
-                shutil.rmtree(run_dir, ignore_errors=True)
 
 
 RELAUNCH_COUNTS = {"TORCHELASTIC_RESTART_COUNT": "torchrun restart",  # --max_restarts

@@ -95,11 +95,12 @@ class MixedPrecisionOptimizer:
     """The step recipe above plus lr, loss scaling and (de)serialisation; see module doc."""
 
     def __init__(self, config: OptimizerConfig, ddp_model: DataParallelModel,
-                 inner: torch.optim.Optimizer,
-                 grads_sharded: bool) -> None:
+                 model_and_main: list[tuple[Tensor, Tensor]], grads_sharded: bool) -> None:
+        """`model_and_main`: each model param (or its piece) with the fp32 tensor AdamW
+        updates for it; every wrapper's AdamW gets the same two groups (`weight_decay_groups`)."""
         self.config = config
         self.ddp_model = ddp_model
-        self.inner = inner
+        self.inner = build_adamw(weight_decay_groups(model_and_main, config.weight_decay), config)
         self.grad_scaler = build_grad_scaler(config)
         self.grads_sharded = grads_sharded
         self.process_group = ddp_model.process_group
@@ -275,9 +276,7 @@ class FP32Optimizer(MixedPrecisionOptimizer):
 
     def __init__(self, config: OptimizerConfig, ddp_model: DistributedDataParallel) -> None:
         params = trainable_params(ddp_model)
-        groups = weight_decay_groups([(p, p) for p in params], config.weight_decay)
-        inner = build_adamw(groups, config)
-        super().__init__(config, ddp_model, inner, grads_sharded=False)
+        super().__init__(config, ddp_model, [(p, p) for p in params], grads_sharded=False)
 
     def _prepare_main_grads(self) -> None:
         for param in self._main_params():
@@ -299,10 +298,8 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
     def __init__(self, config: OptimizerConfig, ddp_model: DistributedDataParallel) -> None:
         self.model_params = trainable_params(ddp_model)
         self.main_params = [param.detach().clone().float() for param in self.model_params]
-        groups = weight_decay_groups(list(zip(self.model_params, self.main_params)),
-                                     config.weight_decay)
-        inner = build_adamw(groups, config)
-        super().__init__(config, ddp_model, inner, grads_sharded=False)
+        super().__init__(config, ddp_model, list(zip(self.model_params, self.main_params)),
+                         grads_sharded=False)
 
     def _prepare_main_grads(self) -> None:
         for model_param, main_param in zip(self.model_params, self.main_params):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.adamw import build_adamw, weight_decay_groups
 from optimizer.distributed_optimizer.distributed_optimizer import (
     BucketShard,
     DistributedOptimizer,
@@ -53,8 +52,8 @@ class ShardedOptimizer(DistributedOptimizer):
         self.param_names = sharded_model.param_names
         self.bucket_shards = [self._build_unit_shard(unit) for unit in sharded_model.units]
         model_and_main = [(piece.param, main) for piece, main in self._owned_pieces()]
-        inner = build_adamw(weight_decay_groups(model_and_main, config.weight_decay), config)
-        MixedPrecisionOptimizer.__init__(self, config, sharded_model, inner, grads_sharded=True)
+        MixedPrecisionOptimizer.__init__(self, config, sharded_model, model_and_main,
+                                         grads_sharded=True)
         self._pending_gathers: dict[int, Any] = {}
         self._reported_unwaited_gathers = False
 

@@ -12,6 +12,7 @@ forward_steps.py (a batch -> a loss, per task; DPO's in dpo_loss.py) -> lr_sched
 evaluation.py -> metrics.py, trackers.py, throughput.py, progress.py (what the log and the bar
 say) -> rng_state.py, training_checkpoint.py (what a checkpoint keeps) -> setup.py (`build_run`:
 all of the above, in order, incl. the resume fallback) -> loop_actions.py (evaluate, checkpoint,
-log, report: one call each in the loop) -> stop_signal.py (a graceful stop; one trainer per run
-dir: utils/run_ownership.py) -> report.py.
+log, report: one call each in the loop) -> run_claim.py (one trainer per run dir: rank 0's claim,
+by utils/run_ownership.py's rules, held for the run) -> stop_signal.py (a graceful stop) ->
+report.py.
 """

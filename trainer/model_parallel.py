@@ -62,7 +62,6 @@ from parallel.parallel_dims import ParallelDims
 from parallel.pipeline_parallel.schedules import PipelineSchedule, PipelineStepStats
 from parallel.sharded_data_parallel import ShardedDataParallel
 from parallel_plan.llama_pipeline import llama_stage, split_into_stage
-from parallel_plan.llama_shapes import check_parallel_shapes
 from parallel_plan.llama_tensor_parallel import layouts_of, parallelize_model
 from parallel_plan.llama_units import zero_units
 from trainer.forward_steps import ForwardStep
@@ -129,9 +128,8 @@ def parallelize_grid(model: Z2allForCausalLM, tensor_parallel: int, pipeline_par
     the rest on a grid): the same wrapper and optimizer as data parallelism alone
     (optimizer/data_parallel_factory.py), over the dp group (with context parallelism the
     dp x cp group: its ranks hold the same weights and see different tokens, and the model
-    computes its share of the sequences)."""
-    check_parallel_shapes(model.config, dist.get_world_size(), tensor_parallel,
-                          pipeline_parallel, sequence_parallel, context_parallel=context_parallel)
+    computes its share of the sequences). The model's shapes were checked against the grid
+    (`check_parallel_shapes`) by the caller."""
     dims = ParallelDims(dist.get_world_size(), tensor_parallel,  # Step 1
                         pipeline_parallel, context_parallel).build_groups()
     split_into_stage(model, dims)  # Step 2

@@ -199,6 +199,11 @@ def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
     optimizer_config = from_options(OptimizerConfig, options, params_dtype=dtype_name,
                                     use_distributed_optimizer=sharded_optimizer,
                                     overlap_step=parallel.comm_hook == "overlap_optim")
+    # One check of the model's shapes against the layout, whatever it is (a no-op for data
+    # parallelism alone): the option check made it on the planned config, this on the model.
+    check_parallel_shapes(model.config, dist.get_world_size(), parallel.tensor_parallel,
+                          parallel.pipeline_parallel, parallel.sequence_parallel,
+                          context_parallel=parallel.context_parallel)
     if parallel.tensor_parallel * parallel.pipeline_parallel > 1:
         # The schedule sums a tied embedding's two copies after the last backward, before
         # DDP reduces them: no bucket may start reducing during that backward.
@@ -210,8 +215,6 @@ def parallelize(model: torch.nn.Module, parallel: ParallelOptions,
     dims = ParallelDims(dist.get_world_size(), context_parallel=parallel.context_parallel,
                         rank=dist.get_rank())
     if parallel.context_parallel > 1:  # the dp x cp group is every rank: DDP's default
-        check_parallel_shapes(model.config, dist.get_world_size(),
-                              context_parallel=parallel.context_parallel)
         dims.build_groups()
     powersgd_state = (from_options(PowerSGDState, options, process_group=None)
                       if parallel.comm_hook == "powersgd" else None)

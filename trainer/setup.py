@@ -4,11 +4,11 @@
     ... the loop in train_my_ddp.py steps run.steps.ddp / .optimizer on batches of .data ...
 
 The order of the build, and why:
-1. precision: rank 0 decides (on a CPU `auto` times fp32 vs bf16) and every rank follows, since
+1. the resume point: rank 0 verifies the run's checkpoints, newest first, and names one to every
+   rank (refused at once if its optimizer state is of a layout this run cannot read);
+2. precision: rank 0 decides (on a CPU `auto` times fp32 vs bf16) and every rank follows, since
    ranks that measured alike on a busy machine could still disagree, and then their gradients
-   would not mix;
-2. the resume point: rank 0 verifies the run's checkpoints, newest first, and names one to every
-   rank (refused at once if its optimizer state is of a layout this run cannot read); then the
+   would not mix (the two decisions of rank 0, one after the other, before any work); then the
    tokenizer, refused if it is not the model's (trainer/model_setup.py): only
    then are the run's config and its tokenizer copy written (a failed start must not
    overwrite them);
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,7 +38,6 @@ import torch
 
 from dataset.build import validation_note
 from dataset.train_data import TrainData, build_train_data
-from model.configuration_z2all import Z2allConfig
 from model.kernels import kernel_choices
 from model.lora import apply_lora
 from model.modeling_z2all import Z2allForCausalLM, kernels_already_reported
@@ -48,14 +46,13 @@ from optimizer import TrainingOptimizer
 from optimizer.adamw import adamw_implementation
 from optimizer.optimizer import DataParallelModel
 from parallel.context_parallel.flash_blocks import ring_kernel
-from parallel_plan.memory_plan import MemoryPlan, plan_memory
 from trainer.config_files import save_config
 from trainer.data_share import DataShare, data_share, saved_data_leader_ranks
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
 from trainer.evaluation import Evaluator, eval_loader
 from trainer.forward_steps import ForwardStep, build_forward_step, build_reference
 from trainer.lr_schedule import LRSchedule
-from trainer.memory_fit import MemoryBudget
+from trainer.memory_fit import MemoryBudget, memory_plan
 from trainer.metrics import MetricsLogger
 from trainer.model_setup import (
     ModelSource,
@@ -65,15 +62,11 @@ from trainer.model_setup import (
     run_tokenizer,
 )
 from trainer.options import TrainingOptions
-from trainer.parallelize import (
-    ParallelRun,
-    effective_zero_stage,
-    parallelize,
-)
+from trainer.parallelize import ParallelRun, parallelize
 from trainer.progress import TrainingProgress
 from trainer.rng_state import seed_everything
 from trainer.rollouts import RewardEvaluator, build_rollouts
-from trainer.throughput import ThroughputMeter
+from trainer.throughput import ThroughputMeter, whole_shape
 from trainer.trackers import Trackers
 from trainer.training_checkpoint import restore_training_checkpoint
 from utils.checkpoint import CheckpointError, DamagedCheckpointWarning, valid_checkpoints
@@ -162,11 +155,11 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     before the model is built; rank 0 warns if its plan does not fit."""
     run_dir = Path(options.run.out_dir)
     data_options, optimization = options.data, options.optimization
-    precision = broadcast_from_main(resolve_dtype(options.system.dtype, env.device)
-                                    if env.is_main else None, env)
     resume_candidates = (valid_checkpoints(run_dir) if options.run.resume and env.is_main
                          else iter(()))
     resume_dir = _next_resume_dir(resume_candidates, options.run.resume, env)
+    precision = broadcast_from_main(resolve_dtype(options.system.dtype, env.device)
+                                    if env.is_main else None, env)
     source = resumed_source(run_dir, resume_dir) or init
     tokenizer = run_tokenizer(data_options, source)
     trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
@@ -194,15 +187,15 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     schedule = LRSchedule(optimization.lr, optimization.min_lr, optimization.warmup_iters,
                           optimization.max_iters, optimization.lr_schedule)
     budget = budget or MemoryBudget(env.rank)
-    budget.measure(memory_plan(options, planned_model_config(
-        options.model, data_options.max_seq_len, tokenizer, source), env.world_size,
-        env.rank, precision.dtype).total, env)
-    if env.is_main and (warning := budget.fit_warning()):
-        print(warning, file=sys.stderr, flush=True)
+    planned_config = planned_model_config(options.model, data_options.max_seq_len, tokenizer,
+                                          source)
+    budget.measure(memory_plan(options, planned_config, env.world_size, env.rank,
+                               precision.dtype).total, env)
     if env.is_main and data_options.task_type != "grpo":  # the validation set's size and source
         print(validation_note(data_options, len(valid_dataset), eval_samples), flush=True)
     (model, lora_base), parallel, saved_state, resume_dir = _model_and_resume_point(
         options, env, precision.dtype, tokenizer, data, resume_candidates, resume_dir, init)
+    kernels = kernel_line(options, model, env, precision.dtype)  # for the start-up lines
     reference = functools.partial(build_reference, options.model.init_from, env.device,
                                   precision.dtype, lora=options.lora.config() is not None,
                                   split_reference=parallel.split_like_policy,
@@ -237,7 +230,7 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
                        forward_step=forward_step, data=data, counters=counters, share=share,
                        global_batch=global_batch),
         report=Reporting(log=log, meter=meter, progress=progress, evaluator=evaluator,
-                         kernels=kernel_line(options, model, env, precision.dtype)))
+                         kernels=kernels))
     _log_start(run)
     return run
 
@@ -284,13 +277,6 @@ def _log_start(run: Run) -> None:
                   "nothing to train; raise --max_iters to continue it", flush=True)
 
 
-def whole_shape(config: Z2allConfig) -> Z2allForCausalLM:
-    """The whole model without memory (its parameter and adapter counts and FLOPs, however it
-    is split over ranks)."""
-    with torch.device("meta"):
-        return Z2allForCausalLM(config)
-
-
 def _print_memory_plan(place: RunPlace, steps: Stepping) -> None:
     """Rank 0's plan; on a pipeline, each later stage's total too (the last holds the head)."""
     world_size = place.env.world_size
@@ -311,26 +297,6 @@ def _print_memory_plan(place: RunPlace, steps: Stepping) -> None:
                             place.precision.dtype).total
         print(f"  stage {stage} (rank {rank}): total {total / 2**30:.3f} GiB  {total:,} B",
               flush=True)
-
-
-def memory_plan(options: TrainingOptions, config: Z2allConfig, world_size: int, rank: int,
-                dtype: str) -> MemoryPlan:
-    """Rank `rank`'s bytes for params, grads, optimizer state and activations, predicted from
-    the options (parallel_plan/memory_plan.py); after the first step every rank's measured bytes
-    are logged next to it (`"kind": "memory"`, trainer/loop_actions.py). With context
-    parallelism a rank holds the activations of S/C tokens of each sequence, and the
-    data-parallel states are sharded over the dp x cp group."""
-    parallel, optimization = options.parallel, options.optimization
-    return plan_memory(config, world_size, effective_zero_stage(parallel), dtype,
-                       optimization.batch_size, options.data.max_seq_len,
-                       options.model.activation_checkpointing,
-                       grad_reduce_in_fp32=parallel.grad_reduce_in_fp32,
-                       bucket_size=parallel.bucket_size, rank=rank,
-                       tensor_parallel=parallel.tensor_parallel,
-                       pipeline_parallel=parallel.pipeline_parallel,
-                       pp_schedule=parallel.pp_schedule,
-                       micro_batches=optimization.gradient_accumulation_steps,
-                       lora=options.lora.config(), context_parallel=parallel.context_parallel)
 
 
 def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype_name: str,

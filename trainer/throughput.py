@@ -2,9 +2,10 @@
 
 MFU (model FLOPs utilisation, PaLM appendix B) = achieved model FLOP/s / peak FLOP/s, where
 achieved = tokens/s × training FLOPs per token (`model.num_flops_per_token(seq_len)`: 6N +
-12·L·H·Q·T). Recomputation (activation checkpointing) and DPO's reference forward are not
-counted: MFU measures useful work. The peak is `--peak_flops`, or looked up for GPUs we know;
-on a CPU there is no meaningful peak, so MFU is not reported.
+12·L·H·Q·T, of the whole model: `whole_shape`, however it is split). Recomputation (activation
+checkpointing) and DPO's reference forward are not counted: MFU measures useful work. The peak
+is `--peak_flops`, or looked up for GPUs we know; on a CPU there is no meaningful peak, so MFU
+is not reported.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import torch
 
+from model.configuration_z2all import Z2allConfig
+from model.modeling_z2all import Z2allForCausalLM
 from trainer.distributed_env import DistributedEnv
 
 # Dense (no sparsity) bf16/fp16 tensor-core peak per GPU, from the vendors' datasheets.
@@ -33,6 +36,14 @@ def default_peak_flops(device: torch.device, dtype_name: str) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((peak for key, peak in PEAK_FLOPS_16BIT.items() if key in name), None)
+
+
+def whole_shape(config: Z2allConfig) -> Z2allForCausalLM:
+    """The whole model without memory (its parameter and adapter counts and FLOPs, however it
+    is split over ranks): the meter counts the whole model's FLOPs per token, not those of
+    the pipeline stage or tensor shard this rank holds."""
+    with torch.device("meta"):
+        return Z2allForCausalLM(config)
 
 
 def _batch_tokens(batch: dict[str, torch.Tensor]) -> int:

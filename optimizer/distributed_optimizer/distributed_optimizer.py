@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from optimizer.adamw import build_adamw, read_adam_state, weight_decay_groups, write_adam_state
+from optimizer.adamw import read_adam_state, write_adam_state
 from optimizer.optimizer import MainPiece, MixedPrecisionOptimizer
 from optimizer.optimizer_config import OptimizerConfig
 from optimizer.state_header import STATE_VERSION, check_state_header
@@ -100,8 +100,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                               for buffer in ddp_model.param_and_grad_buffers
                               for bucket in buffer.buckets]
         model_and_main = [(piece.param, main) for piece, main in self._owned_pieces()]
-        inner = build_adamw(weight_decay_groups(model_and_main, config.weight_decay), config)
-        super().__init__(config, ddp_model, inner, grads_sharded=True)
+        super().__init__(config, ddp_model, model_and_main, grads_sharded=True)
         self._pending_gathers: dict[int, Any] = {}  # bucket shard index -> async work
         self._reported_unwaited_gathers = False
         if config.overlap_param_gather:

@@ -38,9 +38,9 @@ from parallel_plan.memory_plan import (
 from tests.trainer.test_train_grid_compose import LAYOUTS as GRID_LAYOUTS
 from tools import memory_plan as memory_plan_tool
 from trainer.command_line import parse_command_line
+from trainer.memory_fit import memory_plan as trainer_memory_plan
 from trainer.options import TrainingOptions
 from trainer.parallelize import effective_zero_stage
-from trainer.setup import memory_plan as trainer_memory_plan
 from utils.precision import DTYPES
 
 BUCKET_SIZE = 5000  # several buckets, each padded
@@ -146,7 +146,7 @@ CONTEXT_PARALLEL_LAYOUTS = {name: layout.options for name, layout in GRID_LAYOUT
 @pytest.mark.parametrize("name", CONTEXT_PARALLEL_LAYOUTS)
 def test_tool_plans_a_context_parallel_layout_as_the_trainer_does(name, capsys):
     """`python -m tools.memory_plan --context_parallel C ...` prints, for every rank, the plan
-    the trainer prints at start-up for the same options (`trainer.setup.memory_plan`)."""
+    the trainer prints at start-up for the same options (`trainer.memory_fit.memory_plan`)."""
     flags = [*CONTEXT_PARALLEL_LAYOUTS[name], "--batch_size=2", "--max_seq_len=64",
              "--gradient_accumulation_steps=2", "--activation_checkpointing"]
     options = TrainingOptions.from_dict(parse_command_line(flags)[1])

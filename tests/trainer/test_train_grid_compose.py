@@ -37,9 +37,9 @@ from tests.train_helpers import records, run_main, train_losses
 from tests.trainer.test_train_grid import _args, _runs_on_rank
 from tests.trainer.test_train_resume import _assert_identical
 from trainer.config_files import load_config_file
+from trainer.memory_fit import memory_plan
 from trainer.option_validation import check_options
 from trainer.options import TrainingOptions
-from trainer.setup import memory_plan
 
 STEPS, STOP = 3, 2
 DP2_TP2, DP2_PP2 = ["--tensor_parallel=2"], ["--pipeline_parallel=2"]

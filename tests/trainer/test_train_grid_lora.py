@@ -40,8 +40,8 @@ from tests.train_helpers import TINY_ARGS, data_args, records, run_main, train_l
 from tests.trainer.test_train_grid import _runs_on_rank
 from tools import tiny_hf_model
 from trainer.config_files import load_config_file
+from trainer.memory_fit import memory_plan
 from trainer.options import TrainingOptions
-from trainer.setup import memory_plan
 from utils.cli_errors import run_main as run_cli
 
 STEPS, STOP, ACCUMULATION = 3, 2, 2

@@ -1,0 +1,64 @@
+"""One trainer per run dir: rank 0 claims it for the whole run, and every rank hears the verdict.
+
+    with exclusive_run_dir(options.run, env) as claim:   # train_my_ddp.py:main
+        ... build the run ...
+        claim.started = True                              # from here the dir is the run's record
+        ... the loop asks claim.moved() after each checkpoint write ...
+
+Who may own a directory (a fresh run, --resume, --overwrite) is utils/run_ownership.py's rule,
+asked by rank 0 alone (`claim_run_dir`: the lock first, then the contents); this module holds
+that claim across the ranks and the run's lifetime: a problem is broadcast, so that every rank
+exits at once instead of waiting for rank 0 in a collective, and a start that fails before the
+loop removes the directory it created, so nothing that looks like a run is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.distributed_env import DistributedEnv, broadcast_from_main
+from trainer.options import RunOptions
+from utils.run_directory import RunDirInUse, RunLock
+from utils.run_ownership import RunDirHoldsARun, claim_run_dir
+
+
+@dataclass
+class RunDirClaim:
+    notes: list[str]               # to print at start
+    lock: RunLock | None = None    # rank 0's
+    started: bool = False          # the loop began: from then on the run dir is the run's record
+
+    def moved(self) -> bool:
+        """Rank 0: the run dir was moved or replaced since it was locked (other ranks: False)."""
+        return self.lock is not None and not self.lock.in_place()
+
+
+@contextlib.contextmanager
+def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[RunDirClaim]:
+    """Rank 0 claims the run dir (`claim_run_dir`: its lock first, then a fresh run refuses one
+    holding another run or moves it aside with --overwrite) and holds the lock while the run
+    lasts; every rank exits at once on a problem. A start that fails before the loop removes
+    the directory it created, so nothing that looks like a run is left behind."""
+    run_dir = Path(run_options.out_dir)
+    created = env.is_main and not run_dir.exists()
+    claim, problem = RunDirClaim([]), None
+    if env.is_main:
+        try:  # every rank must hear of a problem, or they wait
+            claim.lock, claim.notes = claim_run_dir(run_dir, run_options.resume,
+                                                    run_options.overwrite)
+        except (RunDirInUse, RunDirHoldsARun, OSError) as error:
+            problem = str(error)
+    problem = broadcast_from_main(problem, env)
+    if problem:
+        raise ValueError(problem)  # bad input: exit code 2
+    try:
+        yield claim
+    finally:
+        if claim.lock is not None:
+            claim.lock.release()
+            if created and not claim.started:
+                shutil.rmtree(run_dir, ignore_errors=True)
