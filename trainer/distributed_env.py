@@ -146,6 +146,23 @@ def check_on_main(check: Callable[[], T], env: DistributedEnv) -> T:
     return result
 
 
+def loaded_on_every_rank(load: Callable[[], T], env: DistributedEnv) -> tuple[T | None, str | None]:
+    """Run `load` (reading files: a checkpoint) on every rank and agree on how it went, where
+    `check_on_main` has rank 0 alone check: (load(), None) when it succeeded on every rank,
+    else (None, why) on all of them, so that they all go on to the next checkpoint together.
+    Errors of a file that does not load (OSError, ValueError: a CheckpointError among them,
+    KeyError, RuntimeError) are caught; anything else (a bug) propagates."""
+    result, error = None, None
+    try:
+        result = load()
+    except (OSError, ValueError, KeyError, RuntimeError) as exception:
+        error = f"{type(exception).__name__}: {exception}"
+    failed_ranks = all_reduce_sum([float(error is not None)], env)[0]
+    if error is None and failed_ranks:
+        error = f"it failed on {int(failed_ranks)} other rank(s)"
+    return (result, None) if error is None else (None, error)
+
+
 def shutdown_distributed(env: DistributedEnv) -> None:
     if env.owns_process_group and dist.is_initialized():
         dist.destroy_process_group()

@@ -29,10 +29,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -48,7 +47,7 @@ from optimizer.optimizer import DataParallelModel
 from parallel.context_parallel.flash_blocks import ring_kernel
 from trainer.config_files import save_config
 from trainer.data_share import DataShare, data_share, saved_data_leader_ranks
-from trainer.distributed_env import DistributedEnv, all_reduce_sum, broadcast_from_main
+from trainer.distributed_env import DistributedEnv, broadcast_from_main, loaded_on_every_rank
 from trainer.evaluation import Evaluator, eval_loader
 from trainer.forward_steps import ForwardStep, build_forward_step, build_reference
 from trainer.lr_schedule import LRSchedule
@@ -312,7 +311,7 @@ def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype
         seed_everything(options.optimization.seed)  # all ranks alike: identical weights
         build = functools.partial(build_model, options.model, options.data.max_seq_len,
                                   tokenizer, options.lora.config(), resume_dir, init)
-        built, error = _on_every_rank(build, env) if resume_dir else (build(), None)
+        built, error = loaded_on_every_rank(build, env) if resume_dir else (build(), None)
         state = None
         if error is None:
             model, lora_base = built
@@ -323,7 +322,7 @@ def _model_and_resume_point(options: TrainingOptions, env: DistributedEnv, dtype
                                    options.system, dtype_name)
             seed_everything(options.optimization.seed + env.rank)  # dropout differs per rank
             if resume_dir is not None:
-                state, error = _on_every_rank(functools.partial(
+                state, error = loaded_on_every_rank(functools.partial(
                     restore_training_checkpoint, resume_dir, env, optimizer=parallel.optimizer,
                     data=data, comm_hook_state=parallel.comm_hook_state,
                     seed=options.optimization.seed, data_ranks=saved_data_leader_ranks), env)
@@ -354,17 +353,3 @@ def _next_resume_dir(candidates: Iterator[Path], resume: bool, env: DistributedE
         raise CheckpointError(f"--resume: {problem}")  # bad input: exit code 2
     return resume_dir
 
-
-def _on_every_rank(load: Callable[[], Any], env: DistributedEnv) -> tuple[Any, str | None]:
-    """(load(), None) when it succeeded on every rank, else (None, why): all ranks agree, so
-    they all go on to the next checkpoint together. Errors of a file that does not load are
-    caught; anything else (a bug) propagates."""
-    result, error = None, None
-    try:
-        result = load()
-    except (CheckpointError, OSError, ValueError, KeyError, RuntimeError) as exception:
-        error = f"{type(exception).__name__}: {exception}"
-    failed_ranks = all_reduce_sum([float(error is not None)], env)[0]
-    if error is None and failed_ranks:
-        error = f"it failed on {int(failed_ranks)} other rank(s)"
-    return (result, None) if error is None else (None, error)
