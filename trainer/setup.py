@@ -208,7 +208,6 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
     if saved_state is not None:
         counters = Counters(saved_state["step"], saved_state["tokens_seen"],
                             saved_state["consumed_samples"])
-        log.log("resume", counters.step, checkpoint=str(resume_dir))
     if data_options.task_type != "grpo":
         valid_loader = eval_loader(valid_dataset, collate_fn, optimization.batch_size,
                                    eval_samples, dataclasses.replace(env, rank=share.rank,
@@ -247,8 +246,11 @@ def kernel_line(options: TrainingOptions, model: torch.nn.Module, env: Distribut
 
 
 def _log_start(run: Run) -> None:
-    """The run's shape in metrics.jsonl, and on stdout for people."""
+    """The run's start in metrics.jsonl (the checkpoint it resumed from, its shape), and on
+    stdout for people."""
     place, steps, report = run.place, run.steps, run.report
+    if place.resumed_from is not None:
+        report.log.log("resume", steps.counters.step, checkpoint=str(place.resumed_from))
     num_params = whole_shape(steps.model.config).num_parameters()
     lora = place.options.lora.config()
     trainable = (sum(p.numel() for p in apply_lora(whole_shape(steps.model.config), lora)
