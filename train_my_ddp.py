@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         init = check_on_main(lambda: check_init_from(options), env)
         with (exclusive_run_dir(options.run, env) as claim, StopSignal() as stop_signal,
               out_of_memory_explained(env) as memory_budget):
-            check_shared_filesystem(Path(options.run.out_dir), {
+            check_shared_filesystem(Path(options.run.out_dir), claim.check_token, {
                 "--data_dir": options.data.data_dir, "--tokenizer_dir": options.data.tokenizer_dir,
                 "--init_from": options.model.init_from}, env)  # several nodes: one filesystem
             run = build_run(options, env, notes + claim.notes, init, memory_budget)

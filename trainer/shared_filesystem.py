@@ -9,7 +9,8 @@ node that reads another copy of the data or tokenizer trains on other tokens wit
 So before the first step, on every start (fresh or resumed), every rank checks:
 
 1. the run directory: rank 0 writes a random token into `<run>/shared_filesystem_check`
-   (atomically) and broadcasts it; every rank reads the file at its own `--out_dir` and
+   (atomically) as it claims the run dir, and its verdict carries the token to every rank
+   (trainer/run_claim.py: one broadcast); every rank reads the file at its own `--out_dir` and
    compares the *content*. Comparing paths would not do: `out/run1` on node 1's own disk is
    the same path as on node 0, and it may even hold an older token of an earlier run;
 2. the inputs (`--data_dir`, `--tokenizer_dir`, `--init_from`): one rank per node (local rank
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from trainer.distributed_env import DistributedEnv, broadcast_from_main
+from trainer.distributed_env import DistributedEnv
 from utils.atomic_io import atomic_write_text
 from utils.cli_errors import EXIT_BAD_INPUT, ReportedElsewhere
 from utils.data_files import is_data_spec, locate_data
@@ -118,19 +119,23 @@ def first_difference(views: list[dict], run_dir: Path, inputs: dict[str, str]) -
     return None
 
 
-def check_shared_filesystem(run_dir: Path, inputs: dict[str, str | None],
+def write_check_token(run_dir: Path) -> str:
+    """Rank 0, as it claims `run_dir` on several ranks: a fresh random token in its
+    SHARED_CHECK_FILE, for every rank to read back (`check_shared_filesystem`)."""
+    token = f"{secrets.token_hex(16)} written by rank 0 on {socket.gethostname()}\n"
+    atomic_write_text(run_dir / SHARED_CHECK_FILE, token)
+    return token
+
+
+def check_shared_filesystem(run_dir: Path, token: str | None, inputs: dict[str, str | None],
                             env: DistributedEnv) -> None:
-    """Collective, after rank 0 claimed `run_dir`: when some rank does not see what rank 0
+    """Collective, after rank 0 claimed `run_dir` and wrote `token` there (`write_check_token`;
+    every rank holds it: `RunDirClaim.check_token`): when some rank does not see what rank 0
     sees (module docstring), rank 0 raises ValueError (one line, exit 2) and the others exit
     2 without a word (`ReportedElsewhere`). Nothing to check in a world of one."""
     if not env.is_distributed:
         return
     inputs = {flag: value for flag, value in inputs.items() if value is not None}
-    token = None
-    if env.is_main:
-        token = f"{secrets.token_hex(16)} written by rank 0 on {socket.gethostname()}\n"
-        atomic_write_text(run_dir / SHARED_CHECK_FILE, token)
-    token = broadcast_from_main(token, env)
     views: list[dict | None] = [None] * env.world_size
     dist.all_gather_object(views, seen_by_this_rank(run_dir, token, inputs,
                                                     lists_inputs=env.local_rank == 0))
