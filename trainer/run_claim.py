@@ -31,10 +31,10 @@ from utils.run_ownership import RunDirHoldsARun, claim_run_dir
 
 @dataclass
 class RunDirClaim:
-    notes: list[str]               # to print at start
-    lock: RunLock | None = None    # rank 0's
-    started: bool = False          # the loop began: from then on the run dir is the run's record
-    check_token: str | None = None  # several ranks: rank 0's token in the dir (shared_filesystem)
+    notes: list[str]                # to print at start
+    lock: RunLock | None = None     # rank 0's
+    started: bool = False           # the loop began: from then on the dir is the run's record
+    check_token: str | None = None  # several ranks: rank 0's token in the dir, for every rank
 
     def moved(self) -> bool:
         """Rank 0: the run dir was moved or replaced since it was locked (other ranks: False)."""
