@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from utils.atomic_io import atomic_write_json, fsync_dir
+from utils.atomic_io import atomic_write_json, fsync_dir, replace_durably
 
 CHECKPOINT_FORMAT = "z2all-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -124,8 +124,7 @@ def finish_checkpoint(tmp_dir: str | os.PathLike, step: int, *, keep_last: int =
         shutil.rmtree(final_dir)
     elif final_dir.is_symlink() or final_dir.exists():  # a stray file or link by that name
         final_dir.unlink()
-    os.replace(tmp_dir, final_dir)
-    fsync_dir(ckpt_root)
+    replace_durably(tmp_dir, final_dir)
     _update_best(ckpt_root)
     prune_checkpoints(ckpt_root, keep_last, newest_kept=step)
     return final_dir
@@ -163,8 +162,7 @@ def _update_best(ckpt_root: Path) -> None:
     if tmp_link.is_symlink() or tmp_link.exists():
         tmp_link.unlink()
     os.symlink(best_dir.name, tmp_link)  # relative target: the run dir can be moved
-    os.replace(tmp_link, link)
-    fsync_dir(ckpt_root)
+    replace_durably(tmp_link, link)
 
 
 def best_checkpoint(ckpt_root: str | os.PathLike) -> Path | None:
