@@ -76,13 +76,19 @@ def _files_under(directory: Path) -> list[Path]:
 
 # ---------------------------------------------------------------------------------- writing
 
+def tmp_checkpoint_dir(ckpt_root: str | os.PathLike, step: int) -> Path:
+    """`ckpt_root/.tmp_step_XXXXXX`: where the checkpoint of `step` is built until it is sealed
+    (every rank of a distributed save writes into it; rank 0 alone creates it)."""
+    return Path(ckpt_root) / f".tmp_{step_dir_name(step)}"
+
+
 def begin_checkpoint(ckpt_root: str | os.PathLike, step: int) -> Path:
-    """Create the empty temp dir `ckpt_root/.tmp_step_XXXXXX` that a checkpoint is built in."""
+    """Create the empty `tmp_checkpoint_dir` that a checkpoint is built in."""
     ckpt_root = Path(ckpt_root)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     for stale in ckpt_root.glob(".tmp_step_*"):  # leftovers of a crash mid-save
         shutil.rmtree(stale, ignore_errors=True)
-    tmp_dir = ckpt_root / f".tmp_{step_dir_name(step)}"
+    tmp_dir = tmp_checkpoint_dir(ckpt_root, step)
     tmp_dir.mkdir()
     return tmp_dir
 
