@@ -45,7 +45,7 @@ def save_checkpoint(run: Run, val_loss: float | None, claim: RunDirClaim) -> Pat
     (`stop_if_moved_meanwhile`)."""
     place, steps = run.place, run.steps
     with stop_if_moved_meanwhile(place, steps.counters.step, claim):
-        steps.optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for them
+        steps.optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
         # The last update may have made the weights NaN even from a finite loss (e.g. a huge
         # LR): such weights never become a checkpoint. All ranks vote (a grid's ranks hold
         # different parts; ZeRO-3's are gathered inside whole_model(), which rank 0 saves).
