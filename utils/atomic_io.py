@@ -7,7 +7,7 @@ The recipe (used for token files, tokenizers, checkpoints and reports alike):
 4. `fsync` the directory, so the rename itself survives a power cut.
 If anything raises before step 3, the temporary file is removed and the final name untouched.
 Steps 3 and 4 are one call, `replace_durably`, for whatever was built under a temporary name:
-a file here, a checkpoint's directory or the `best` link in utils/checkpoint.py.
+a file here, a link (`atomic_symlink`), or a checkpoint's directory in utils/checkpoint.py.
 """
 
 from __future__ import annotations
@@ -41,6 +41,18 @@ def replace_durably(source: str | os.PathLike, target: str | os.PathLike) -> Non
     atomically (readers see the old `target` or the new one), and make the rename durable."""
     os.replace(source, target)
     fsync_dir(Path(target).parent)
+
+
+def atomic_symlink(target: str, link: str | os.PathLike) -> None:
+    """Point the symbolic link `link` at `target`, replacing an older link in one step, and
+    durably: a reader finds the old target or the new one, never no link (the new link is
+    made under a temporary name first, as `atomic_open` makes a file)."""
+    link = Path(link)
+    tmp_link = link.with_name(f".{link.name}.tmp")
+    if tmp_link.is_symlink() or tmp_link.exists():  # left by a crash
+        tmp_link.unlink()
+    os.symlink(target, tmp_link)
+    replace_durably(tmp_link, link)
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from utils.atomic_io import atomic_write_json, fsync_dir, replace_durably
+from utils.atomic_io import atomic_symlink, atomic_write_json, fsync_dir, replace_durably
 
 CHECKPOINT_FORMAT = "z2all-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -163,12 +163,7 @@ def _update_best(ckpt_root: Path) -> None:
     if not scored:
         return
     best_dir = min(scored)[2]
-    link = ckpt_root / BEST_LINK
-    tmp_link = ckpt_root / f".{BEST_LINK}.tmp"
-    if tmp_link.is_symlink() or tmp_link.exists():
-        tmp_link.unlink()
-    os.symlink(best_dir.name, tmp_link)  # relative target: the run dir can be moved
-    replace_durably(tmp_link, link)
+    atomic_symlink(best_dir.name, ckpt_root / BEST_LINK)  # relative: the run dir can be moved
 
 
 def best_checkpoint(ckpt_root: str | os.PathLike) -> Path | None:
