@@ -27,11 +27,9 @@ sequence. The effective batch is batch_size x gradient_accumulation_steps x data
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -58,11 +56,11 @@ from trainer.memory_fit import out_of_memory_explained
 from trainer.option_validation import check_init_from, check_paths
 from trainer.options import TrainingOptions
 from trainer.run_claim import RunDirClaim, exclusive_run_dir
-from trainer.setup import Run, RunPlace, Stepping, build_run
+from trainer.setup import Run, Stepping, build_run
 from trainer.shared_filesystem import check_shared_filesystem
 from trainer.stop_signal import StopSignal
 from trainer.throughput import ThroughputMeter
-from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere, run_main
+from utils.cli_errors import run_main
 from utils.log_setup import configure_logging
 from utils.parent_death import die_with_parent
 from utils.run_directory import run_dir_moved, write_heartbeat
@@ -134,8 +132,7 @@ def train(run: Run, stop_signal: StopSignal, claim: RunDirClaim) -> int:
         if counters.step % options.eval.eval_interval == 0 or finished:
             val_loss = evaluate(steps, report)
         if counters.step % options.run.save_interval == 0 or finished:
-            with stop_if_moved_meanwhile(place, counters.step, claim):
-                save_checkpoint(run, val_loss)
+            save_checkpoint(run, val_loss, claim)
 
     finish(place, report)
     if stop_requested:
@@ -143,23 +140,6 @@ def train(run: Run, stop_signal: StopSignal, claim: RunDirClaim) -> int:
               flush=True)
         return stop_signal.exit_code()
     return 0
-
-
-@contextlib.contextmanager
-def stop_if_moved_meanwhile(place: RunPlace, step: int, claim: RunDirClaim) -> Iterator[None]:
-    """A write that failed because the run dir was moved, replaced or deleted while it ran (a
-    checkpoint save) ends the run as the per-step check does (`RunDirMoved`, exit 1, said by
-    rank 0), not as a missing path (exit 2 naming a temp file). Collective: a save fails on
-    every rank at the same point (`writing_together`), so the ranks can vote here."""
-    try:
-        yield
-    except Exception:  # an OSError, or CheckpointError: files missing from the temp dir
-        (moved_votes,) = all_reduce_sum([float(claim.moved())], place.env)
-        if not moved_votes:
-            raise
-        if place.env.is_main:
-            raise run_dir_moved(place.run_dir, step) from None
-        raise ReportedElsewhere(EXIT_RUNTIME_FAILURE) from None
 
 
 RELAUNCH_COUNTS = {"TORCHELASTIC_RESTART_COUNT": "torchrun restart",  # --max_restarts

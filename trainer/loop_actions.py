@@ -3,7 +3,9 @@ and write the report card at the end. Each is one call in train_my_ddp.py's loop
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -12,11 +14,13 @@ from parallel_plan.memory_plan import measure_memory
 from trainer.distributed_env import DistributedEnv, all_reduce_sum, all_reduce_sum_lists
 from trainer.report import write_report
 from trainer.rollouts import RolloutData
+from trainer.run_claim import RunDirClaim
 from trainer.setup import Reporting, Run, RunPlace, Stepping
 from trainer.training_checkpoint import save_training_checkpoint
 from utils.checkpoint import list_checkpoints
+from utils.cli_errors import EXIT_RUNTIME_FAILURE, ReportedElsewhere
 from utils.precision import PrecisionChoice
-from utils.run_directory import checkpoints_dir
+from utils.run_directory import checkpoints_dir, run_dir_moved
 
 
 def evaluate(steps: Stepping, report: Reporting) -> float:
@@ -35,22 +39,42 @@ def evaluate(steps: Stepping, report: Reporting) -> float:
     return metrics["val_loss"]
 
 
-def save_checkpoint(run: Run, val_loss: float | None) -> Path:
+def save_checkpoint(run: Run, val_loss: float | None, claim: RunDirClaim) -> Path:
     """Collective: every rank writes its part of `ckpt/step_N` (trainer/training_checkpoint.py).
-    Not counted as stepping by the ETA."""
+    Not counted as stepping by the ETA. A run dir moved while it writes stops the run
+    (`stop_if_moved_meanwhile`)."""
     place, steps = run.place, run.steps
-    steps.optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
-    # The last update may have made them NaN even from a finite loss (e.g. a huge LR): such
-    # weights never become a checkpoint. All ranks vote (a grid's ranks hold different parts;
-    # ZeRO-3's are gathered inside whole_model(), which rank 0 saves).
-    with run.report.progress.paused(), steps.parallel.whole_model() as whole_model:
-        nonfinite = not all(torch.isfinite(param).all() for param in steps.model.parameters())
-        if all_reduce_sum([float(nonfinite)], place.env)[0]:
-            stop_diverged(run, "the weights are not finite")
-        path = _save(place, steps, whole_model, val_loss)
+    with stop_if_moved_meanwhile(place, steps.counters.step, claim):
+        steps.optimizer.finish_param_sync()  # ZeRO-1's overlapped all-gather: wait for the weights
+        # The last update may have made the weights NaN even from a finite loss (e.g. a huge
+        # LR): such weights never become a checkpoint. All ranks vote (a grid's ranks hold
+        # different parts; ZeRO-3's are gathered inside whole_model(), which rank 0 saves).
+        with run.report.progress.paused(), steps.parallel.whole_model() as whole_model:
+            nonfinite = not all(torch.isfinite(param).all()
+                                for param in steps.model.parameters())
+            if all_reduce_sum([float(nonfinite)], place.env)[0]:
+                stop_diverged(run, "the weights are not finite")
+            path = _save(place, steps, whole_model, val_loss)
     if place.env.is_main:
         print(f"saved checkpoint {path}", flush=True)
     return path
+
+
+@contextlib.contextmanager
+def stop_if_moved_meanwhile(place: RunPlace, step: int, claim: RunDirClaim) -> Iterator[None]:
+    """A write that failed because the run dir was moved, replaced or deleted while it ran (a
+    checkpoint save) ends the run as the per-step check does (`RunDirMoved`, exit 1, said by
+    rank 0), not as a missing path (exit 2 naming a temp file). Collective: a save fails on
+    every rank at the same point (`writing_together`), so the ranks can vote here."""
+    try:
+        yield
+    except Exception:  # an OSError, or CheckpointError: files missing from the temp dir
+        (moved_votes,) = all_reduce_sum([float(claim.moved())], place.env)
+        if not moved_votes:
+            raise
+        if place.env.is_main:
+            raise run_dir_moved(place.run_dir, step) from None
+        raise ReportedElsewhere(EXIT_RUNTIME_FAILURE) from None
 
 
 def _save(place: RunPlace, steps: Stepping, whole_model: torch.nn.Module | None,

@@ -47,6 +47,7 @@ from utils.checkpoint import (
     list_checkpoints,
     load_torch,
     step_dir_name,
+    tmp_checkpoint_dir,
 )
 from utils.cli_errors import disk_full_explained
 
@@ -111,7 +112,7 @@ def save_training_checkpoint(env: DistributedEnv, ckpt_root: Path, step: int, *,
     previous = list_checkpoints(ckpt_root)
     intact = (f"the previous checkpoint {previous[-1][1]} is intact" if previous
               else "no earlier checkpoint exists")
-    tmp_dir = ckpt_root / f".tmp_{step_dir_name(step)}"
+    tmp_dir = tmp_checkpoint_dir(ckpt_root, step)
     what = f"writing checkpoint {tmp_dir}"
     with disk_full_explained(tmp_dir, intact):
         with writing_together(env, what):  # each phase ends when every rank is through it

@@ -6,6 +6,8 @@ The recipe (used for token files, tokenizers, checkpoints and reports alike):
 3. `os.replace` it onto the final name (atomic on POSIX: readers see old or new, never half);
 4. `fsync` the directory, so the rename itself survives a power cut.
 If anything raises before step 3, the temporary file is removed and the final name untouched.
+Steps 3 and 4 are one call, `replace_durably`, for whatever was built under a temporary name:
+a file here, a link (`atomic_symlink`), or a checkpoint's directory in utils/checkpoint.py.
 """
 
 from __future__ import annotations
@@ -34,6 +36,25 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def replace_durably(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Give `source` (a file, directory or link in `target`'s directory) the name `target`,
+    atomically (readers see the old `target` or the new one), and make the rename durable."""
+    os.replace(source, target)
+    fsync_dir(Path(target).parent)
+
+
+def atomic_symlink(target: str, link: str | os.PathLike) -> None:
+    """Point the symbolic link `link` at `target`, replacing an older link in one step, and
+    durably: a reader finds the old target or the new one, never no link (the new link is
+    made under a temporary name first, as `atomic_open` makes a file)."""
+    link = Path(link)
+    tmp_link = link.with_name(f".{link.name}.tmp")
+    if tmp_link.is_symlink() or tmp_link.exists():  # left by a crash
+        tmp_link.unlink()
+    os.symlink(target, tmp_link)
+    replace_durably(tmp_link, link)
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
     """`with atomic_open(p, "w") as f: f.write(...)`: `p` appears only once `f` is complete."""
@@ -49,12 +70,11 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp_name, final)
+        replace_durably(tmp_name, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    fsync_dir(final.parent)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from utils.atomic_io import atomic_write_json, fsync_dir
+from utils.atomic_io import atomic_symlink, atomic_write_json, fsync_dir, replace_durably
 
 CHECKPOINT_FORMAT = "z2all-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -76,13 +76,19 @@ def _files_under(directory: Path) -> list[Path]:
 
 # ---------------------------------------------------------------------------------- writing
 
+def tmp_checkpoint_dir(ckpt_root: str | os.PathLike, step: int) -> Path:
+    """`ckpt_root/.tmp_step_XXXXXX`: where the checkpoint of `step` is built until it is sealed
+    (every rank of a distributed save writes into it; rank 0 alone creates it)."""
+    return Path(ckpt_root) / f".tmp_{step_dir_name(step)}"
+
+
 def begin_checkpoint(ckpt_root: str | os.PathLike, step: int) -> Path:
-    """Create the empty temp dir `ckpt_root/.tmp_step_XXXXXX` that a checkpoint is built in."""
+    """Create the empty `tmp_checkpoint_dir` that a checkpoint is built in."""
     ckpt_root = Path(ckpt_root)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     for stale in ckpt_root.glob(".tmp_step_*"):  # leftovers of a crash mid-save
         shutil.rmtree(stale, ignore_errors=True)
-    tmp_dir = ckpt_root / f".tmp_{step_dir_name(step)}"
+    tmp_dir = tmp_checkpoint_dir(ckpt_root, step)
     tmp_dir.mkdir()
     return tmp_dir
 
@@ -124,8 +130,7 @@ def finish_checkpoint(tmp_dir: str | os.PathLike, step: int, *, keep_last: int =
         shutil.rmtree(final_dir)
     elif final_dir.is_symlink() or final_dir.exists():  # a stray file or link by that name
         final_dir.unlink()
-    os.replace(tmp_dir, final_dir)
-    fsync_dir(ckpt_root)
+    replace_durably(tmp_dir, final_dir)
     _update_best(ckpt_root)
     prune_checkpoints(ckpt_root, keep_last, newest_kept=step)
     return final_dir
@@ -158,13 +163,7 @@ def _update_best(ckpt_root: Path) -> None:
     if not scored:
         return
     best_dir = min(scored)[2]
-    link = ckpt_root / BEST_LINK
-    tmp_link = ckpt_root / f".{BEST_LINK}.tmp"
-    if tmp_link.is_symlink() or tmp_link.exists():
-        tmp_link.unlink()
-    os.symlink(best_dir.name, tmp_link)  # relative target: the run dir can be moved
-    os.replace(tmp_link, link)
-    fsync_dir(ckpt_root)
+    atomic_symlink(best_dir.name, ckpt_root / BEST_LINK)  # relative: the run dir can be moved
 
 
 def best_checkpoint(ckpt_root: str | os.PathLike) -> Path | None:

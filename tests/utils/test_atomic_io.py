@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from utils.atomic_io import atomic_open, atomic_write_json
+from utils.atomic_io import atomic_open, atomic_symlink, atomic_write_json
 
 
 def test_complete_write_appears_under_final_name(tmp_path):
@@ -34,3 +34,13 @@ def test_final_file_gets_default_permissions_not_mkstemp_0600(tmp_path):
     atomic = tmp_path / "atomic"
     atomic_write_json(atomic, [1])
     assert os.stat(atomic).st_mode & 0o777 == os.stat(plain).st_mode & 0o777
+
+
+def test_symlink_is_replaced_whole_and_a_crashed_temp_link_is_cleared(tmp_path):
+    (tmp_path / "step_1").mkdir()
+    (tmp_path / "step_2").mkdir()
+    (tmp_path / ".best.tmp").symlink_to("step_1")  # left by a crash before the rename
+    atomic_symlink("step_1", tmp_path / "best")
+    atomic_symlink("step_2", tmp_path / "best")
+    assert (tmp_path / "best").readlink().as_posix() == "step_2"  # relative, as given
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "step_1", "step_2"]
