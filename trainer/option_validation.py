@@ -243,32 +243,6 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
                        for name, refused, why in unsupported if refused]
 
 
-def _fresh_model_problems(options: TrainingOptions, found: bool) -> list[str]:
-    """A fresh model (no --init_from): the preset with the command line's overrides, built
-    once, checked as the model will check it and, on a tensor/pipeline grid, as its plan will
-    split it (parallel_plan/llama_shapes.py; the vocabulary is known, and checked, once the
-    tokenizer is loaded). Its shape is judged once no other problem was `found` (a bad
-    --hidden_size is named once, by its range); its split on the grid as soon as the grid's own
-    options are fine (`_grid_problems`), beside whatever else is wrong."""
-    if options.model.init_from is not None:
-        return []
-    parallel = options.parallel
-    grid = parallel.tensor_parallel * parallel.pipeline_parallel
-    splits = grid > 1 and not _grid_problems(options)
-    if found and not splits:
-        return []
-    try:
-        config = preset_model_config(options.model, options.data.max_seq_len, vocab_size=1)
-        if splits:
-            context = max(parallel.context_parallel, 1)
-            check_parallel_shapes(config, grid * context, parallel.tensor_parallel,
-                                  parallel.pipeline_parallel, parallel.sequence_parallel,
-                                  seq_len=options.data.max_seq_len, context_parallel=context)
-    except ValueError as error:
-        return [str(error) if splits else f"model: {error}"]
-    return []
-
-
 def _context_parallel_problems(options: TrainingOptions) -> list[str]:
     """--context_parallel: the sequence length it needs, and what it does not compose with
     yet. It takes data parallelism, --tensor_parallel (+ --sequence_parallel),
@@ -296,3 +270,29 @@ def _context_parallel_problems(options: TrainingOptions) -> list[str]:
     ]
     return problems + [f"{name} with --context_parallel={context} is not supported yet: {why}"
                        for name, refused, why in unsupported if refused]
+
+
+def _fresh_model_problems(options: TrainingOptions, found: bool) -> list[str]:
+    """A fresh model (no --init_from): the preset with the command line's overrides, built
+    once, checked as the model will check it and, on a tensor/pipeline grid, as its plan will
+    split it (parallel_plan/llama_shapes.py; the vocabulary is known, and checked, once the
+    tokenizer is loaded). Its shape is judged once no other problem was `found` (a bad
+    --hidden_size is named once, by its range); its split on the grid as soon as the grid's own
+    options are fine (`_grid_problems`), beside whatever else is wrong."""
+    if options.model.init_from is not None:
+        return []
+    parallel = options.parallel
+    grid = parallel.tensor_parallel * parallel.pipeline_parallel
+    check_split = grid > 1 and not _grid_problems(options)
+    if found and not check_split:
+        return []
+    try:
+        config = preset_model_config(options.model, options.data.max_seq_len, vocab_size=1)
+        if check_split:
+            context = max(parallel.context_parallel, 1)
+            check_parallel_shapes(config, grid * context, parallel.tensor_parallel,
+                                  parallel.pipeline_parallel, parallel.sequence_parallel,
+                                  seq_len=options.data.max_seq_len, context_parallel=context)
+    except ValueError as error:
+        return [str(error) if check_split else f"model: {error}"]
+    return []
