@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.config_files import options_from_argv
+from trainer.config_files import options_from_argv, resolve_options
 from trainer.distributed_env import (
     DistributedEnv,
     all_reduce_sum,
@@ -158,7 +158,8 @@ def relaunch_resumes(argv: list[str], options: TrainingOptions, notes: list[str]
                   if os.environ.get(name, "0") not in ("", "0")]
     if not relaunched or options.run.resume or not earlier_run(Path(options.run.out_dir)):
         return options, notes
-    options, notes = options_from_argv([*argv, "--resume"])
+    # the same command line with --resume (its --help or --print_config has exited already)
+    options, notes = resolve_options([*argv, "--resume"])
     return options, [*notes, f"note: {', '.join(relaunched)}: resuming the run from its "
                              "newest checkpoint"]
 

@@ -85,13 +85,14 @@ def resolve_options(argv: list[str]) -> tuple[TrainingOptions, list[str]]:
     for name in HUB_OPTIONS:  # a Hub id -> its snapshot dir, whose name is the commit
         if explicit.get(name):
             explicit[name] = local_dir(explicit[name], f"--{name}", explicit.get("revision"))
-    merged = TrainingOptions.from_dict(explicit).to_dict()
-    notes: list[str] = []
-    saved_path = Path(merged["out_dir"]) / "config.json"
-    if merged["resume"]:  # what is not a run's is not read either (utils/run_ownership.py)
-        raise_problems([foreign_dir_problem(saved_path.parent, f"--out_dir={merged['out_dir']}")])
+    merged, notes = explicit, []
+    if explicit.get("resume", default_value("resume")):
+        out_dir = explicit.get("out_dir", default_value("out_dir"))
+        saved_path = Path(out_dir) / "config.json"
+        # what is not a run's is not read either (utils/run_ownership.py)
+        raise_problems([foreign_dir_problem(saved_path.parent, f"--out_dir={out_dir}")])
         if not saved_path.is_file():
-            raise ValueError(f"--resume: {merged['out_dir']} holds no run to continue (no "
+            raise ValueError(f"--resume: {out_dir} holds no run to continue (no "
                              "config.json): drop --resume to start one there")
         saved = {k: v for k, v in load_config_file(saved_path).items()
                  if k not in PER_INVOCATION}

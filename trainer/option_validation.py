@@ -60,11 +60,7 @@ def check_options(options: TrainingOptions) -> None:
         range_problem("--seed", optimization.seed, 0, MAX_SEED),
     ]
     problems += _combination_problems(options)
-    if options.model.init_from is None and not any(problems):  # a fresh model: its shape, as
-        try:                                                     # the model will check it
-            preset_model_config(options.model, options.data.max_seq_len, vocab_size=1)
-        except ValueError as error:  # (the tokenizer is not loaded yet)
-            problems.append(f"model: {error}")
+    problems += _fresh_model_problems(options, found=any(problems))
     raise_problems(dict.fromkeys(problems))  # a problem two checks find is named once
 
 
@@ -159,7 +155,7 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
     elif device == "cuda" and not torch.cuda.is_available():
         problems.append("--device=cuda but CUDA is not available here: use --device=cpu "
                         "(or auto)")
-    return list(dict.fromkeys(problems))  # (the grid's shape check and CP's both check lengths)
+    return problems
 
 
 def _grpo_problems(options: TrainingOptions) -> list[str]:
@@ -243,19 +239,8 @@ def _grid_problems(options: TrainingOptions) -> list[str]:
          "the tensor-parallel ranks would each drop other elements of the same replicated "
          "input; use --lora_dropout=0"),
     ]
-    problems += [f"{name} with {flag} is not supported yet: {why}"
-                 for name, refused, why in unsupported if refused]
-    if options.model.init_from is None and not problems:
-        try:  # the vocabulary is known (and checked) once the tokenizer is loaded
-            config = preset_model_config(options.model, options.data.max_seq_len,
-                                         vocab_size=parallel.tensor_parallel)
-            check_parallel_shapes(config, grid * max(parallel.context_parallel, 1),
-                                  parallel.tensor_parallel, parallel.pipeline_parallel,
-                                  parallel.sequence_parallel, seq_len=options.data.max_seq_len,
-                                  context_parallel=max(parallel.context_parallel, 1))
-        except ValueError as error:
-            problems.append(str(error))
-    return problems
+    return problems + [f"{name} with {flag} is not supported yet: {why}"
+                       for name, refused, why in unsupported if refused]
 
 
 def _context_parallel_problems(options: TrainingOptions) -> list[str]:
@@ -285,3 +270,29 @@ def _context_parallel_problems(options: TrainingOptions) -> list[str]:
     ]
     return problems + [f"{name} with --context_parallel={context} is not supported yet: {why}"
                        for name, refused, why in unsupported if refused]
+
+
+def _fresh_model_problems(options: TrainingOptions, found: bool) -> list[str]:
+    """A fresh model (no --init_from): the preset with the command line's overrides, built
+    once, checked as the model will check it and, on a tensor/pipeline grid, as its plan will
+    split it (parallel_plan/llama_shapes.py; the vocabulary is known, and checked, once the
+    tokenizer is loaded). Its shape is judged once no other problem was `found` (a bad
+    --hidden_size is named once, by its range); its split on the grid as soon as the grid's own
+    options are fine (`_grid_problems`), beside whatever else is wrong."""
+    if options.model.init_from is not None:
+        return []
+    parallel = options.parallel
+    grid = parallel.tensor_parallel * parallel.pipeline_parallel
+    check_split = grid > 1 and not _grid_problems(options)
+    if found and not check_split:
+        return []
+    try:
+        config = preset_model_config(options.model, options.data.max_seq_len, vocab_size=1)
+        if check_split:
+            context = max(parallel.context_parallel, 1)
+            check_parallel_shapes(config, grid * context, parallel.tensor_parallel,
+                                  parallel.pipeline_parallel, parallel.sequence_parallel,
+                                  seq_len=options.data.max_seq_len, context_parallel=context)
+    except ValueError as error:
+        return [str(error) if check_split else f"model: {error}"]
+    return []

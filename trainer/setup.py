@@ -9,9 +9,9 @@ The order of the build, and why:
 2. precision: rank 0 decides (on a CPU `auto` times fp32 vs bf16) and every rank follows, since
    ranks that measured alike on a busy machine could still disagree, and then their gradients
    would not mix (the two decisions of rank 0, one after the other, before any work); then the
-   tokenizer, refused if it is not the model's (trainer/model_setup.py): only
-   then are the run's config and its tokenizer copy written (a failed start must not
-   overwrite them);
+   tokenizer, refused if it is not the model's (trainer/model_setup.py): only then does rank 0
+   keep its copy in the run, and, once the trackers are open, write the run's config (a failed
+   start must not overwrite them);
 3. data (dataset/train_data.py: one interface for both --data_format), the task's forward step,
    the LR schedule;
 4. model (with --lora_rank: the frozen base + adapters) -> parallelize (our DDP, optimizer,
@@ -161,12 +161,13 @@ def build_run(options: TrainingOptions, env: DistributedEnv, notes: list[str],
                                     if env.is_main else None, env)
     source = resumed_source(run_dir, resume_dir) or init
     tokenizer = run_tokenizer(data_options, source)
+    if env.is_main:  # the model's tokenizer, checked: the run keeps its copy
+        save_run_tokenizer(tokenizer, run_dir)
     trackers = Trackers(options.tracking, run_dir, config=options.to_dict(), enabled=env.is_main)
     log = MetricsLogger(run_dir, enabled=env.is_main, trackers=trackers)
     if env.is_main:
         print(precision.reason, flush=True)
         save_config(options, run_dir, resolved={"precision": dataclasses.asdict(precision)})
-        save_run_tokenizer(tokenizer, run_dir)
         for note in notes:
             print(note, flush=True)
 
