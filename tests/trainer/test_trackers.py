@@ -105,8 +105,8 @@ def read_wandb_records(path: Path) -> list[wandb_internal_pb2.Record]:
             position += block - position % block
             continue
         _, length, chunk_type = struct.unpack("<IHB", data[position:position + 7])
-        if chunk_type == 0:
-            break
+        if chunk_type == 0 or position + 7 + length > len(data):
+            break  # the end, or a chunk wandb-core is still writing (read again later)
         pending += data[position + 7:position + 7 + length]
         position += 7 + length
         if chunk_type in (1, 4):  # FULL or LAST: a whole record
