@@ -146,3 +146,33 @@ def test_padding_ids_of_the_vocabulary_are_never_sampled():
     assert greedy == model.generate(torch.tensor([[5, 6, 7]]), 8,
                                     real_vocab_size=200)[0, 3:].tolist()
     assert max(sampled) < 200 and len(sampled) == 20
+
+
+def test_run_to_completion_decodes_in_waves_like_model_generate():
+    """GRPO's rollouts: more requests than rows, so they are admitted in waves as rows retire,
+    never more rows than `max_batch_size`; each ends as `model.generate` decodes it alone
+    (greedy), and a stop id ends its row."""
+    model = small_model("gqa").eval()
+    engine = Engine(model, max_batch_size=2)  # never started: the caller's thread
+    prompts = [[3, 4, 5], [9, 8, 7, 6], [1, 2], [5, 6, 7, 8, 9], [2]]
+    budgets = [6, 3, 5, 4, 6]
+    alone = [model.generate(torch.tensor([prompt]), budget)[0, len(prompt):].tolist()
+             for prompt, budget in zip(prompts, budgets)]
+    stop_id = alone[2][1]  # the third row stops at its second token (or sooner)
+    expected = [(tokens[:tokens.index(stop_id) + 1], "stop") if stop_id in tokens
+                else (tokens, "length") for tokens in alone]
+    rows_after_admit = []
+    real_admit = engine._admit
+
+    def admit(newcomers):
+        real_admit(newcomers)
+        rows_after_admit.append(len(engine.rows))
+
+    engine._admit = admit
+    collectors = [Collector() for _ in prompts]
+    engine.run_to_completion([
+        GenerationRequest(prompt, budget, [stop_id], SamplingParams(), collector)
+        for prompt, budget, collector in zip(prompts, budgets, collectors)])
+    results = [(tokens, end.reason) for tokens, end in map(Collector.wait, collectors)]
+    assert results == expected
+    assert len(rows_after_admit) >= 3 and max(rows_after_admit) <= 2
