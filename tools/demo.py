@@ -41,7 +41,7 @@ only where it is >= 1.3x faster; on an AVX2-only CPU bf16 is emulated and ~30x s
 is chosen there. The training stages show a progress bar with the time left
 (tools/stage_progress.py).
 
-Pretraining and SFT run as 2 ranks of our DDP (torchrun, one thread each; pretraining also
+Pretraining, SFT and GRPO run as 2 ranks of our DDP (torchrun, one thread each; pretraining also
 shards the optimizer state, ZeRO-1; global batch 16 = 8 x 2 ranks, so the loss curve equals
 one process with batch 16). Measured: 40 pretraining steps, AVX2 emulated
 (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, fp32 chosen), 2 cores shared with other
@@ -139,7 +139,8 @@ GRPO_STEPS = 300
 RUNS = ("pretrain", "sft", "dpo", "grpo")
 # Pretraining runs as 2 processes of our DDP with ZeRO-1 (the optimizer state sharded over the
 # ranks), as on a multi-GPU node: torchrun starts the ranks, gloo carries the gradients. SFT
-# runs as 2 ranks too (plain DDP): one thread per rank is faster than 2 threads in 1 process.
+# and GRPO run as 2 ranks too (plain DDP): one thread per rank is faster than 2 threads in 1
+# process.
 RANKS = 2
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={RANKS}"]
 CHAT_PROMPTS = '--eval_prompts=["What is 3 + 4?", "Reverse the word \\"kato\\".", ' \
