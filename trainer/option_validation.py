@@ -59,8 +59,9 @@ def check_options(options: TrainingOptions) -> None:
                       low_open=True),
         range_problem("--seed", optimization.seed, 0, MAX_SEED),
     ]
-    problems += _combination_problems(options)
-    problems += _fresh_model_problems(options, found=any(problems))
+    grid_problems = _grid_problems(options)  # asked once: the split check waits on them
+    problems += _combination_problems(options, grid_problems)
+    problems += _fresh_model_problems(options, found=any(problems), grid_fine=not grid_problems)
     raise_problems(dict.fromkeys(problems))  # a problem two checks find is named once
 
 
@@ -116,8 +117,9 @@ def check_init_from(options: TrainingOptions) -> ModelSource | None:
     return ModelSource(options.model.init_from, directory, files)
 
 
-def _combination_problems(options: TrainingOptions) -> list[str]:
-    """Options that are fine alone but cannot work together."""
+def _combination_problems(options: TrainingOptions, grid_problems: list[str]) -> list[str]:
+    """Options that are fine alone but cannot work together (the grid's, `_grid_problems`,
+    found by the caller, among them)."""
     problems = options.data.problems() + options.tracking.problems() + options.lora.problems()
     stop_at_iter, max_iters = options.optimization.stop_at_iter, options.optimization.max_iters
     if stop_at_iter is not None and stop_at_iter > max_iters:
@@ -147,7 +149,7 @@ def _combination_problems(options: TrainingOptions) -> list[str]:
             problems.append("--compile cannot be combined with --zero_stage=3 yet (its hooks "
                             "gather and free weights around each compiled block): drop "
                             "--compile or use --zero_stage 2")
-    problems += (_grid_problems(options) + _context_parallel_problems(options)
+    problems += (grid_problems + _context_parallel_problems(options)
                  + _fp16_problems(options) + _grpo_problems(options))
     device = options.system.device
     if device not in ("auto", "cpu", "cuda"):
@@ -272,18 +274,19 @@ def _context_parallel_problems(options: TrainingOptions) -> list[str]:
                        for name, refused, why in unsupported if refused]
 
 
-def _fresh_model_problems(options: TrainingOptions, found: bool) -> list[str]:
+def _fresh_model_problems(options: TrainingOptions, found: bool, grid_fine: bool) -> list[str]:
     """A fresh model (no --init_from): the preset with the command line's overrides, built
     once, checked as the model will check it and, on a tensor/pipeline grid, as its plan will
     split it (parallel_plan/llama_shapes.py; the vocabulary is known, and checked, once the
     tokenizer is loaded). Its shape is judged once no other problem was `found` (a bad
     --hidden_size is named once, by its range); its split on the grid as soon as the grid's own
-    options are fine (`_grid_problems`), beside whatever else is wrong."""
+    options are fine (`grid_fine`: `_grid_problems` found none), beside whatever else is
+    wrong."""
     if options.model.init_from is not None:
         return []
     parallel = options.parallel
     grid = parallel.tensor_parallel * parallel.pipeline_parallel
-    check_split = grid > 1 and not _grid_problems(options)
+    check_split = grid > 1 and grid_fine
     if found and not check_split:
         return []
     try:

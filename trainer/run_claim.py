@@ -54,13 +54,13 @@ def exclusive_run_dir(run_options: RunOptions, env: DistributedEnv) -> Iterator[
     claim, problem = RunDirClaim([]), None
     try:
         if env.is_main:
-            try:  # every rank must hear of a problem, or they wait
+            try:  # every rank must hear of a problem (the token's write too), or they wait
                 claim.lock, claim.notes = claim_run_dir(run_dir, run_options.resume,
                                                         run_options.overwrite)
+                if env.is_distributed:
+                    claim.check_token = write_check_token(run_dir)
             except (RunDirInUse, RunDirHoldsARun, OSError) as error:
                 problem = str(error)
-            if claim.lock is not None and env.is_distributed:
-                claim.check_token = write_check_token(run_dir)
         problem, claim.check_token = broadcast_from_main((problem, claim.check_token), env)
         if problem:
             raise ValueError(problem)  # bad input: exit code 2

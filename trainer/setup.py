@@ -252,10 +252,11 @@ def _log_start(run: Run) -> None:
     place, steps, report = run.place, run.steps, run.report
     if place.resumed_from is not None:
         report.log.log("resume", steps.counters.step, checkpoint=str(place.resumed_from))
-    num_params = whole_shape(steps.model.config).num_parameters()
+    shape = whole_shape(steps.model.config)
+    num_params = shape.num_parameters()  # counted before apply_lora adds adapters in place
     lora = place.options.lora.config()
-    trainable = (sum(p.numel() for p in apply_lora(whole_shape(steps.model.config), lora)
-                     .parameters() if p.requires_grad) if lora else num_params)
+    trainable = (sum(p.numel() for p in apply_lora(shape, lora).parameters()
+                     if p.requires_grad) if lora else num_params)
     optimization, env = place.options.optimization, place.env
     report.log.log("run", steps.counters.step, quiet=True, effective_batch=steps.global_batch,
                 world_size=env.world_size, dtype=place.precision.dtype, device=str(env.device),

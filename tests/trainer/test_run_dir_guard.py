@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import train_my_ddp
 from tests.train_helpers import TINY_ARGS, data_args, run_main, tiny_training_data
@@ -369,3 +370,27 @@ def test_a_run_dir_that_goes_away_during_a_save_is_said_as_moved(data, tmp_path,
                    "without writing into what now has its name; continue the run with --resume "
                    "where it was moved")
     assert not run_dir.exists() or list(run_dir.iterdir()) == []
+
+
+def test_rank_0_failing_to_write_the_check_token_is_every_ranks_verdict(tmp_path, monkeypatch):
+    """On several ranks rank 0 writes the shared-filesystem token as it claims the run dir: a
+    write that fails rides the claim's one broadcast as its problem (so no rank waits for a
+    token that never comes), and the directory the claim created is removed."""
+    from trainer import run_claim
+    from trainer.distributed_env import DistributedEnv
+    from trainer.options import RunOptions
+
+    def full_disk(run_dir):
+        raise OSError(28, "No space left on device", str(run_dir))
+
+    broadcasts = []
+    monkeypatch.setattr(run_claim, "write_check_token", full_disk)
+    monkeypatch.setattr(run_claim, "broadcast_from_main",
+                        lambda value, env: broadcasts.append(value) or value)
+    rank_0_of_two = DistributedEnv(0, 2, 0, 2, torch.device("cpu"))
+    run_dir = tmp_path / "run"
+    with (pytest.raises(ValueError, match="No space left on device"),
+          run_claim.exclusive_run_dir(RunOptions(out_dir=str(run_dir)), rank_0_of_two)):
+        pass
+    assert len(broadcasts) == 1 and "No space left" in broadcasts[0][0]
+    assert not run_dir.exists()
