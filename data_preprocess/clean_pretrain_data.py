@@ -218,11 +218,11 @@ def clean_corpus(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
               f"hashes; S-curve 50% point at Jaccard "
               f"{minhash.s_curve_midpoint(settings.bands, settings.rows):.3f}")
+    details = rule_details(settings, args)
     if args.write_dropped:
         dropped_ledger = dropped.claim(Path(args.write_dropped), [
             ("--data_dir", args.data_dir), ("--out_dir", args.out_dir),
-            *(("--decontaminate", path) for path in args.decontaminate)],
-            rule_details(settings, args))
+            *(("--decontaminate", path) for path in args.decontaminate)], details)
     if not merging:
         analyses = analyse_all(jobs, out_dir, settings, fingerprint, args)
     if duplicates is None:
@@ -250,7 +250,6 @@ def clean_corpus(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse
         written = dropped.write_dropped(dropped_ledger, report.dropped,
                                         dropped_documents(jobs, drops, args))
         print(f"dropped documents: {len(written)} file(s) in {args.write_dropped}")
-    details = rule_details(settings, args)
     extra = {"files": len(jobs), "shards_reused": reused, "settings": fingerprint,
              "rules": {rule: details[rule] for rule in report.dropped}}
     if "minhash" in settings.dedup:
