@@ -204,14 +204,14 @@ def clean_corpus(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse
     run, state, names = run_id(fingerprint, jobs), out_dir / STATE_DIR, [j.relative for j in jobs]
     # what the clusters and write stages left for this run, read once (None where absent)
     duplicates = corpus_dedup.load_duplicates(state, run, names)
-    written = [written_record(job, out_dir, run) for job in jobs]
+    shards_written = [written_record(job, out_dir, run) for job in jobs]
     if merging:
         analyses = finished_analyses("merge", jobs, out_dir, fingerprint)
         if duplicates is None:
             refuse_until("merge", [f"{STATE_DIR}/{corpus_dedup.DUPLICATES_FILE}"], out_dir,
                          "clusters")
         refuse_until("merge", [f"{STATE_DIR}/{job.relative}.written.json"
-                               for job, record in zip(jobs, written) if record is None],
+                               for job, record in zip(jobs, shards_written) if record is None],
                      out_dir, "write (every task)")
     file_jobs.claim_out_dir("clean_pretrain_data", out_dir, owned_outputs(jobs))
     if "minhash" in settings.dedup:
@@ -233,7 +233,7 @@ def clean_corpus(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse
              for analysis, file_duplicates in zip(analyses, duplicates)]
     report, reused = CleanReport(), 0
     progress = input_bar(jobs, "writing")
-    for job, analysis, file_drops, record in zip(jobs, analyses, drops, written):
+    for job, analysis, file_drops, record in zip(jobs, analyses, drops, shards_written):
         for number, size, _, _, _ in analysis["verdicts"]:
             report.documents_in, report.bytes_in = report.documents_in + 1, report.bytes_in + size
             if number in file_drops:
