@@ -202,27 +202,29 @@ def clean_corpus(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse
     (every stage's output required): the report, the dropped documents and the one ledger."""
     fingerprint = settings_fingerprint(settings, args.text_key, args.skip_bad_records)
     run, state, names = run_id(fingerprint, jobs), out_dir / STATE_DIR, [j.relative for j in jobs]
+    # what the clusters and write stages left for this run, read once (None where absent)
+    duplicates = corpus_dedup.load_duplicates(state, run, names)
+    shards_written = [written_record(job, out_dir, run) for job in jobs]
     if merging:
         analyses = finished_analyses("merge", jobs, out_dir, fingerprint)
-        if corpus_dedup.load_duplicates(state, run, names) is None:
+        if duplicates is None:
             refuse_until("merge", [f"{STATE_DIR}/{corpus_dedup.DUPLICATES_FILE}"], out_dir,
                          "clusters")
-        refuse_until("merge", [f"{STATE_DIR}/{job.relative}.written.json" for job in jobs
-                               if written_record(job, out_dir, run) is None], out_dir,
-                     "write (every task)")
+        refuse_until("merge", [f"{STATE_DIR}/{job.relative}.written.json"
+                               for job, record in zip(jobs, shards_written) if record is None],
+                     out_dir, "write (every task)")
     file_jobs.claim_out_dir("clean_pretrain_data", out_dir, owned_outputs(jobs))
     if "minhash" in settings.dedup:
         print(f"minhash: {settings.bands} bands x {settings.rows} rows of {settings.num_perm} "
               f"hashes; S-curve 50% point at Jaccard "
               f"{minhash.s_curve_midpoint(settings.bands, settings.rows):.3f}")
+    details = rule_details(settings, args)
     if args.write_dropped:
         dropped_ledger = dropped.claim(Path(args.write_dropped), [
             ("--data_dir", args.data_dir), ("--out_dir", args.out_dir),
-            *(("--decontaminate", path) for path in args.decontaminate)],
-            rule_details(settings, args))
+            *(("--decontaminate", path) for path in args.decontaminate)], details)
     if not merging:
         analyses = analyse_all(jobs, out_dir, settings, fingerprint, args)
-    duplicates = corpus_dedup.load_duplicates(state, run, names)  # the clusters stage's
     if duplicates is None:
         duplicates = corpus_dedup.duplicate_drops(
             names, analyses, [state_path(out_dir, job, "bands.npy") for job in jobs],
@@ -231,15 +233,14 @@ def clean_corpus(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse
              for analysis, file_duplicates in zip(analyses, duplicates)]
     report, reused = CleanReport(), 0
     progress = input_bar(jobs, "writing")
-    for job, analysis, file_drops in zip(jobs, analyses, drops):
+    for job, analysis, file_drops, record in zip(jobs, analyses, drops, shards_written):
         for number, size, _, _, _ in analysis["verdicts"]:
             report.documents_in, report.bytes_in = report.documents_in + 1, report.bytes_in + size
             if number in file_drops:
                 rule, value = file_drops[number]
                 report.drop(rule, f"{job.relative}:{number}", value)
         report.skipped_bad_records.update(analysis["skipped"])
-        shard = written_record(job, out_dir, run) or write_shard(job, file_drops, out_dir, run,
-                                                                 args)
+        shard = record or write_shard(job, file_drops, out_dir, run, args)
         report.documents_out += shard["documents"]
         report.bytes_out += shard["bytes"]
         reused += shard["reused"]
@@ -249,7 +250,6 @@ def clean_corpus(jobs: list[file_jobs.FileJob], out_dir: Path, settings: analyse
         written = dropped.write_dropped(dropped_ledger, report.dropped,
                                         dropped_documents(jobs, drops, args))
         print(f"dropped documents: {len(written)} file(s) in {args.write_dropped}")
-    details = rule_details(settings, args)
     extra = {"files": len(jobs), "shards_reused": reused, "settings": fingerprint,
              "rules": {rule: details[rule] for rule in report.dropped}}
     if "minhash" in settings.dedup:

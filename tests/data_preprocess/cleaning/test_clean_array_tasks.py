@@ -172,6 +172,29 @@ def files_written_since_aged(folder: Path) -> list[str]:
                   if path.is_file() and path.stat().st_mtime_ns != AGED_NS)
 
 
+REPORTS_AND_LEDGER = [".z2all_outputs.json", "clean_report.json", "clean_report.md"]
+SHARDS = ["a.jsonl", "b.jsonl", "c.jsonl", "sub/d.jsonl"]
+
+
+@pytest.mark.parametrize("snapshot, rewritten", [
+    ("clustered", [*REPORTS_AND_LEDGER, *SHARDS,
+                   *(f".clean/{shard}.shard.json" for shard in SHARDS)]),
+    ("written", REPORTS_AND_LEDGER),
+])
+def test_the_plain_command_after_the_stages_reuses_them_and_equals_one_run(stages, tmp_path,
+                                                                          snapshot, rewritten):
+    """The plain command (no --stage) after the clusters stage, or after every write task:
+    it takes the analyses, duplicates.json and each <file>.written.json of this run instead
+    of redoing that work (after the write tasks it writes only the reports and the ledger),
+    and writes the bytes of one plain run."""
+    out = Path(shutil.copytree(stages[snapshot], tmp_path / "out", symlinks=True))
+    age_every_file(out)
+    run_stage(stages["raw"], out, "all", None)
+    assert files_written_since_aged(out) == sorted(rewritten)
+    assert visible_files(out) == visible_files(stages["one"])
+    assert not list((out / ".clean").glob("*.written.json"))  # spent: the merge removed them
+
+
 @pytest.mark.parametrize("snapshot, stage, extra, message", [
     ("analyse-0-2", "buckets", [],
      "lacks .clean/b.jsonl.analysis.json (missing, unfinished, or made with other options or "
