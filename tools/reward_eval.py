@@ -48,17 +48,15 @@ import torch
 from tqdm import tqdm
 
 from model.loading import resolve_model_dir
-from trainer.rewards import NamedReward, load_reward_functions, score
+from trainer.rewards import NamedReward, load_reward_functions
 from trainer.rollouts import (
     PromptRecord,
     answer_seed,
-    answer_text,
     load_prompts,
-    reward_columns,
     sample_answers,
+    score_answers,
     weighted_rewards,
 )
-from utils.conversation import stop_ids
 from utils.data_files import find_data_files
 from utils.dataset_splits import EVAL_SPLITS
 from utils.option_checks import range_problem
@@ -151,7 +149,7 @@ def reward_figures(model: torch.nn.Module, tokenizer: Tokenizer, records: list[P
                    rewards: list[NamedReward], sampling: AnswerSampling, batch_size: int,
                    pass_threshold: float) -> dict[str, float]:
     """The figures of the module docstring over `records` (Steps 2 and 3)."""
-    group, stops = sampling.num_generations, stop_ids(tokenizer)
+    group = sampling.num_generations
     tables = []
     with tqdm(total=len(records), desc="answering prompts", unit="prompt") as progress:
         for start in range(0, len(records), batch_size):
@@ -162,11 +160,7 @@ def reward_figures(model: torch.nn.Module, tokenizer: Tokenizer, records: list[P
             answers = sample_answers(model, tokenizer, [record.ids for record in repeated],
                                      seeds, sampling.max_new_tokens, sampling.temperature,
                                      sampling.top_p)
-            completions = [answer_text(tokenizer, record.prompt, ids, stops)
-                           for record, ids in zip(repeated, answers)]
-            tables.append(torch.tensor(score(rewards, [record.prompt for record in repeated],
-                                             completions, reward_columns(repeated, answers)),
-                                       dtype=torch.float64))
+            tables.append(score_answers(tokenizer, repeated, answers, rewards)[1])
             progress.update(len(chunk))
     table = torch.cat(tables, dim=1)  # [functions, answers], NaN where a function said None
     total = weighted_rewards(table, rewards)

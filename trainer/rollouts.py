@@ -146,6 +146,19 @@ def answer_text(tokenizer: Tokenizer, prompt: Any, ids: list[int], stops: list[i
 
 
 # ---- 3. score -----------------------------------------------------------------------------------
+def score_answers(tokenizer: Tokenizer, records: list[PromptRecord], answers: list[list[int]],
+                  rewards: list[NamedReward]) -> tuple[list[Any], torch.Tensor]:
+    """The answers as the reward functions take them (`answer_text`) and their rewards
+    [functions, answers] (`score`: NaN where a function returned None); answer i is to
+    records[i]."""
+    stops = stop_ids(tokenizer)
+    completions = [answer_text(tokenizer, record.prompt, ids, stops)
+                   for record, ids in zip(records, answers)]
+    table = torch.tensor(score(rewards, [record.prompt for record in records], completions,
+                               reward_columns(records, answers)), dtype=torch.float64)
+    return completions, table
+
+
 def weighted_rewards(table: torch.Tensor, rewards: list[NamedReward]) -> torch.Tensor:
     """[functions, answers] -> each answer's weighted sum (None counts 0), NaN where no
     function scored it."""
@@ -277,10 +290,7 @@ class RolloutData:
                              for start in range(0, len(records), self.batch_size)]
             for batch in micro_batches:
                 add_log_probs(model, batch, self.grpo.grpo_iterations > 1, self.reference)
-        completions = [answer_text(self.tokenizer, r.prompt, ids, stops)
-                       for r, ids in zip(records, answers)]
-        table = torch.tensor(score(self.rewards, [r.prompt for r in records], completions,
-                                   reward_columns(records, answers)), dtype=torch.float64)
+        _, table = score_answers(self.tokenizer, records, answers, self.rewards)
         metrics = reward_statistics(table, self.rewards, answers, group,
                                     self.grpo.max_completion_length, stops, self.env)
         advantages = group_advantages(weighted_rewards(table, self.rewards), group,
@@ -380,15 +390,11 @@ class RewardEvaluator:
 
     def __call__(self, scored: Any, model: Any, whole_model: WholeModel | None = None
                  ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        stops = stop_ids(self.tokenizer)
         with (whole_model or (lambda: contextlib.nullcontext(model)))() as whole:
             # greedy; a seed all the same, so that no global random stream is drawn from
             answers = sample_answers(whole, self.tokenizer, [r.ids for r in self.prompts],
                                      [0] * len(self.prompts), self.max_new_tokens, 0.0, None)
-        completions = [answer_text(self.tokenizer, r.prompt, ids, stops)
-                       for r, ids in zip(self.prompts, answers)]
-        table = torch.tensor(score(self.rewards, [r.prompt for r in self.prompts], completions,
-                                   reward_columns(self.prompts, answers)), dtype=torch.float64)
+        completions, table = score_answers(self.tokenizer, self.prompts, answers, self.rewards)
         total = weighted_rewards(table, self.rewards)
         local = [float(len(self.prompts)), float(total.nansum())]
         local += [float(row.nansum()) for row in table]
