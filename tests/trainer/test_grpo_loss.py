@@ -72,15 +72,17 @@ class _Metrics(dict):
 def our_loss(data: dict[str, torch.Tensor], policy: torch.Tensor, loss_type: str, beta: float,
              epsilon_low: float, epsilon_high: float) -> torch.Tensor:
     """GRPOStep on one micro-batch in one process: rows of one prompt token + the answer, the
-    labels on the answer (so our [B, 1 + L] log-probs are TRL's [B, L] and a zero)."""
+    labels on the answer (so our [B, 1 + L] log-probs are TRL's [B, L] and a zero). `data`
+    without "old": a batch without `old_logps`, as a rollout used once is."""
     labels = torch.full((ANSWERS, LENGTH + 1), IGNORE_INDEX)
     labels[:, :LENGTH] = torch.where(data["mask"].bool(), 1, IGNORE_INDEX)
     padded = {key: torch.cat([data[key], torch.zeros(ANSWERS, 1, dtype=torch.float64)], dim=1)
-              for key in ("old", "reference")}
+              for key in ("old", "reference") if key in data}
     batch = {"input_ids": torch.zeros(ANSWERS, LENGTH + 1, dtype=torch.long), "labels": labels,
              "attention_mask": torch.ones(ANSWERS, LENGTH + 1, dtype=torch.long),
-             "advantages": data["advantages"], "old_logps": padded["old"],
-             "reference_logps": padded["reference"]}
+             "advantages": data["advantages"], "reference_logps": padded["reference"]}
+    if "old" in padded:
+        batch["old_logps"] = padded["old"]
     attach_per_replica([batch], term_counts(batch), replicas=1)
     model = SimpleNamespace(token_log_probs=lambda **inputs: torch.cat(
         [policy, torch.zeros(ANSWERS, 1, dtype=torch.float64)], dim=1))
@@ -112,7 +114,7 @@ def test_the_first_iteration_is_on_policy():
     policy's log-probs are this forward's, detached, and the gradient is the policy
     gradient −A ∂log π per token (normalized)."""
     data = rollouts(seed=3)
-    data_on_policy = {**data, "old": data["policy"]}
+    data_on_policy = {key: value for key, value in data.items() if key != "old"}
     ours = our_loss(data_on_policy, data["policy"], "bnpo", 0.0, 0.2, 0.2)
     expected = -(data["advantages"][:, None] * data["mask"]).sum() / data["mask"].sum()
     torch.testing.assert_close(ours, expected)
