@@ -100,7 +100,8 @@ def assert_same_run(run_dir, reference_dir, step, weights):
     ours, theirs = records(run_dir, "train"), records(reference_dir, "train")
     assert [r["step"] for r in ours] == [r["step"] for r in theirs]
     for mine, reference in zip(ours, theirs):
-        for key in ("loss", "grad_norm", "reward", "kl", "completion_length"):
+        for key in ("loss", "grad_norm", "reward", "kl", "completion_length",
+                    "clip_ratio/low", "clip_ratio/high"):
             assert mine[key] == pytest.approx(reference[key], rel=1e-4, abs=1e-6), key
     ours_weights = load_weights(run_dir, step, weights)
     for name, tensor in load_weights(reference_dir, step, weights).items():
@@ -119,6 +120,8 @@ def load_weights(run_dir, step, weights):
 LAYOUTS = [
     pytest.param(1, ["--batch_size=4", "--gradient_accumulation_steps=2"], [],
                  id="accumulation"),
+    pytest.param(1, ["--batch_size=4", "--gradient_accumulation_steps=2"],
+                 ["--grpo_iterations=2"], id="accumulation, each round used twice"),
     pytest.param(2, ["--batch_size=4", "--zero_stage=1", "--overlap_param_gather"], [],
                  id="2 ranks ZeRO-1 overlapped gather", marks=pytest.mark.slow),
     pytest.param(2, ["--batch_size=4", "--zero_stage=2"], ["--lora_rank=4", "--lora_alpha=8"],
@@ -141,7 +144,7 @@ def test_one_global_batch_is_one_objective_on_every_layout(tmp_path, grpo_inputs
             for loss, options in LOSS_TYPES.items()}
     assert ([run_main(run) for run in runs.values()] if ranks == 1
             else run_on_two_ranks(*runs.values())) == [0] * len(runs)
-    weights = "lora_adapters.safetensors" if both else "model.safetensors"
+    weights = "lora_adapters.safetensors" if "--lora_rank=4" in both else "model.safetensors"
     for loss, options in LOSS_TYPES.items():
         reference = tmp_path / f"{loss}_one_process"
         assert run_main(grpo_run(argv, reference, "--batch_size=8", *both, *options)) == 0
